@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Build (once) and install Horovod 0.28.1 into the active Python environment.
+#
+# Horovod 0.28.1 is the last release and does not compile against torch >= 2.1 as released: its
+# CMake files ask for C++14 while torch's headers need C++17. We patch the two
+# `set(CMAKE_CXX_STANDARD 14)` lines and build with Gloo only (CPU collectives, no MPI/TF/MXNet).
+# The built wheel is cached outside the repository so a fresh clone does not rebuild it (~3 min).
+set -euo pipefail
+PY=${PYTHON:-python}
+CACHE=${COMPBENCH_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/compbench/wheels}
+TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
+# The wheel links against torch's C++ ABI: one cached wheel per torch version.
+WHEEL_DIR="$CACHE/horovod-0.28.1-torch$TORCH_VERSION"
+
+if "$PY" -c 'import horovod.torch' 2>/dev/null; then
+  exit 0
+fi
+if ! ls "$WHEEL_DIR"/horovod-0.28.1-*.whl >/dev/null 2>&1; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  "$PY" -m pip download --no-deps --no-binary :all: -d "$work" horovod==0.28.1
+  tar -xzf "$work"/horovod-0.28.1.tar.gz -C "$work"
+  src="$work/horovod-0.28.1"
+  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
+    "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+  grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt"
+  mkdir -p "$WHEEL_DIR"
+  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+  HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
+  MAKEFLAGS="-j$(nproc)" CMAKE_POLICY_VERSION_MINIMUM=3.5 \
+    "$PY" -m pip wheel --no-deps --no-build-isolation -w "$WHEEL_DIR" "$src"
+fi
+"$PY" -m pip install --no-deps "$WHEEL_DIR"/horovod-0.28.1-*.whl
+# horovod's own runtime dependencies (horovodrun needs them).
+"$PY" -m pip install cloudpickle psutil pyyaml packaging

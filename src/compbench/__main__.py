@@ -1,0 +1,5 @@
+import sys
+
+from compbench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""`compbench SUBCOMMAND [overrides]`: parse, compose the config once, hand plain objects on.
+
+  compbench train [-m] [--cfg] key=value ...   train (one run, or a multirun sweep with -m)
+  compbench list [GROUP]                        options of every config group, with parameters
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from compbench.errors import report_user_error
+
+_USAGE = "usage: compbench {train,list} [-m] [--cfg] [key=value ...]  (compbench --help)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="compbench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["train", "list"])
+    parser.add_argument("-m", "--multirun", action="store_true", help="sweep every combination of a,b,c values")
+    parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. compressor=dgc ratio=1e-3 engine.np=2")
+    if not argv or argv[0] not in ("train", "list", "-h", "--help"):
+        print(f"error: unknown command {argv[0]!r}; {_USAGE}" if argv else _USAGE, file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
+    warnings.formatwarning = lambda msg, cat, *_: f"warning: {msg}\n"
+    with report_user_error():
+        if args.command == "list":
+            return list_options(args.overrides)
+        if args.multirun:
+            from compbench.sweep import run_sweep
+
+            return run_sweep(args.overrides)
+        return train(args.overrides, print_cfg=args.cfg)
+    return 0
+
+
+def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = None) -> int:
+    """One run: compose + check, then start the workers (or join an external launcher's job)."""
+    from compbench import config
+    from compbench.launch import external_engine, spawn_workers
+    from compbench.rundir import prepare_run_dir
+
+    cfg = config.check(config.compose(overrides))
+    if print_cfg:
+        print(config.to_yaml(cfg))
+        return 0
+    joined = external_engine()
+    if joined is not None:
+        if joined != cfg.choices["engine"]:
+            raise ValueError(f"this job was started by the {joined} launcher; add engine={joined}")
+        from compbench.train.loop import run_worker
+
+        run_worker(cfg, None)
+        return 0
+    run_dir = run_dir or prepare_run_dir(cfg, overrides)
+    print(f"compbench: {cfg.engine.np} worker(s) on engine={cfg.choices['engine']}, output in {run_dir}", flush=True)
+    code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
+    if code != 0:
+        from compbench.rundir import record_failure
+
+        record_failure(run_dir, cfg, message)
+        print(f"error: {message}; partial output kept in {run_dir}", file=sys.stderr)
+        return code
+    print(f"compbench: done. results: {run_dir / 'results.json'}  (tensorboard --logdir {run_dir.parent})")
+    return 0
+
+
+def list_options(groups: list[str]) -> int:
+    from compbench import registry
+    from compbench.config import GROUPS
+
+    for group in groups or GROUPS:
+        if group not in GROUPS:
+            raise ValueError(f"unknown group {group}; choose one of: {', '.join(GROUPS)}")
+        print(f"{group}:")
+        for name in registry.options(group):
+            path = registry.conf_dir() / group / f"{name}.yaml"
+            first = path.read_text().splitlines()[0]
+            about = first.lstrip("# ").strip() if first.startswith("#") else ""
+            params = {k: v for k, v in registry.option_config(group, name).items() if k not in ("_target_", "name")}
+            shown = ", ".join(f"{k}={v}" for k, v in params.items() if "${" not in str(v))
+            print(f"  {name:<12} {about}")
+            if shown:
+                print(f"  {'':<12} {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Compose the config once (Hydra compose API) and check it before anything is written.
+
+Every user mistake found here is a ValueError whose one-line message names the fix; the CLI prints
+it and exits with code 2 before any output directory exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from compbench import registry
+from compbench.compressors.base import check_ratio
+
+GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "engine", "optim")
+
+
+def _check_group_choices(overrides: list[str]) -> None:
+    for o in overrides:
+        key, sep, value = o.lstrip("+~").partition("=")
+        if sep and key in GROUPS and value not in registry.options(key):
+            raise ValueError(f"unknown {key}={value}; choose one of: {', '.join(registry.options(key))}")
+
+
+def compose(overrides: list[str], config_name: str = "train") -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    _check_group_choices(overrides)
+    try:
+        with initialize_config_dir(version_base=None, config_dir=str(registry.conf_dir())):
+            cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{first} (settings are listed by `compbench train --cfg`)") from None
+    # Keep which option each group took (reports and hparams use it); drop the rest of Hydra's node.
+    picked = {g: cfg.hydra.runtime.choices[g] for g in GROUPS if g in cfg.hydra.runtime.choices}
+    with open_dict(cfg):
+        del cfg["hydra"]
+        cfg.choices = picked
+    return cfg
+
+
+def check(cfg: DictConfig) -> DictConfig:
+    """Validate and normalize a composed train config; returns it (ratio shorthand applied)."""
+    picked = cfg.choices
+    with open_dict(cfg):
+        if cfg.ratio is not None:
+            check_ratio(cfg.ratio, "ratio")
+            if "ratio" in cfg.compressor:
+                cfg.compressor.ratio = float(cfg.ratio)
+            else:
+                warnings.warn(f"ratio={cfg.ratio} is ignored: compressor={picked['compressor']} has no ratio", stacklevel=1)
+        if "ratio" in cfg.compressor:
+            check_ratio(cfg.compressor.ratio, f"compressor={picked['compressor']}")
+    np = cfg.engine.get("np", 1)
+    if not isinstance(np, int) or np < 1:
+        raise ValueError(f"engine.np={np} must be an integer >= 1 (the number of workers)")
+    for key in ("epochs", "batch_size", "eval_batch_size"):
+        if not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ValueError(f"{key}={cfg[key]} must be an integer >= 1")
+
+    compressor_cls = registry.component_class("compressor", picked["compressor"])
+    comm_cls = registry.locate(cfg.comm._target_)
+    if getattr(comm_cls, "requires_summable", False) and not compressor_cls.summable:
+        why = getattr(compressor_cls, "why_not_summable", "its payloads cannot be summed element-wise")
+        raise ValueError(f"compressor={picked['compressor']} {why}; use comm=allgather or comm=ps")
+
+    # Building the light components validates their parameters (e.g. qsgd levels < 1).
+    from compbench.train.build import build_compressor_and_selection, build_memory, build_model
+
+    build_compressor_and_selection(cfg)
+    build_memory(cfg, np)
+    _check_dataset(cfg)
+    if cfg.model.get("pretrained"):
+        build_model(cfg)  # loads the file: a missing or mismatched checkpoint fails here, not in a worker
+    return cfg
+
+
+def _check_dataset(cfg: DictConfig) -> None:
+    module = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0])
+    check_root = getattr(module, "check_root", None)
+    if check_root is None:
+        return
+    kwargs: dict[str, Any] = {"root": cfg.dataset.get("root")}
+    if "num_classes" in inspect.signature(check_root).parameters:
+        kwargs["num_classes"] = cfg.dataset.num_classes
+    check_root(**kwargs)
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg)

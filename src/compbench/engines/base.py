@@ -1,0 +1,57 @@
+"""The engine seam: the few collectives compbench needs, on Horovod or torch.distributed.
+
+All collectives are issued in the same order on every rank (a hang otherwise). `*_async` calls
+return a `Handle` at once; `handle.wait()` gives the result. Allgather takes a list of tensors whose
+first dimension may differ between ranks and returns, per rank, the list that rank sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+
+class Handle:
+    """An operation in flight; `wait()` finishes it once and caches the result."""
+
+    __slots__ = ("_finish", "_result", "_done")
+
+    def __init__(self, finish: Callable[[], Any]) -> None:
+        self._finish = finish
+        self._done = False
+        self._result: Any = None
+
+    def wait(self) -> Any:
+        if not self._done:
+            self._result = self._finish()
+            self._done = True
+            self._finish = None  # type: ignore[assignment]  # drop references to buffers
+        return self._result
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+    rank: int
+    size: int
+    local_rank: int
+
+    def allreduce_async(self, t: Tensor, name: str, average: bool = True) -> Handle: ...
+    def allgather_async(self, tensors: list[Tensor], name: str) -> Handle: ...
+    def alltoall(self, t: Tensor, splits: list[int], name: str) -> tuple[Tensor, list[int]]: ...
+    def broadcast_(self, t: Tensor, root: int = 0, name: str = "bcast") -> Tensor: ...
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any: ...
+    def barrier(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+class EngineBase:
+    """Blocking conveniences shared by both engines."""
+
+    def allreduce(self, t: Tensor, name: str, average: bool = True) -> Tensor:
+        return self.allreduce_async(t, name, average).wait()  # type: ignore[attr-defined]
+
+    def allgather(self, tensors: list[Tensor], name: str) -> list[list[Tensor]]:
+        return self.allgather_async(tensors, name).wait()  # type: ignore[attr-defined]

@@ -1,0 +1,94 @@
+"""`engine=torch`: torch.distributed (gloo on CPU, nccl on CUDA)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from compbench.engines.base import EngineBase, Handle
+
+
+class TorchEngine(EngineBase):
+    """Joins the process group described by the environment (torchrun or compbench's launcher).
+
+    compbench's launcher passes a file:// rendezvous in COMPBENCH_INIT_METHOD (no ports to collide);
+    torchrun's MASTER_ADDR/MASTER_PORT are used otherwise (`env://`).
+    """
+
+    name = "torch"
+
+    def __init__(self, backend: str = "auto", timeout_s: float = 300.0) -> None:
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend,
+                init_method=os.environ.get("COMPBENCH_INIT_METHOD", "env://"),
+                rank=int(os.environ["RANK"]),
+                world_size=int(os.environ["WORLD_SIZE"]),
+                timeout=timedelta(seconds=timeout_s),
+            )
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+
+    def allreduce_async(self, t: Tensor, name: str, average: bool = True) -> Handle:
+        out = t.clone()  # like Horovod: the caller's tensor is left alone
+        work = dist.all_reduce(out, async_op=True)
+
+        def finish() -> Tensor:
+            work.wait()
+            return out.div_(self.size) if average else out
+
+        return Handle(finish)
+
+    def allgather_async(self, tensors: list[Tensor], name: str) -> Handle:
+        # all_gather needs equal shapes: exchange first dimensions, pad to the largest, trim after.
+        sizes = torch.tensor([t.shape[0] for t in tensors], dtype=torch.int64)
+        all_sizes = [torch.empty_like(sizes) for _ in range(self.size)]
+        dist.all_gather(all_sizes, sizes)
+        per_rank = [s.tolist() for s in all_sizes]
+        pending = []
+        for i, t in enumerate(tensors):
+            longest = max(row[i] for row in per_rank)
+            padded = t
+            if t.shape[0] < longest:
+                padded = torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))])
+            bufs = [torch.empty_like(padded) for _ in range(self.size)]
+            pending.append((dist.all_gather(bufs, padded.contiguous(), async_op=True), bufs))
+
+        def finish() -> list[list[Tensor]]:
+            for work, _ in pending:
+                work.wait()
+            return [[pending[i][1][r][: per_rank[r][i]] for i in range(len(tensors))] for r in range(self.size)]
+
+        return Handle(finish)
+
+    def alltoall(self, t: Tensor, splits: list[int], name: str) -> tuple[Tensor, list[int]]:
+        send = torch.tensor(splits, dtype=torch.int64)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        received = recv.tolist()
+        out = t.new_empty((sum(received), *t.shape[1:]))
+        dist.all_to_all_single(out, t.contiguous(), output_split_sizes=received, input_split_sizes=splits)
+        return out, received
+
+    def broadcast_(self, t: Tensor, root: int = 0, name: str = "bcast") -> Tensor:
+        dist.broadcast(t, src=root)
+        return t
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=root)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

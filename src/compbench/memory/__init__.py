@@ -1,0 +1,1 @@
+"""Error-feedback memories: one file each; file name = config name = registry name."""

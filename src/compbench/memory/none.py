@@ -1,0 +1,26 @@
+"""`none`: no error feedback; what the compressor drops is lost."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from compbench.compressors.base import Compressor, Ctx
+
+
+class NoMemory:
+    """Passes the gradient through unchanged."""
+
+    # The optimizer applies momentum as usual (only memory=dgc takes momentum over).
+    owns_momentum = False
+
+    def compensate(self, g: Tensor, name: str) -> Tensor:
+        return g
+
+    def update(self, x: Tensor, name: str, compressor: Compressor, payload: list[Tensor], ctx: Ctx) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        pass

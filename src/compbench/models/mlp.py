@@ -1,0 +1,23 @@
+"""`model=mlp`: a plain MLP over the flattened input (the communication benchmark's 4096x4096 model).
+
+No BatchNorm, so it is also the model for exact equivalence tests (2 ranks x b == 1 rank x 2b).
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from compbench.models.weights import load_npz_state_dict
+
+
+def mlp(num_classes: int = 10, image_size: int = 32, in_chans: int = 3, hidden: list[int] | None = None,
+        pretrained: str | None = None) -> nn.Module:
+    dims = [in_chans * image_size * image_size, *(hidden if hidden is not None else [256])]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for a, b in zip(dims[:-1], dims[1:], strict=True):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(dims[-1], num_classes))
+    model = nn.Sequential(*layers)
+    if pretrained:
+        load_npz_state_dict(model, pretrained, "mlp")
+    return model

@@ -1,0 +1,22 @@
+"""`model=resnet18|resnet50|vgg16`: torchvision architectures (VGG-16 with batch norm).
+
+Pretrained weights come from a local .npz of the state dict (`compbench.models.weights`), never a hub.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from compbench.models.weights import load_npz_state_dict
+
+
+def torchvision_model(arch: str, num_classes: int = 1000, image_size: int = 224, in_chans: int = 3,
+                      pretrained: str | None = None) -> nn.Module:
+    import torchvision
+
+    if in_chans != 3:
+        raise ValueError(f"model={arch}: torchvision models take 3 input channels, the dataset has {in_chans}")
+    model = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
+    if pretrained:
+        load_npz_state_dict(model, pretrained, arch)
+    return model

@@ -1,0 +1,50 @@
+"""Run directories: `outputs/YYYY-MM-DD/HH-MM-SS[-N]` (or `output_dir=`), with the composed config
+under `.hydra/` as Hydra writes it. Created only after the config passed every check."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def _fresh(base: Path) -> Path:
+    path, n = base, 1
+    while path.exists():  # two runs in the same second get distinct folders
+        path, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return path
+
+
+def _completed(path: Path) -> bool:
+    import json
+
+    try:
+        return json.loads((path / "results.json").read_text())["summary"]["status"] == "completed"
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def prepare_run_dir(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
+    if cfg.output_dir:
+        path = Path(cfg.output_dir)
+        if _completed(path):
+            raise ValueError(f"output_dir={path} already holds a finished run; choose another output_dir")
+    else:
+        path = _fresh(Path(cfg.outputs_root) / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))
+    (path / ".hydra").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, path / ".hydra" / "config.yaml")
+    OmegaConf.save(OmegaConf.create(list(overrides or [])), path / ".hydra" / "overrides.yaml")
+    return path.resolve()
+
+
+def record_failure(run_dir: Path, cfg: DictConfig, message: str) -> None:
+    """A failed run keeps its folder (checkpoints, logs) and says why in results.json."""
+    from compbench.train.metrics import write_json_atomic
+
+    if (run_dir / "results.json").exists():
+        return
+    write_json_atomic(run_dir / "results.json", {
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "summary": {"status": "failed", "error": message},
+    })

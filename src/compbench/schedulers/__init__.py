@@ -1,0 +1,1 @@
+"""Schedulers: when and on what the compression pipeline runs (grouping, selection, partitioning)."""

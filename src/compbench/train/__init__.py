@@ -1,0 +1,1 @@
+"""The trainer: one loop, the compression pipeline, metrics and checkpoints."""

@@ -1,0 +1,198 @@
+"""The one trainer loop. Read `train_epoch`: the compression seam is `scheduler.synchronize`."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+
+from compbench import registry
+from compbench.data.loader import ShardedLoader
+from compbench.train.build import build_compressor_and_selection, build_datasets, build_memory, build_model
+from compbench.train.checkpoint import save_checkpoint
+from compbench.train.metrics import Recorder, StepStats, write_json_atomic
+from compbench.train.optim import build_optimizer, build_schedule
+from compbench.train.pipeline import GradientPipeline
+
+
+def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
+    """Train on this rank. `run_dir` is None under an external launcher: rank 0 then picks it."""
+    threads = int(os.environ.get("COMPBENCH_THREADS", cfg.get("threads") or 0) or 0)
+    if threads:
+        torch.set_num_threads(threads)
+    engine = registry.build(cfg.engine, drop=("np",))
+    try:
+        if run_dir is None:
+            from compbench.rundir import prepare_run_dir
+
+            run_dir = Path(engine.broadcast_object(str(prepare_run_dir(cfg)) if engine.rank == 0 else None))
+        return Trainer(cfg, engine, run_dir).fit()
+    finally:
+        engine.shutdown()
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, engine, run_dir: Path) -> None:
+        self.cfg, self.engine, self.run_dir = cfg, engine, run_dir
+        self.rank0 = engine.rank == 0
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.model = build_model(cfg)
+        with torch.no_grad():  # and, for safety under any launcher, rank 0's weights everywhere
+            for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
+                engine.broadcast_(t.data, 0, f"init.{name}")
+        train_ds, test_ds = build_datasets(cfg)
+        self.train_loader = ShardedLoader(train_ds, cfg.batch_size, engine.rank, engine.size, cfg.seed, True, cfg.num_workers)
+        self.test_loader = ShardedLoader(test_ds, cfg.eval_batch_size, engine.rank, engine.size, train=False)
+        if len(self.train_loader) == 0:
+            raise ValueError(f"batch_size={cfg.batch_size} x {engine.size} workers exceeds the {len(train_ds)} training samples; lower batch_size")
+
+        self.stats = StepStats()
+        self.compressor, selection = build_compressor_and_selection(cfg)
+        self.memory = build_memory(cfg, engine.size)
+        comm = registry.build(cfg.comm, engine=engine, compressor=self.compressor, stats=self.stats)
+        self.pipeline = GradientPipeline(engine, self.compressor, self.memory, comm, selection, self.stats)
+        self.scheduler = registry.build(cfg.scheduler)
+        self.scheduler.setup(self.model)
+        self.optimizer = build_optimizer(self._param_groups(selection), **registry.plain(cfg.optim))
+        self.epochs = cfg.epochs
+        self.lr_schedule = build_schedule(self.optimizer, len(self.train_loader), self.epochs, **registry.plain(cfg.optim))
+        self.recorder = Recorder(run_dir) if self.rank0 else None
+        self.step = 0
+
+    def _param_groups(self, selection) -> list[dict[str, Any]]:
+        """With memory=dgc the momentum lives in the memory (momentum correction) for compressed
+        tensors: the optimizer must not apply it a second time, so they get momentum 0. Tensors that
+        always go dense keep the optimizer's momentum."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not getattr(self.memory, "owns_momentum", False):
+            return [{"params": params}]
+        compressed = [p for p in params if selection.compresses(p, selection.dense_steps)]
+        dense = [p for p in params if not selection.compresses(p, selection.dense_steps)]
+        return [{"params": dense}, {"params": compressed, "momentum": 0.0, "nesterov": False}]
+
+    def fit(self) -> dict[str, Any] | None:
+        cfg, t_start = self.cfg, time.perf_counter()
+        acc1 = float("nan")
+        max_steps = cfg.max_steps or math.inf
+        for epoch in range(self.epochs):
+            self.train_loader.epoch = epoch
+            stopped = self.train_epoch(epoch, max_steps)
+            acc1 = self.evaluate(epoch) if cfg.eval else float("nan")
+            save_checkpoint(self, epoch)
+            if stopped:
+                break
+        return self.finish(acc1, time.perf_counter() - t_start)
+
+    def train_epoch(self, epoch: int, max_steps: float) -> bool:
+        from tqdm import tqdm
+
+        model, stats, engine = self.model, self.stats, self.engine
+        model.train()
+        steps = len(self.train_loader)
+        bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{self.epochs}", disable=not self.rank0 or not self.cfg.progress,
+                   dynamic_ncols=True, leave=False)
+        for i, (x, y) in enumerate(self.train_loader):
+            if self.step >= max_steps:
+                bar.close()
+                return True
+            stats.reset()
+            t0 = time.perf_counter()
+            self.pipeline.begin_step(self.step, epoch + i / steps)
+            with stats.time("compute"):
+                loss = F.cross_entropy(model(x), y)
+                self.optimizer.zero_grad(set_to_none=False)
+                loss.backward()
+            self.scheduler.synchronize(self.pipeline)  # memory -> compress -> communicate -> decompress
+            with stats.time("optimizer"):
+                self.optimizer.step()
+                self.lr_schedule.step()
+            stats.add_ms("step", (time.perf_counter() - t0) * 1e3)
+            self.record_step(loss.item(), len(y) * engine.size)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            self.step += 1
+        bar.close()
+        return False
+
+    def record_step(self, loss: float, global_batch: int) -> None:
+        if self.recorder is None:
+            return
+        r, s, st = self.recorder, self.stats, self.step
+        r.scalar("train/loss", loss, st)
+        r.scalar("train/throughput", global_batch / (s.ms["step"] / 1e3), st)
+        r.scalar("train/lr", self.optimizer.param_groups[0]["lr"], st)
+        for phase in ("compute", "compress", "comm", "decompress", "optimizer", "step"):
+            r.scalar(f"time/{phase}_ms", s.ms[phase], st)
+        r.scalar("comm/bytes_sent", s.bytes_sent, st)
+        r.scalar("comm/bytes_dense", s.bytes_dense, st)
+        r.scalar("comm/ratio_effective", s.bytes_dense / max(1, s.bytes_sent), st)
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> float:
+        # BatchNorm running statistics differ per rank: use rank 0's, as DDP does.
+        for name, b in self.model.named_buffers():
+            self.engine.broadcast_(b.data, 0, f"bn.{name}")
+        self.model.eval()
+        correct = torch.zeros(2, dtype=torch.float64)
+        for x, y in self.test_loader:
+            correct[0] += (self.model(x).argmax(1) == y).sum()
+            correct[1] += len(y)
+        total = self.engine.allreduce(correct, "eval", average=False)
+        acc1 = float(100 * total[0] / total[1])
+        if self.recorder:
+            self.recorder.scalar("eval/acc1", acc1, self.step)
+            print(f"epoch {epoch + 1}/{self.epochs}: eval/acc1 {acc1:.2f}%  step {self.step}", flush=True)
+        return acc1
+
+    def finish(self, acc1: float, seconds: float) -> dict[str, Any] | None:
+        if self.recorder is None:
+            return None
+        r = self.recorder
+        skip = min(5, max(0, len(r.history["time/step_ms"]) - 1))  # first steps include warm-up costs
+        sent, dense = r.median("comm/bytes_sent", skip), r.median("comm/bytes_dense", skip)
+        summary = {
+            "status": "completed",
+            "steps": self.step,
+            "train_time_s": round(seconds, 3),
+            "final_acc1": acc1,
+            "best_acc1": max(r.history["eval/acc1"], default=float("nan")),
+            "final_loss": r.history["train/loss"][-1] if r.history["train/loss"] else float("nan"),
+            "throughput": r.median("train/throughput", skip),
+            **{f"{p}_ms": r.median(f"time/{p}_ms", skip) for p in ("compute", "compress", "comm", "decompress", "optimizer", "step")},
+            "bytes_sent_per_step": sent,
+            "bytes_dense_per_step": dense,
+            "ratio_effective": (dense / sent) if sent else None,
+        }
+        hp = {**self.cfg.choices, "ratio": self.cfg.compressor.get("ratio", 1.0), "world_size": self.engine.size}
+        r.hparams(hp, {"acc1": acc1, "throughput": summary["throughput"] or 0.0})
+        r.close()
+        results = {"config": OmegaConf.to_container(self.cfg, resolve=True), "environment": environment(self.engine),
+                   "hparams": hp, "summary": summary}
+        write_json_atomic(self.run_dir / "results.json", results)
+        return results
+
+
+def environment(engine) -> dict[str, Any]:
+    import importlib.metadata as md
+
+    def version(pkg: str) -> str | None:
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return None
+
+    return {
+        "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "cpu_count": os.cpu_count(), "threads_per_rank": torch.get_num_threads(),
+        "engine": engine.name, "world_size": engine.size,
+        "versions": {p: version(p) for p in ("torch", "torchvision", "timm", "horovod", "hydra-core", "numpy", "compbench")},
+    }

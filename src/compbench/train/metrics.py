@@ -1,0 +1,76 @@
+"""Per-step timings and byte counts, and the TensorBoard / results.json recorder (rank 0)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+PHASES = ("compute", "compress", "comm", "decompress", "optimizer", "step")
+
+
+class StepStats:
+    """Accumulates one step's phase times (ms) and bytes; `reset()` between steps."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.ms: dict[str, float] = defaultdict(float)
+        self.bytes_sent = 0
+        self.bytes_dense = 0
+
+    @contextmanager
+    def time(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[phase] += (time.perf_counter() - t0) * 1e3
+
+    def add_ms(self, phase: str, ms: float) -> None:
+        self.ms[phase] += ms
+
+
+class Recorder:
+    """Rank 0's TensorBoard writer plus the running history that becomes results.json."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from tensorboardX import SummaryWriter
+
+        self.run_dir = run_dir
+        self.writer = SummaryWriter(str(run_dir / "tb"))
+        self.history: dict[str, list[float]] = defaultdict(list)
+
+    def scalar(self, tag: str, value: float, step: int, keep: bool = True) -> None:
+        self.writer.add_scalar(tag, value, step)
+        if keep:
+            self.history[tag].append(float(value))
+
+    def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
+        clean = {k: (v if isinstance(v, int | float | str | bool) else str(v)) for k, v in hparams.items()}
+        self.writer.add_hparams(clean, {f"hparam/{k}": v for k, v in metrics.items()}, name="hparams")
+
+    def median(self, tag: str, skip: int = 0) -> float | None:
+        values = self.history.get(tag, [])
+        values = values[skip:] if len(values) > skip else values
+        return statistics.median(values) if values else None
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write then rename: a reader never sees a half-written file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,23 @@
+"""One worker process: `python -m compbench.worker RUN_DIR` (started by compbench's launcher)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+def main(argv: list[str] | None = None) -> int:
+    from compbench.train.loop import run_worker
+    from compbench.errors import report_user_error
+
+    run_dir = Path((argv or sys.argv[1:])[0])
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    with report_user_error():
+        run_worker(cfg, run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Shared test helpers: run the real CLI in a subprocess and read what a run wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+# Small, fast, BatchNorm-free runs: an MLP on synthetic 3x8x8 data.
+TINY = ["model=mlp", "model.hidden=[32]", "dataset=synthetic", "dataset.image_size=8", "dataset.train_size=256",
+        "dataset.test_size=64", "progress=false", "optim.lr_schedule=constant"]
+
+
+def compbench(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "compbench", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def train(tmp: Path, *overrides: str, name: str = "run") -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp / name
+    proc = compbench("train", *overrides, f"output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def params(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+
+
+def event_tags(run_dir: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    return set(acc.Tags()["scalars"])

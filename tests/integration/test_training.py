@@ -1,0 +1,53 @@
+"""End-to-end runs through the real CLI, launcher and engines (2 gloo ranks on CPU)."""
+
+import math
+
+import pytest
+import torch
+
+from compbench.models.mlp import mlp
+from tests.helpers import TINY, event_tags, params, results, train
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_two_workers_equal_one_worker_with_double_batch(tmp_path, engine):
+    common = [*TINY, "compressor=none", "eval=false", "max_steps=5", "epochs=1", f"engine={engine}"]
+    two, _ = train(tmp_path, *common, "engine.np=2", "batch_size=8", name="two")
+    one, _ = train(tmp_path, *common, "engine.np=1", "batch_size=16", name="one")
+    p2, p1 = params(two), params(one)
+    assert results(two)["summary"]["steps"] == results(one)["summary"]["steps"] == 5
+    for k in p1:
+        torch.testing.assert_close(p2[k], p1[k], atol=1e-5, rtol=0)
+    # The comparison is not vacuous: 5 steps moved the weights away from their shared start.
+    torch.manual_seed(0)
+    start = mlp(num_classes=10, image_size=8, in_chans=3, hidden=[32]).state_dict()
+    assert max((p1[k] - start[k]).abs().max().item() for k in start) > 1e-3
+
+
+def test_fp16_sends_half_the_bytes_of_none(tmp_path):
+    common = [*TINY, "max_steps=3", "epochs=1", "eval=false", "engine.np=2"]
+    none, _ = train(tmp_path, *common, "compressor=none", name="none")
+    half, _ = train(tmp_path, *common, "compressor=fp16", name="fp16")
+    numel = sum(v.numel() for v in params(none).values())
+    s_none, s_half = results(none)["summary"], results(half)["summary"]
+    assert s_none["bytes_sent_per_step"] == 4 * numel == s_none["bytes_dense_per_step"]
+    assert s_half["bytes_sent_per_step"] == 2 * numel
+    assert s_half["ratio_effective"] == 2.0
+
+
+@pytest.mark.slow
+def test_default_run_meets_accuracy_and_time(tmp_path):
+    out, proc = train(tmp_path, "progress=false")
+    summary = results(out)["summary"]
+    assert summary["final_acc1"] >= 95.0, summary
+    assert summary["train_time_s"] < 120, summary
+    assert str(out) in proc.stdout
+    tags = event_tags(out)
+    expected = {"train/loss", "train/throughput", "eval/acc1", "comm/bytes_sent", "comm/bytes_dense",
+                "comm/ratio_effective", *(f"time/{p}_ms" for p in ("compute", "compress", "comm", "decompress", "step"))}
+    assert expected <= tags, expected - tags
+    assert (out / ".hydra" / "config.yaml").is_file()
+    env = results(out)["environment"]
+    assert env["world_size"] == 2 and env["engine"] == "horovod" and not math.isnan(summary["throughput"])
