@@ -69,8 +69,7 @@ def check(cfg: DictConfig) -> DictConfig:
     compressor_cls = registry.component_class("compressor", picked["compressor"])
     comm_cls = registry.locate(cfg.comm._target_)
     if getattr(comm_cls, "requires_summable", False) and not compressor_cls.summable:
-        why = getattr(compressor_cls, "why_not_summable", "its payloads cannot be summed element-wise")
-        raise ValueError(f"compressor={picked['compressor']} {why}; use comm=allgather or comm=ps")
+        raise ValueError(f"compressor={picked['compressor']} {compressor_cls.why_not_summable}; use comm=allgather or comm=ps")
 
     # Building the light components validates their parameters (e.g. qsgd levels < 1).
     from compbench.train.build import build_compressor_and_selection, build_memory, build_model

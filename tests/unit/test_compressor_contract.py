@@ -85,8 +85,8 @@ def test_unbiased_mean_within_4_standard_errors(name):
     comp = _make(name)
     x = _data((20, 30), 5)
     trials = 2000
-    total = torch.zeros_like(x)
-    total_sq = torch.zeros_like(x)
+    total = torch.zeros_like(x, dtype=torch.float64)
+    total_sq = torch.zeros_like(x, dtype=torch.float64)
     for i in range(trials):
         comp.begin_step(i, 0.0)
         payload, ctx = comp.compress(x.clone(), "t")

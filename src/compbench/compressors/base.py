@@ -57,6 +57,8 @@ class CompressorBase:
 
     name: str = "base"
     summable: bool = False
+    # Completes "compressor=X ...; use comm=allgather or comm=ps" when paired with comm=allreduce.
+    why_not_summable: str = "sends rank-dependent payloads that cannot be summed element-wise"
     unbiased: bool = False
     # Compressors whose decode of N payloads can be fused (e.g. one scatter-add) override this.
     step: int = 0

@@ -1,0 +1,66 @@
+"""Model factories and pretrained .npz loading (Google's ViT / Mixer formats, state-dict npz)."""
+
+import numpy as np
+import pytest
+import torch
+
+from compbench.models.mlp import mlp
+from compbench.models.resnet20 import resnet20
+from compbench.models.timm_models import timm_model
+from compbench.models.weights import export_google_mixer_npz, export_google_vit_npz, load_google_mixer_npz
+
+
+def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], msg=k)
+
+
+def _small_mixer():
+    # Mixer-B/16's layout with 2 narrow blocks keeps the test fast; the npz format is per block.
+    from timm.models.mlp_mixer import MlpMixer
+
+    return MlpMixer(num_classes=10, img_size=32, patch_size=16, num_blocks=2, embed_dim=64)
+
+
+def test_google_vit_npz_round_trip_through_timms_loader(tmp_path):
+    torch.manual_seed(0)
+    source = timm_model("vit_tiny_patch16_224", num_classes=10, image_size=32)
+    path = tmp_path / "ViT.npz"
+    export_google_vit_npz(source, str(path))
+    torch.manual_seed(1)
+    _assert_same(source, timm_model("vit_tiny_patch16_224", num_classes=10, image_size=32, pretrained=str(path)))
+
+
+def test_google_mixer_npz_round_trip(tmp_path):
+    torch.manual_seed(0)
+    source = _small_mixer()
+    path = tmp_path / "Mixer.npz"
+    export_google_mixer_npz(source, str(path))
+    assert "MixerBlock_1/token_mixing/Dense_0/kernel" in np.load(path).files
+    torch.manual_seed(1)
+    loaded = _small_mixer()
+    load_google_mixer_npz(loaded, str(path), "mixer_b16")
+    _assert_same(source, loaded)
+
+
+def test_vit_checkpoint_into_mixer_is_a_clear_error(tmp_path):
+    path = tmp_path / "vit.npz"
+    export_google_vit_npz(timm_model("vit_tiny_patch16_224", num_classes=10, image_size=32), str(path))
+    with pytest.raises(ValueError, match="does not match this model"):
+        load_google_mixer_npz(_small_mixer(), str(path), "mixer_b16")
+
+
+def test_state_dict_npz_round_trip_and_mismatch(tmp_path):
+    source = resnet20()
+    path = tmp_path / "r20.npz"
+    np.savez(path, **{k: v.numpy() for k, v in source.state_dict().items()})
+    _assert_same(source, resnet20(pretrained=str(path)))
+    with pytest.raises(ValueError, match="does not match this model"):
+        mlp(pretrained=str(path))
+
+
+def test_resnet20_shape_and_size():
+    model = resnet20(num_classes=10)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert 0.26e6 < sum(p.numel() for p in model.parameters()) < 0.28e6
