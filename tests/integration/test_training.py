@@ -26,6 +26,16 @@ def test_two_workers_equal_one_worker_with_double_batch(tmp_path, engine):
     assert max((p1[k] - start[k]).abs().max().item() for k in start) > 1e-3
 
 
+@pytest.mark.parametrize("comm", ["allgather", "ps"])
+def test_every_communicator_averages_like_allreduce(tmp_path, comm):
+    common = [*TINY, "compressor=none", "eval=false", "max_steps=4", "epochs=1", "engine.np=2"]
+    ref, _ = train(tmp_path, *common, "comm=allreduce", name="allreduce")
+    other, _ = train(tmp_path, *common, f"comm={comm}", name=comm)
+    p_ref, p_other = params(ref), params(other)
+    for k in p_ref:
+        torch.testing.assert_close(p_other[k], p_ref[k], atol=1e-6, rtol=0)
+
+
 def test_fp16_sends_half_the_bytes_of_none(tmp_path):
     common = [*TINY, "max_steps=3", "epochs=1", "eval=false", "engine.np=2"]
     none, _ = train(tmp_path, *common, "compressor=none", name="none")

@@ -12,6 +12,7 @@ from compbench.train.metrics import StepStats
 
 class AllgatherComm:
     requires_summable = False
+    blocking = False
 
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         self.engine, self.compressor, self.stats = engine, compressor, stats

@@ -172,7 +172,8 @@ class Trainer:
             "ratio_effective": (dense / sent) if sent else None,
         }
         hp = {**self.cfg.choices, "ratio": self.cfg.compressor.get("ratio", 1.0), "world_size": self.engine.size}
-        r.hparams(hp, {"acc1": acc1, "throughput": summary["throughput"] or 0.0})
+        metrics = {"acc1": acc1, "throughput": summary["throughput"]}
+        r.hparams(hp, {k: v for k, v in metrics.items() if v is not None and math.isfinite(v)})
         r.close()
         results = {"config": OmegaConf.to_container(self.cfg, resolve=True), "environment": environment(self.engine),
                    "hparams": hp, "summary": summary}

@@ -1,0 +1,105 @@
+"""`comm=ps`: HiPress CaSync's parameter-server topology without a server machine.
+
+Every rank is the server of 1/N of every tensor. A rank splits its (error-compensated) tensor into N
+contiguous shards and compresses each, with worker-side error feedback per shard; an all-to-all
+delivers shard j of every rank to rank j; the server decodes the N shards it received, averages
+them, adds its own server-side residual and re-compresses (server error feedback); an all-gather of
+the re-compressed shards gives every rank the whole averaged tensor, decoded shard by shard.
+Compressed bytes cross the wire twice, each time 1/N of the tensor per peer, instead of N payloads
+of the whole tensor (allgather). Works with every compressor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from compbench.compressors.base import Compressor, payload_nbytes
+from compbench.engines.base import Engine
+from compbench.memory.residual import ResidualMemory
+from compbench.train.metrics import StepStats
+
+
+def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous, nearly equal shards (the first numel % parts get one more element)."""
+    base, extra = divmod(numel, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        end = start + base + (i < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def _to_bytes(payload: list[Tensor]) -> Tensor:
+    return torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in payload]) if payload else torch.empty(0, dtype=torch.uint8)
+
+
+def _from_bytes(buf: Tensor, numels: list[int], like: list[Tensor]) -> list[Tensor]:
+    out, pos = [], 0
+    for n, t in zip(numels, like, strict=True):
+        nbytes = n * t.element_size()
+        out.append(buf[pos : pos + nbytes].view(t.dtype).clone())
+        pos += nbytes
+    return out
+
+
+class PSComm:
+    requires_summable = False
+    blocking = True
+
+    def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
+        self.engine, self.compressor, self.stats = engine, compressor, stats
+        self.server_memory = ResidualMemory()
+
+    def reduce_tensor(self, x: Tensor, name: str, memory) -> tuple[Tensor, int]:
+        n, rank = self.engine.size, self.engine.rank
+        flat = x.reshape(-1)
+        bounds = shard_bounds(flat.numel(), n)
+        shard_names = [f"{name}#ps{j}" for j in range(n)]
+        # 1. worker: compensate and compress each shard (shard j is for server j)
+        payloads, ctxs = [], []
+        with self.stats.time("compress"):
+            for (a, b), sname in zip(bounds, shard_names, strict=True):
+                shard = memory.compensate(flat[a:b], sname)
+                payload, ctx = self.compressor.compress(shard, sname)
+                memory.update(shard, sname, self.compressor, payload, ctx)
+                payloads.append(payload)
+                ctxs.append(ctx)
+        # 2. all-to-all: per-tensor element counts first, then the bytes
+        counts = torch.tensor([[t.numel() for t in p] for p in payloads], dtype=torch.int64)
+        recv_counts, _ = self.engine.alltoall(counts.view(-1), [counts.shape[1]] * n, f"{name}.ps.n")
+        blobs = [_to_bytes(p) for p in payloads]
+        recv, _ = self.engine.alltoall(torch.cat(blobs), [len(b) for b in blobs], f"{name}.ps.a2a")
+        sent = sum(len(b) for b in blobs)
+        # 3. server: decode the N shards received for my part, average, re-compress with server EF
+        my_ctx, like = ctxs[rank], payloads[rank]
+        per_peer = recv_counts.view(n, -1).tolist()
+        received, pos = [], 0
+        for counts_j in per_peer:
+            nbytes = sum(c * t.element_size() for c, t in zip(counts_j, like, strict=True))
+            received.append(_from_bytes(recv[pos : pos + nbytes], counts_j, like))
+            pos += nbytes
+        with self.stats.time("decompress"):
+            averaged_shard = self.compressor.decompress_all(received, my_ctx)
+        # The server's compressor state (momentum, residuals, seeds) is kept apart from the worker's.
+        server_ctxs = [replace(c, name=f"{c.name}@server") for c in ctxs]
+        sname = server_ctxs[rank].name
+        with self.stats.time("compress"):
+            y = self.server_memory.compensate(averaged_shard, sname)
+            server_payload, server_ctx = self.compressor.compress(y, sname)
+            self.server_memory.update(y, sname, self.compressor, server_payload, server_ctx)
+        sent += payload_nbytes(server_payload)
+        # 4. all-gather of the re-compressed shards; everyone decodes every shard
+        gathered = self.engine.allgather(server_payload, f"{name}.ps.ag")
+        with self.stats.time("decompress"):
+            shards = [self.compressor.decompress(gathered[j], server_ctxs[j]) for j in range(n)]
+        return torch.cat([s.reshape(-1) for s in shards]).view(x.shape), sent
+
+    def start(self, payload, ctx):  # the pipeline uses reduce_tensor (blocking) for this communicator
+        raise NotImplementedError("comm=ps reduces whole tensors: use reduce_tensor")
+
+    def wait(self, handle):
+        raise NotImplementedError("comm=ps reduces whole tensors: use reduce_tensor")
