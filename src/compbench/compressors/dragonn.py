@@ -1,0 +1,142 @@
+"""`dragonn`: DRAGONN's hash-based sparsifier (Wang et al., ICML 2022; `atopk` in the seeds)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from compbench.compressors.base import Ctx, check_ratio, make_ctx, num_selected
+from compbench.compressors.sparse import (
+    SparseCompressor,
+    Workspace,
+    indices_ge,
+    kth_largest,
+    magnitudes,
+    make_generator,
+    sparse_decode,
+    sparse_payload,
+    stable_seed,
+)
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(a: Tensor, c: int) -> Tensor:
+    """(a * c) mod 2^32 for 0 <= a < 2^32, in int64 without overflow: c is split in 16-bit halves."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (a * lo + (((a * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _rotl32(a: Tensor, r: int) -> Tensor:
+    return ((a << r) | (a >> (32 - r))) & _M32
+
+
+def _fmix32(h: Tensor) -> Tensor:
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def murmur3_32(keys: Tensor, seed: int) -> Tensor:
+    """MurmurHash3_x86_32 of each key taken as a 4-byte little-endian integer (int64 result in [0, 2^32)).
+
+    Vectorized in int64 arithmetic masked to 32 bits, so it runs wherever torch does; keys are
+    reduced mod 2^32 first.
+    """
+    k = keys.to(torch.int64) & _M32
+    k = _mul32(k, 0xCC9E2D51)
+    k = _rotl32(k, 15)
+    k = _mul32(k, 0x1B873593)
+    h = k ^ (int(seed) & _M32)
+    h = _rotl32(h, 13)
+    h = (_mul32(h, 5) + 0xE6546B64) & _M32
+    h = h ^ 4  # length in bytes
+    return _fmix32(h)
+
+
+def _select(x: Tensor, threshold: Tensor, slots: int, seed: int, ws: Workspace) -> Tensor:
+    """Hot step (one kernel pass on GPU): every element with abs(x) >= threshold writes its index into
+    slot murmur3_32(index, seed) % slots; returns the indices left in the filled slots (slot order).
+
+    Collisions: a GPU kernel lets an arbitrary writer win; here each slot deterministically keeps the
+    LARGEST index that hashed to it, which is what a sequential pass in increasing index order (last
+    writer wins) leaves. Empty slots hold -1, so element 0 can be selected (the reference marks empty
+    slots with 0 and so never sends element 0).
+    """
+    cand = indices_ge(magnitudes(x, ws), threshold, ws)
+    table = torch.full((slots,), -1, dtype=torch.int64, device=x.device)
+    if cand.numel():
+        slot = (murmur3_32(cand, seed) % slots).to(cand.device)
+        table.scatter_reduce_(0, slot, cand, reduce="amax")
+    return table[table >= 0]
+
+
+class DRAGONN(SparseCompressor):
+    """DRAGONN ("atopk"): one-shot sampled threshold, then selection through a hash table of 4k slots.
+
+    Threshold: the smallest of the top ceil(m*r) of m = ceil(sample_ratio*n) magnitudes sampled
+    uniformly (with replacement; no adaptation loop). Every element above it writes its index into slot
+    MurmurHash3_x86_32(index, seed) mod 4k, seed new every call (from seed, step, tensor name);
+    collisions overwrite; the filled slots are sent: at most 4k, about 0.885k when ~k pass.
+    Tensors with n <= small_numel use ratio max(ratio, small_ratio) (DRAGONN's 131072 / 0.01 rule).
+
+    Differences from the reference: element 0 can be selected (empty marker -1); `batching` decodes
+    all ranks with one scatter-ADD (duplicates add, the reference overwrites them) and the result is
+    averaged over N like dense tensors (the reference sums without dividing). Error feedback is
+    optional (the paper runs memory=none).
+    """
+
+    name = "dragonn"
+
+    def __init__(
+        self,
+        ratio: float = 0.01,
+        sample_ratio: float = 0.01,
+        small_ratio: float = 0.01,
+        small_numel: int = 131072,
+        batching: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.ratio = check_ratio(ratio, "compressor=dragonn")
+        self.small_ratio = check_ratio(small_ratio, "compressor=dragonn (small_ratio)")
+        if not (0 < float(sample_ratio) <= 1):
+            raise ValueError(f"compressor=dragonn: sample_ratio={sample_ratio} is outside (0, 1]; use 0.01")
+        if int(small_numel) < 0:
+            raise ValueError(f"compressor=dragonn: small_numel={small_numel} is negative; use e.g. 131072")
+        self.sample_ratio = float(sample_ratio)
+        self.small_numel = int(small_numel)
+        self.batching = bool(batching)
+        self.seed = int(seed)
+
+    def ratio_for(self, numel: int) -> float:
+        return max(self.ratio, self.small_ratio) if numel <= self.small_numel else self.ratio
+
+    def k_for(self, numel: int) -> int:
+        return min(numel, num_selected(numel, self.ratio_for(numel)))
+
+    def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
+        flat = x.detach().reshape(-1)
+        n = flat.numel()
+        r = self.ratio_for(n)
+        gen = make_generator(self.seed, self.step, name, device=flat.device)
+        m = max(1, math.ceil(self.sample_ratio * n))
+        # sample_ratio = 1 means the whole tensor (the exact k-th magnitude), not n draws.
+        sample = flat if m >= n else flat[torch.randint(n, (m,), generator=gen, device=flat.device)]
+        threshold = kth_largest(sample.abs().float(), math.ceil(sample.numel() * r))
+        hash_seed = stable_seed(self.seed, self.step, name, "murmur") & 0xFFFFFFFF
+        idx = _select(flat, threshold, 4 * self.k_for(n), hash_seed, self._ws)
+        return sparse_payload(flat[idx], idx), make_ctx(x, name)
+
+    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+        if self.batching:
+            return super().decompress_all(payloads, ctx)
+        return self.aggregate([sparse_decode(p, ctx) for p in payloads])
+
+    def max_wire_bytes(self, numel: int) -> int:
+        # 4k slots, each a distinct index: never more than n of them.
+        return 8 * min(numel, 4 * self.k_for(numel))

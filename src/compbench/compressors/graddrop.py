@@ -1,0 +1,66 @@
+"""`graddrop`: Aji and Heafield's gradient dropping (EMNLP 2017): drop the (1 - r) smallest by magnitude."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from compbench.compressors.base import Ctx, check_ratio, make_ctx
+from compbench.compressors.sparse import (
+    SparseCompressor,
+    Workspace,
+    indices_ge,
+    kth_largest,
+    magnitudes,
+    make_generator,
+    sparse_payload,
+    topk_among,
+)
+
+# Everything that passes the sampled threshold is sent, up to this many times k (ties, an all-zero
+# gradient or an unlucky sample could otherwise send the whole tensor).
+_CAP = 2
+
+
+def _select(x: Tensor, threshold: Tensor, cap: int, ws: Workspace) -> Tensor:
+    """Hot step: flat int64 indices with abs(x) >= threshold, at most `cap` (the largest)."""
+    mag = magnitudes(x, ws)
+    return topk_among(mag, indices_ge(mag, threshold, ws), cap)
+
+
+class GradDrop(SparseCompressor):
+    """Gradient dropping: a threshold estimated from a uniform sample keeps a fraction ~r of the
+    entries; all entries above it are sent (no adaptation, at most 2k), [values fp32, indices int32].
+
+    The algorithm's residual accumulation (R += g; the sent entries leave R) is exactly error feedback
+    with memory=residual, the memory to use with it (the compressor itself is stateless). Samples:
+    max(ceil(sample_ratio*n), ceil(2/r)) (all of a small tensor), seeded by (seed, step, tensor name).
+    """
+
+    name = "graddrop"
+
+    def __init__(self, ratio: float = 0.01, sample_ratio: float = 0.01, seed: int = 0) -> None:
+        super().__init__()
+        self.ratio = check_ratio(ratio, "compressor=graddrop")
+        if not (0 < float(sample_ratio) <= 1):
+            raise ValueError(f"compressor=graddrop: sample_ratio={sample_ratio} is outside (0, 1]; use 0.01")
+        self.sample_ratio = float(sample_ratio)
+        self.seed = int(seed)
+
+    def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
+        flat = x.detach().reshape(-1)
+        n = flat.numel()
+        m = max(math.ceil(self.sample_ratio * n), math.ceil(2.0 / self.ratio))
+        if m >= n:
+            sample = flat.abs()
+        else:
+            gen = make_generator(self.seed, self.step, name, device=flat.device)
+            sample = flat[torch.randint(n, (m,), generator=gen, device=flat.device)].abs()
+        threshold = kth_largest(sample.float(), math.ceil(sample.numel() * self.ratio))
+        idx = _select(flat, threshold, _CAP * self.k_for(n), self._ws)
+        return sparse_payload(flat[idx], idx), make_ctx(x, name)
+
+    def max_wire_bytes(self, numel: int) -> int:
+        return 8 * min(numel, _CAP * self.k_for(numel))

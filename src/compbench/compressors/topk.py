@@ -1,0 +1,42 @@
+"""`topk`: the k = ceil(n*r) entries of largest magnitude, sent as [values fp32, indices int32]: 8k bytes."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from compbench.compressors.base import Ctx, check_ratio, make_ctx
+from compbench.compressors.sparse import (
+    SparseCompressor,
+    Workspace,
+    exact_topk_indices,
+    magnitudes,
+    sparse_payload,
+)
+
+
+def _select(x: Tensor, k: int, ws: Workspace) -> Tensor:
+    """Hot step: flat int64 indices of the exact top-k of abs(x)."""
+    return exact_topk_indices(magnitudes(x, ws), k, ws)
+
+
+class TopK(SparseCompressor):
+    """Exact top-k by magnitude (biased: pair it with memory=residual).
+
+    Selection is exact (ties broken arbitrarily) but avoids `torch.topk` over the whole tensor on CPU:
+    a sampled threshold keeps ~2k candidates and the top-k is taken among them (see
+    `sparse.exact_topk_indices` for why that is still the exact top-k).
+    """
+
+    name = "topk"
+
+    def __init__(self, ratio: float = 0.01) -> None:
+        super().__init__()
+        self.ratio = check_ratio(ratio, "compressor=topk")
+
+    def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
+        flat = x.detach().reshape(-1)
+        idx = _select(flat, self.k_for(flat.numel()), self._ws)
+        return sparse_payload(flat[idx], idx), make_ctx(x, name)
+
+    def wire_bytes(self, numel: int) -> int:
+        return 8 * self.k_for(numel)

@@ -1,0 +1,110 @@
+"""`dgc`: Deep Gradient Compression's memory: momentum correction, factor masking, local clipping."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from compbench.compressors.base import Compressor, Ctx
+
+
+class DGCMemory:
+    """Momentum correction (Lin et al., ICLR 2018), per tensor name:
+
+        u = m*u + g;        v = v + u          (nesterov=false)
+        u = (u + g)*m;      v = v + u + g      (nesterov=true)
+
+    `compensate` returns v (the memory's own buffer; compressors must not modify it), which is what
+    gets compressed. `update` applies momentum factor masking: u (if `momentum_masking`) and v are
+    zeroed at the SENT indices, taken from the compressor's `sent_indices` when it is a sparsifier,
+    else from the nonzeros of the decoded payload. Invariant: after update, v keeps its value at every
+    unsent entry and is 0 at every sent one.
+
+    Optional local gradient clipping (`gradient_clipping` = max norm): each gradient is clipped to
+    norm gradient_clipping / sqrt(world_size) before it is accumulated (`world_size` is filled in by
+    the trainer).
+
+    `owns_momentum = True`: momentum is applied here, so the trainer builds the user's optimizer with
+    momentum 0 (DGC's SGD applies momentum only to the weight-decay term). The trainer sends 1-D and
+    uncompressed tensors past the memory (dense, with the optimizer's usual update).
+    """
+
+    owns_momentum = True
+
+    def __init__(
+        self,
+        momentum: float = 0.9,
+        nesterov: bool = False,
+        momentum_masking: bool = True,
+        gradient_clipping: float | None = None,
+        world_size: int = 1,
+    ) -> None:
+        if not (0 <= float(momentum) < 1):
+            raise ValueError(f"memory=dgc: momentum={momentum} is outside [0, 1); use e.g. 0.9")
+        if gradient_clipping is not None and not float(gradient_clipping) > 0:
+            raise ValueError(
+                f"memory=dgc: gradient_clipping={gradient_clipping} must be > 0; or null to disable"
+            )
+        if int(world_size) < 1:
+            raise ValueError(f"memory=dgc: world_size={world_size} must be >= 1")
+        self.momentum = float(momentum)
+        self.nesterov = bool(nesterov)
+        self.momentum_masking = bool(momentum_masking)
+        self.world_size = int(world_size)
+        self.clip_norm = (
+            None if gradient_clipping is None else float(gradient_clipping) / math.sqrt(self.world_size)
+        )
+        self.momentums: dict[str, Tensor] = {}
+        self.velocities: dict[str, Tensor] = {}
+
+    def _clip(self, g: Tensor) -> Tensor:
+        norm = float(torch.linalg.vector_norm(g.float()))
+        if self.clip_norm is not None and norm > self.clip_norm:
+            return g * (self.clip_norm / (norm + 1e-6))
+        return g
+
+    def compensate(self, g: Tensor, name: str) -> Tensor:
+        if self.clip_norm is not None:
+            g = self._clip(g)
+        u = self.momentums.get(name)
+        if u is None or u.shape != g.shape:
+            # Contiguous whatever g's layout, so that flat index masking works.
+            u = self.momentums[name] = torch.zeros(g.shape, dtype=g.dtype, device=g.device)
+            self.velocities[name] = torch.zeros(g.shape, dtype=g.dtype, device=g.device)
+        v = self.velocities[name]
+        if self.nesterov:
+            u.add_(g).mul_(self.momentum)
+            v.add_(u).add_(g)
+        else:
+            u.mul_(self.momentum).add_(g)
+            v.add_(u)
+        return v
+
+    def update(self, x: Tensor, name: str, compressor: Compressor, payload: list[Tensor], ctx: Ctx) -> None:
+        v = self.velocities[name]
+        if any(t.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() for t in payload):
+            # A dense payload that is a view of v must stay intact until it is sent: mask a copy.
+            v = self.velocities[name] = v.clone()
+        getter = getattr(compressor, "sent_indices", None)
+        if getter is not None:
+            sent = getter(payload, ctx).to(v.device)
+            v.view(-1).index_fill_(0, sent, 0)
+            if self.momentum_masking:
+                self.momentums[name].view(-1).index_fill_(0, sent, 0)
+        else:
+            keep = compressor.decompress(payload, ctx).eq(0).to(v.dtype)
+            v.mul_(keep)
+            if self.momentum_masking:
+                self.momentums[name].mul_(keep)
+
+    def state_dict(self) -> dict:
+        return {
+            "momentums": {k: t.clone() for k, t in self.momentums.items()},
+            "velocities": {k: t.clone() for k, t in self.velocities.items()},
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        self.momentums = {k: t.clone() for k, t in d.get("momentums", {}).items()}
+        self.velocities = {k: t.clone() for k, t in d.get("velocities", {}).items()}
