@@ -2,6 +2,7 @@
 
   compbench train [-m] [--cfg] key=value ...   train (one run, or a multirun sweep with -m)
   compbench list [GROUP]                        options of every config group, with parameters
+  compbench launch -np N [--engine E] SCRIPT    run a script of yours as N ranks (wrap_compress_optimizer)
 """
 
 from __future__ import annotations
@@ -13,18 +14,22 @@ from pathlib import Path
 
 from compbench.errors import report_user_error
 
-_USAGE = "usage: compbench {train,list} [-m] [--cfg] [key=value ...]  (compbench --help)"
+_COMMANDS = ("train", "list", "launch")
+_USAGE = "usage: compbench {train,list,launch} [-m] [--cfg] [key=value ...]  (compbench --help)"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="compbench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "list"])
+    parser.add_argument("command", choices=_COMMANDS)
     parser.add_argument("-m", "--multirun", action="store_true", help="sweep every combination of a,b,c values")
     parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. compressor=dgc ratio=1e-3 engine.np=2")
-    if not argv or argv[0] not in ("train", "list", "-h", "--help"):
+    if argv and argv[0] == "launch":
+        with report_user_error():
+            return launch(argv[1:])
+    if not argv or argv[0] not in (*_COMMANDS, "-h", "--help"):
         print(f"error: unknown command {argv[0]!r}; {_USAGE}" if argv else _USAGE, file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
@@ -71,11 +76,32 @@ def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = 
     return 0
 
 
+def launch(argv: list[str]) -> int:
+    """`compbench launch -np N [--engine horovod|torch] script.py [args]`."""
+    from compbench.launch import run_processes
+
+    parser = argparse.ArgumentParser(prog="compbench launch")
+    parser.add_argument("-np", type=int, default=2)
+    parser.add_argument("--engine", choices=["horovod", "torch"], default="horovod")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.np < 1:
+        raise ValueError(f"-np {args.np} must be >= 1")
+    if not Path(args.script).is_file():
+        raise ValueError(f"script {args.script} does not exist")
+    code, message = run_processes([sys.executable, args.script, *args.args], args.engine, args.np)
+    if code:
+        print(f"error: {message}", file=sys.stderr)
+    return code
+
+
 def list_options(groups: list[str]) -> int:
     from compbench import registry
     from compbench.config import GROUPS
 
     for group in groups or GROUPS:
+        group = group.removesuffix("s") if group.removesuffix("s") in GROUPS else group  # "compressors" too
         if group not in GROUPS:
             raise ValueError(f"unknown group {group}; choose one of: {', '.join(GROUPS)}")
         print(f"{group}:")

@@ -1,0 +1,85 @@
+"""`wrap_compress_optimizer`: compbench's pipeline inside a user's own training script.
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = compbench.wrap_compress_optimizer(model, optimizer, compressor="dragonn", ratio=1e-3)
+    ...; loss.backward(); optimizer.step()      # gradients are compressed, exchanged and averaged
+
+Run the script under `horovodrun -np 2 python train.py` or `compbench launch -np 2 train.py`.
+It is built from the same parts as `compbench train` (registry, pipeline, scheduler).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from compbench import registry
+from compbench.train.build import build_compressor_and_selection, build_memory
+from compbench.train.metrics import StepStats
+from compbench.train.pipeline import GradientPipeline
+
+
+class CompressedOptimizer:
+    """The user's optimizer, with gradient synchronization through compbench before each step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, pipeline: GradientPipeline, scheduler: Any, engine: Any,
+                 stats: StepStats) -> None:
+        self.optimizer, self.pipeline, self.scheduler = optimizer, pipeline, scheduler
+        self.engine, self.stats = engine, stats
+        self.steps = 0
+
+    def synchronize(self) -> None:
+        """Compress, exchange and average the gradients now (step() calls it)."""
+        self.stats.reset()
+        self.pipeline.begin_step(self.steps, 0.0)
+        self.scheduler.synchronize(self.pipeline)
+
+    def step(self, closure=None):
+        self.synchronize()
+        self.steps += 1
+        return self.optimizer.step(closure)
+
+    def __getattr__(self, name: str) -> Any:  # zero_grad, param_groups, state_dict, ... of the user's optimizer
+        return getattr(self.optimizer, name)
+
+
+def wrap_compress_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *, compressor: str = "none",
+                            memory: str = "none", comm: str = "allgather", scheduler: str = "layerwise",
+                            engine: str = "horovod", broadcast_parameters: bool = True,
+                            **compressor_params: Any) -> CompressedOptimizer:
+    """Wrap `optimizer` so that `step()` first averages gradients through compressor/memory/comm.
+
+    `compressor_params` override the compressor's config (e.g. ratio=1e-3, compress_threshold=0).
+    The engine joins the job the launcher described (horovodrun, torchrun or `compbench launch`).
+    """
+    defaults = registry.option_config("compressor", compressor)
+    if "ratio" in compressor_params and "ratio" not in defaults:
+        warnings.warn(f"ratio is ignored: compressor={compressor} has no ratio", stacklevel=2)
+        compressor_params.pop("ratio")
+    cfg = OmegaConf.create({
+        "compressor": {**defaults, **compressor_params},
+        "memory": registry.option_config("memory", memory),
+    })
+    comm_cls = registry.component_class("comm", comm)
+    compressor_cls = registry.component_class("compressor", compressor)
+    if comm_cls.requires_summable and not compressor_cls.summable:
+        raise ValueError(f"compressor={compressor} {compressor_cls.why_not_summable}; use comm=allgather or comm=ps")
+    eng = registry.build(registry.option_config("engine", engine), drop=("np",))
+    comp, selection = build_compressor_and_selection(cfg)
+    mem = build_memory(cfg, eng.size)
+    if getattr(mem, "owns_momentum", False):
+        warnings.warn("memory=dgc applies momentum itself: build your optimizer with momentum=0", stacklevel=2)
+    stats = StepStats()
+    pipeline = GradientPipeline(eng, comp, mem, registry.build(registry.option_config("comm", comm), engine=eng,
+                                                                compressor=comp, stats=stats), selection, stats)
+    sched = registry.build(registry.option_config("scheduler", scheduler))
+    sched.setup(model)
+    if broadcast_parameters:
+        with torch.no_grad():
+            for name, t in [*model.named_parameters(), *model.named_buffers()]:
+                eng.broadcast_(t.data, 0, f"init.{name}")
+    return CompressedOptimizer(optimizer, pipeline, sched, eng, stats)
