@@ -41,7 +41,8 @@ def _from_bytes(buf: Tensor, numels: list[int], like: list[Tensor]) -> list[Tens
     out, pos = [], 0
     for n, t in zip(numels, like, strict=True):
         nbytes = n * t.element_size()
-        out.append(buf[pos : pos + nbytes].view(t.dtype).clone())
+        # clone first: a slice at an odd byte offset cannot be reinterpreted as a wider dtype
+        out.append(buf[pos : pos + nbytes].clone().view(t.dtype))
         pos += nbytes
     return out
 

@@ -91,4 +91,6 @@ class TorchEngine(EngineBase):
 
     def shutdown(self) -> None:
         if dist.is_initialized():
+            # Tearing gloo down while a peer still talks to us aborts the process (std::terminate).
+            dist.barrier()
             dist.destroy_process_group()

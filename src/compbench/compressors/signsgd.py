@@ -1,0 +1,45 @@
+"""`signsgd`: scaled sign compression, one bit per element plus the mean magnitude."""
+
+from __future__ import annotations
+
+from torch import Tensor
+from torch.linalg import vector_norm
+
+from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.packing import average_decoded, decode_bits, pack_bits, packed_nbytes
+
+
+class SignSGD(CompressorBase):
+    """Send sign(x) as packed bits (bit set = negative; zero counts as positive) and the scale
+    mean(|x|) = ||x||_1 / n, decoded as scale * sign(x) (Bernstein et al. 2018; the l1 scale of
+    Karimireddy et al. 2019). Biased; see `efsignsgd` for the error-feedback variant.
+
+    On the wire: ceil(n/8) bytes of bits + one fp32 scale. GRACE and MergeComp send one byte per
+    sign in some paths; compbench packs 8 per byte.
+    """
+
+    name = "signsgd"
+    summable = False
+
+    def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
+        packed, scale = _sign_scale(x.reshape(-1).float())
+        return [packed, scale], make_ctx(x, name)
+
+    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
+        return self._decode(payload, ctx).view(ctx.shape).to(ctx.dtype)
+
+    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+        return average_decoded(self._decode, payloads, ctx)
+
+    def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
+        packed, scale = payload
+        return decode_bits(packed, ctx.numel, -scale, scale, out)
+
+    def wire_bytes(self, numel: int) -> int:
+        return packed_nbytes(numel, 1) + 4
+
+
+def _sign_scale(flat: Tensor) -> tuple[Tensor, Tensor]:
+    """The hot step: flat fp32 -> (packed sign bits, mean |x| as a 1-element tensor)."""
+    scale = (vector_norm(flat, 1) / max(flat.numel(), 1)).reshape(1)
+    return pack_bits(flat < 0), scale

@@ -1,0 +1,95 @@
+"""`terngrad`: TernGrad (Wen et al., NeurIPS 2017), stochastic ternary codes {-s, 0, +s}."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.packing import (
+    average_decoded,
+    decode_2bit,
+    pack_2bit,
+    packed_nbytes,
+    ternary_codes,
+    ternary_values,
+    uniform_noise,
+)
+
+
+class TernGrad(CompressorBase):
+    """Stochastic ternarization: s = max|x| (after clipping), send sign(x)*s with probability |x|/s.
+
+    With `clip=True` (the paper's default) the gradient is first clipped to `clip_sigma` (2.5)
+    standard deviations, which lowers s and the variance but makes the estimate biased for the
+    clipped elements; `unbiased` is therefore True only with `clip=False`. A tensor with zero
+    standard deviation is not clipped (clipping would send nothing).
+
+    On the wire: 2-bit codes, 4 per byte (ceil(n/4) bytes), plus s as one fp32: ceil(n/4) + 4.
+    GRACE and MergeComp send one byte per ternary code in some paths; compbench packs them.
+    The scale is per rank and travels in the payload (the paper's scalar sharing, a max of s over
+    ranks, would need an extra allreduce before encoding).
+
+    Rounding noise: a generator seeded by (seed, rank, step, tensor name), see `packing`.
+    """
+
+    name = "terngrad"
+    summable = False
+
+    def __init__(self, clip: bool = True, clip_sigma: float = 2.5, seed: int = 0) -> None:
+        if not isinstance(clip, bool):
+            raise ValueError(f"compressor=terngrad: clip={clip} must be true or false; pass e.g. clip=true")
+        if isinstance(clip_sigma, bool) or not isinstance(clip_sigma, (int, float)) or not clip_sigma > 0:
+            raise ValueError(
+                f"compressor=terngrad: clip_sigma={clip_sigma} must be a number > 0; pass e.g. clip_sigma=2.5"
+            )
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"compressor=terngrad: seed={seed} must be an integer; pass e.g. seed=0")
+        self.clip = clip
+        self.clip_sigma = float(clip_sigma)
+        self.seed = seed
+        self.unbiased = not clip
+        self._noise: dict[str, Tensor] = {}
+
+    def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
+        flat = x.reshape(-1).float()
+        noise = self._noise.get(name)
+        if noise is None or noise.numel() != flat.numel() or noise.device != flat.device:
+            noise = self._noise[name] = torch.empty_like(flat)
+        uniform_noise(noise, self.seed, self.step, name)
+        packed, scale = _ternarize(flat, self.clip_sigma if self.clip else None, noise)
+        return [packed, scale], make_ctx(x, name)
+
+    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
+        return self._decode(payload, ctx).view(ctx.shape).to(ctx.dtype)
+
+    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+        return average_decoded(self._decode, payloads, ctx)
+
+    def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
+        packed, scale = payload
+        return decode_2bit(packed, ctx.numel, ternary_values(scale), out)
+
+    def wire_bytes(self, numel: int) -> int:
+        return packed_nbytes(numel, 2) + 4
+
+
+def _ternarize(flat: Tensor, clip_sigma: float | None, noise: Tensor) -> tuple[Tensor, Tensor]:
+    """The hot step: flat fp32 -> (packed 2-bit ternary codes, scale s as a 1-element fp32 tensor).
+
+    Keeps element i iff |x_i| > U_i * s, i.e. with probability min(|x_i|, s) / s, without
+    materializing the clipped tensor (clipped elements have |x| >= s and are always kept).
+    `noise` holds U[0, 1) for every element and is overwritten.
+    """
+    if flat.numel() == 0:
+        return pack_2bit(flat.new_zeros(0, dtype=torch.uint8)), flat.new_zeros(1)
+    lo, hi = torch.aminmax(flat)
+    s = torch.maximum(hi, -lo)
+    if clip_sigma is not None:
+        bound = clip_sigma * flat.std(correction=0)
+        s = torch.where(bound > 0, torch.minimum(s, bound), s)
+    threshold = noise.mul_(s)
+    pos = flat > threshold
+    neg = flat < threshold.neg_()
+    q = pos.view(torch.int8) - neg.view(torch.int8)
+    return pack_2bit(ternary_codes(q)), s.reshape(1)

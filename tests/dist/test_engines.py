@@ -1,0 +1,18 @@
+"""Both engines pass the same 2-rank checks on CPU (gloo): allreduce, uneven allgather, alltoall,
+broadcast, async handles. Ranks start through compbench's own launcher (no fixed ports)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from compbench.launch import run_processes
+
+pytestmark = pytest.mark.dist
+CHECKS = str(Path(__file__).with_name("engine_checks.py"))
+
+
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_engine_collectives(engine):
+    code, message = run_processes([sys.executable, CHECKS, engine], engine, 2, threads=1)
+    assert code == 0, message
