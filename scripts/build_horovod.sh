@@ -32,4 +32,4 @@ if ! ls "$WHEEL_DIR"/horovod-0.28.1-*.whl >/dev/null 2>&1; then
 fi
 "$PY" -m pip install --no-deps "$WHEEL_DIR"/horovod-0.28.1-*.whl
 # horovod's own runtime dependencies (horovodrun needs them).
-"$PY" -m pip install cloudpickle psutil pyyaml packaging
+"$PY" -m pip install cffi cloudpickle psutil pyyaml packaging

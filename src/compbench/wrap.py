@@ -31,12 +31,25 @@ class CompressedOptimizer:
         self.optimizer, self.pipeline, self.scheduler = optimizer, pipeline, scheduler
         self.engine, self.stats = engine, stats
         self.steps = 0
+        self._armed = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clears the gradients and arms the scheduler for the coming backward (overlap)."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        self._arm()
+
+    def _arm(self) -> None:
+        self.stats.reset()
+        self.pipeline.begin_step(self.steps, 0.0)
+        self.scheduler.before_backward(self.pipeline)
+        self._armed = True
 
     def synchronize(self) -> None:
         """Compress, exchange and average the gradients now (step() calls it)."""
-        self.stats.reset()
-        self.pipeline.begin_step(self.steps, 0.0)
+        if not self._armed:  # zero_grad was not called through the wrapper
+            self._arm()
         self.scheduler.synchronize(self.pipeline)
+        self._armed = False
 
     def step(self, closure=None):
         self.synchronize()

@@ -14,6 +14,12 @@ class Layerwise:
     def setup(self, model: nn.Module) -> None:
         self.params = [(n, p) for n, p in reversed(list(model.named_parameters())) if p.requires_grad]
 
+    def before_backward(self, pipeline: GradientPipeline) -> None:
+        pass  # no overlap: everything is submitted after back-propagation
+
+    def summary(self) -> dict:
+        return {"name": "layerwise", "groups": len(self.params)}
+
     def synchronize(self, pipeline: GradientPipeline) -> None:
         for name, p in self.params:
             if p.grad is None:  # unused this step: every rank must still send it (same collectives everywhere)

@@ -18,7 +18,7 @@ from compbench import registry
 from compbench.data.loader import ShardedLoader
 from compbench.train.build import build_compressor_and_selection, build_datasets, build_memory, build_model
 from compbench.train.checkpoint import save_checkpoint
-from compbench.train.metrics import Recorder, StepStats, write_json_atomic
+from compbench.train.metrics import PHASES, Recorder, StepStats, write_json_atomic
 from compbench.train.optim import build_optimizer, build_schedule
 from compbench.train.pipeline import GradientPipeline
 
@@ -109,6 +109,7 @@ class Trainer:
             with stats.time("compute"):
                 loss = F.cross_entropy(model(x), y)
                 self.optimizer.zero_grad(set_to_none=False)
+                self.scheduler.before_backward(self.pipeline)  # overlapping schedulers arm their hooks
                 loss.backward()
             self.scheduler.synchronize(self.pipeline)  # memory -> compress -> communicate -> decompress
             with stats.time("optimizer"):
@@ -129,7 +130,7 @@ class Trainer:
         r.scalar("train/loss", loss, st)
         r.scalar("train/throughput", global_batch / (s.ms["step"] / 1e3), st)
         r.scalar("train/lr", self.optimizer.param_groups[0]["lr"], st)
-        for phase in ("compute", "compress", "comm", "decompress", "optimizer", "step"):
+        for phase in PHASES:
             r.scalar(f"time/{phase}_ms", s.ms[phase], st)
         r.scalar("comm/bytes_sent", s.bytes_sent, st)
         r.scalar("comm/bytes_dense", s.bytes_dense, st)
@@ -166,7 +167,7 @@ class Trainer:
             "best_acc1": max(r.history["eval/acc1"], default=float("nan")),
             "final_loss": r.history["train/loss"][-1] if r.history["train/loss"] else float("nan"),
             "throughput": r.median("train/throughput", skip),
-            **{f"{p}_ms": r.median(f"time/{p}_ms", skip) for p in ("compute", "compress", "comm", "decompress", "optimizer", "step")},
+            **{f"{p}_ms": r.median(f"time/{p}_ms", skip) for p in PHASES},
             "bytes_sent_per_step": sent,
             "bytes_dense_per_step": dense,
             "ratio_effective": (dense / sent) if sent else None,
@@ -176,7 +177,7 @@ class Trainer:
         r.hparams(hp, {k: v for k, v in metrics.items() if v is not None and math.isfinite(v)})
         r.close()
         results = {"config": OmegaConf.to_container(self.cfg, resolve=True), "environment": environment(self.engine),
-                   "hparams": hp, "summary": summary}
+                   "hparams": hp, "summary": summary, "scheduler": self.scheduler.summary()}
         write_json_atomic(self.run_dir / "results.json", results)
         return results
 

@@ -12,7 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-PHASES = ("compute", "compress", "comm", "decompress", "optimizer", "step")
+# comm_exposed: communication (and decoding) the step waited for after back-propagation ended,
+# i.e. the part not hidden behind compute.
+PHASES = ("compute", "compress", "comm", "comm_exposed", "decompress", "optimizer", "step")
 
 
 class StepStats:

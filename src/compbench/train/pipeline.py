@@ -55,6 +55,8 @@ class GradientPipeline:
             self._pending.append((name, comm, comm.start(payload, ctx)))
 
     def collect(self) -> list[tuple[str, Tensor]]:
+        """Wait for every submitted group (in submission order); call after back-propagation."""
+        t_collect = time.perf_counter()
         out = []
         for name, comm, handle in self._pending:
             decode_before = self.stats.ms["decompress"]
@@ -64,6 +66,7 @@ class GradientPipeline:
             self.stats.add_ms("comm", (time.perf_counter() - t0) * 1e3 - (self.stats.ms["decompress"] - decode_before))
             out.append((name, averaged))
         self._pending.clear()
+        self.stats.add_ms("comm_exposed", (time.perf_counter() - t_collect) * 1e3)
         return out
 
 

@@ -1,0 +1,88 @@
+"""Train digits with 2 workers for every compressor x valid communicator x engine; print a table.
+
+    python scripts/compressor_table.py                       # everything (~45 min on 2 cores)
+    python scripts/compressor_table.py --engines horovod --compressors dgc,dragonn --extra ratio=1e-3
+
+Each compressor runs with its usual memory (residual error feedback for the biased ones, dgc for
+dgc, none for the unbiased ones and for those that keep their own state). Finished runs are reused
+(delete outputs/compressor_table to start over). The table (final accuracy, bytes per step,
+effective compression ratio) is written to outputs/compressor_table/table.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from compbench import registry
+
+# Memory each compressor is normally run with. PowerSGD and ATOMO over allgather/ps use their local
+# encode, which has no internal error feedback: residual memory then (powersgd's yaml says so).
+USUAL_MEMORY = {
+    "none": "none", "fp16": "none", "qsgd": "none", "terngrad": "none", "atomo": "none",
+    "signum": "none", "tbq": "none", "dgc": "dgc", "powersgd": "none",
+}
+OUT = Path("outputs/compressor_table")
+
+
+def valid_comms(compressor: str) -> list[str]:
+    summable = registry.component_class("compressor", compressor).summable
+    return [c for c in registry.options("comm")
+            if summable or not registry.component_class("comm", c).requires_summable]
+
+
+def memory_for(compressor: str, comm: str) -> str:
+    if compressor == "powersgd" and comm != "allreduce":
+        return "residual"
+    return USUAL_MEMORY.get(compressor, "residual")
+
+
+def run(engine: str, compressor: str, comm: str, extra: list[str], epochs: int) -> dict:
+    tag = "-".join([compressor, comm, *[e.replace("=", "") for e in extra]])
+    out = OUT / engine / tag
+    results = out / "results.json"
+    if not (results.exists() and json.loads(results.read_text())["summary"]["status"] == "completed"):
+        cmd = [sys.executable, "-m", "compbench", "train", f"compressor={compressor}", f"comm={comm}",
+               f"memory={memory_for(compressor, comm)}", f"engine={engine}", "engine.np=2", f"epochs={epochs}",
+               "progress=false", "checkpoint=false", f"output_dir={out}", *extra]
+        print(" ".join(cmd[3:]), flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return {"status": "failed", "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(results.read_text())["summary"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--engines", default="horovod,torch")
+    p.add_argument("--compressors", default=",".join(registry.options("compressor")))
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--extra", nargs="*", default=[], help="more overrides, e.g. ratio=1e-3")
+    args = p.parse_args()
+    rows = []
+    for engine in args.engines.split(","):
+        for compressor in args.compressors.split(","):
+            for comm in valid_comms(compressor):
+                s = run(engine, compressor, comm, args.extra, args.epochs)
+                rows.append((engine, compressor, comm, memory_for(compressor, comm), s))
+    base = {e: s.get("final_acc1") for e, c, m, _, s in rows if c == "none" and m == "allreduce"}
+    lines = ["| engine | compressor | comm | memory | final acc1 (%) | vs fp32 | bytes/step | effective ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for engine, compressor, comm, memory, s in rows:
+        if s.get("status") != "completed":
+            lines.append(f"| {engine} | {compressor} | {comm} | {memory} | failed: {s.get('error')} | | | |")
+            continue
+        delta = f"{s['final_acc1'] - base[engine]:+.2f}" if base.get(engine) is not None else ""
+        lines.append(f"| {engine} | {compressor} | {comm} | {memory} | {s['final_acc1']:.2f} | {delta} | "
+                     f"{s['bytes_sent_per_step']:,.0f} | {s['ratio_effective']:.1f} |")
+    table = "\n".join(lines)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / ("table" + "".join(f"-{e}" for e in args.extra) + ".md")).write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
