@@ -66,6 +66,17 @@ def check(cfg: DictConfig) -> DictConfig:
         if not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ValueError(f"{key}={cfg[key]} must be an integer >= 1")
 
+    if cfg.resume == "auto" and not cfg.output_dir:
+        raise ValueError("resume=auto continues the run in output_dir; pass output_dir=DIR too")
+    if cfg.resume and cfg.resume != "auto":
+        from pathlib import Path
+
+        from compbench.train.checkpoint import find_checkpoint
+
+        find_checkpoint(cfg.resume, Path("."))
+    if cfg.on_nonfinite not in ("raise", "skip", "ignore"):
+        raise ValueError(f"on_nonfinite={cfg.on_nonfinite} is unknown; use raise, skip or ignore")
+
     compressor_cls = registry.component_class("compressor", picked["compressor"])
     comm_cls = registry.locate(cfg.comm._target_)
     if getattr(comm_cls, "requires_summable", False) and not compressor_cls.summable:

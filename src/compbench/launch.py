@@ -61,6 +61,10 @@ def _torch_envs(np: int, store_dir: str) -> list[dict[str, str]]:
     ]
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _stop(procs: list[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
     for p in procs:
         if p.poll() is None:
@@ -99,6 +103,8 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
         # One compute thread per worker unless told otherwise: ranks share this machine's cores.
         nthreads = str(threads or max(1, (os.cpu_count() or 1) // np))
         procs = []
+        # `kill` of the launcher stops the job like Ctrl-C does, instead of orphaning the workers.
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             for env in envs:
                 full = {**os.environ, **env, "OMP_NUM_THREADS": nthreads, "COMPBENCH_THREADS": nthreads}
@@ -108,6 +114,7 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
             _stop(procs, signal.SIGINT)
             return 130, "interrupted: all workers stopped"
         finally:
+            signal.signal(signal.SIGTERM, previous)
             _stop(procs)
             if server is not None:
                 server.stop()

@@ -25,10 +25,19 @@ def _completed(path: Path) -> bool:
         return False
 
 
+def resume_dir(cfg: DictConfig) -> str | None:
+    """`resume=RUN_DIR` (or its checkpoint) continues in that directory unless output_dir says otherwise."""
+    if cfg.output_dir or not cfg.resume or cfg.resume == "auto":
+        return cfg.output_dir
+    path = Path(cfg.resume)
+    return str(path if path.is_dir() else path.parent)
+
+
 def prepare_run_dir(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
-    if cfg.output_dir:
-        path = Path(cfg.output_dir)
-        if _completed(path):
+    out = resume_dir(cfg)
+    if out:
+        path = Path(out)
+        if _completed(path) and not cfg.resume:  # resuming continues (and then rewrites) its own run
             raise ValueError(f"output_dir={path} already holds a finished run; choose another output_dir")
     else:
         path = _fresh(Path(cfg.outputs_root) / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))

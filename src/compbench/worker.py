@@ -14,8 +14,14 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = Path((argv or sys.argv[1:])[0])
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    with report_user_error():
-        run_worker(cfg, run_dir)
+    try:
+        with report_user_error():
+            run_worker(cfg, run_dir)
+    except KeyboardInterrupt:  # Ctrl-C reaches every worker: stop quietly, the launcher reports it
+        return 130
+    except FloatingPointError as e:  # on_nonfinite=raise: the message names the tensor and the fix
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 3
     return 0
 
 

@@ -99,6 +99,12 @@ class PSComm:
             shards = [self.compressor.decompress(gathered[j], server_ctxs[j]) for j in range(n)]
         return torch.cat([s.reshape(-1) for s in shards]).view(x.shape), sent
 
+    def state_dict(self) -> dict:
+        return {"server_memory": self.server_memory.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.server_memory.load_state_dict(state.get("server_memory", {}))
+
     def start(self, payload, ctx):  # the pipeline uses reduce_tensor (blocking) for this communicator
         raise NotImplementedError("comm=ps reduces whole tensors: use reduce_tensor")
 

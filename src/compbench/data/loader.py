@@ -40,13 +40,17 @@ class ShardedLoader:
         return n // self.batch_size if self.train else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        return self.batches(0)
+
+    def batches(self, first: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """The epoch's batches from index `first` on (resuming inside an epoch)."""
         idx = self._indices()
         steps = len(self)
         if isinstance(self.dataset, TensorDataset):
             x, y = self.dataset.tensors
-            for s in range(steps):
+            for s in range(first, steps):
                 b = idx[s * self.batch_size : (s + 1) * self.batch_size]
                 yield x[b], y[b]
             return
-        batches = [idx[s * self.batch_size : (s + 1) * self.batch_size].tolist() for s in range(steps)]
+        batches = [idx[s * self.batch_size : (s + 1) * self.batch_size].tolist() for s in range(first, steps)]
         yield from DataLoader(self.dataset, batch_sampler=batches, num_workers=self.num_workers)

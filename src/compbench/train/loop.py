@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from compbench import registry
 from compbench.data.loader import ShardedLoader
 from compbench.train.build import build_compressor_and_selection, build_datasets, build_memory, build_model
-from compbench.train.checkpoint import save_checkpoint
+from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from compbench.train.metrics import PHASES, Recorder, StepStats, write_json_atomic
 from compbench.train.optim import build_optimizer, build_schedule
 from compbench.train.pipeline import GradientPipeline
@@ -82,27 +82,41 @@ class Trainer:
         cfg, t_start = self.cfg, time.perf_counter()
         acc1 = float("nan")
         max_steps = cfg.max_steps or math.inf
-        for epoch in range(self.epochs):
+        epoch, batch = self.resume_position()
+        while epoch < self.epochs and self.step < max_steps:
             self.train_loader.epoch = epoch
-            stopped = self.train_epoch(epoch, max_steps)
-            acc1 = self.evaluate(epoch) if cfg.eval else float("nan")
-            save_checkpoint(self, epoch)
-            if stopped:
+            batch = self.train_epoch(epoch, batch, max_steps)
+            if batch < len(self.train_loader):  # stopped inside the epoch (max_steps)
+                save_checkpoint(self, epoch, batch)
                 break
+            acc1 = self.evaluate(epoch) if cfg.eval else float("nan")
+            epoch, batch = epoch + 1, 0
+            save_checkpoint(self, epoch, batch)
         return self.finish(acc1, time.perf_counter() - t_start)
 
-    def train_epoch(self, epoch: int, max_steps: float) -> bool:
+    def resume_position(self) -> tuple[int, int]:
+        path = find_checkpoint(self.cfg.resume, self.run_dir) if self.cfg.resume else None
+        if path is None:
+            return 0, 0
+        epoch, batch = load_checkpoint(self, path)
+        if self.rank0:
+            print(f"resumed from {path} at epoch {epoch + 1}, batch {batch} (step {self.step})", flush=True)
+        return epoch, batch
+
+    def train_epoch(self, epoch: int, first_batch: int, max_steps: float) -> int:
+        """Train from batch `first_batch`; returns the index of the next batch (len(loader) if done)."""
         from tqdm import tqdm
 
-        model, stats, engine = self.model, self.stats, self.engine
+        model, stats, engine, cfg = self.model, self.stats, self.engine, self.cfg
         model.train()
         steps = len(self.train_loader)
-        bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{self.epochs}", disable=not self.rank0 or not self.cfg.progress,
-                   dynamic_ncols=True, leave=False)
-        for i, (x, y) in enumerate(self.train_loader):
+        bar = tqdm(total=steps, initial=first_batch, desc=f"epoch {epoch + 1}/{self.epochs}",
+                   disable=not self.rank0 or not cfg.progress, dynamic_ncols=True, leave=False)
+        i = first_batch
+        for i, (x, y) in enumerate(self.train_loader.batches(first_batch), start=first_batch):
             if self.step >= max_steps:
                 bar.close()
-                return True
+                return i
             stats.reset()
             t0 = time.perf_counter()
             self.pipeline.begin_step(self.step, epoch + i / steps)
@@ -111,6 +125,9 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=False)
                 self.scheduler.before_backward(self.pipeline)  # overlapping schedulers arm their hooks
                 loss.backward()
+            if cfg.on_nonfinite != "ignore" and not self.gradients_finite():
+                self.step += 1  # on_nonfinite=skip: every rank drops this step together
+                continue
             self.scheduler.synchronize(self.pipeline)  # memory -> compress -> communicate -> decompress
             with stats.time("optimizer"):
                 self.optimizer.step()
@@ -120,7 +137,27 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             self.step += 1
+            if cfg.checkpoint_every_steps and self.step % cfg.checkpoint_every_steps == 0 and i + 1 < steps:
+                save_checkpoint(self, epoch, i + 1)
         bar.close()
+        return steps
+
+    def gradients_finite(self) -> bool:
+        """Check every gradient for NaN/Inf; all ranks agree (one tiny allreduce) so that they raise
+        or skip together. Overlapping schedulers may already have sent some groups: skipping then
+        still drains them, so the next step starts clean."""
+        bad = [n for n, p in self.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        ranks_with_bad = self.engine.allreduce(torch.tensor([float(bool(bad))]), "nonfinite", average=False)
+        if ranks_with_bad.item() == 0:
+            return True
+        if self.cfg.on_nonfinite == "raise":
+            where = f"rank {self.engine.rank}: {', '.join(bad[:3])}" if bad else "another rank"
+            raise FloatingPointError(f"non-finite gradient at step {self.step} ({where}); lower the learning rate "
+                                     f"or pass on_nonfinite=skip")
+        self.pipeline.collect()  # drain groups an overlapping scheduler already submitted
+        self.optimizer.zero_grad(set_to_none=False)
+        if self.rank0:
+            print(f"warning: skipped step {self.step}: non-finite gradient ({', '.join(bad[:3]) or 'another rank'})", flush=True)
         return False
 
     def record_step(self, loss: float, global_batch: int) -> None:

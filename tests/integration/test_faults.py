@@ -1,0 +1,122 @@
+"""Runs that survive faults: exact resume, a killed worker, non-finite gradients, Ctrl-C."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tests.helpers import TINY, compbench, train
+
+pytestmark = pytest.mark.dist
+STEPS_PER_EPOCH = 8  # TINY: 256 samples / (2 ranks x batch 16)
+
+
+def _ckpt(run: Path) -> dict:
+    return torch.load(run / "checkpoint.pt", weights_only=False)
+
+
+@pytest.mark.parametrize("setup", [["compressor=dgc", "memory=dgc"], ["compressor=dragonn", "memory=residual"]],
+                         ids=["dgc", "dragonn"])
+def test_resume_is_bit_exact(tmp_path, setup):
+    common = [*TINY, "optim.lr_schedule=cosine", "engine.np=2", "batch_size=16", "ratio=0.05", "comm=allgather",
+              "epochs=2", *setup]
+    full, _ = train(tmp_path, *common, name="full")
+    # one epoch, then a second run resumes it for the second epoch
+    half, _ = train(tmp_path, *common, f"max_steps={STEPS_PER_EPOCH}", name="half")
+    assert _ckpt(half)["position"] == {"epoch": 1, "batch": 0}
+    resumed, proc = train(tmp_path, *common, f"resume={half}", name="resumed")
+    a, b = _ckpt(full), _ckpt(resumed)
+    assert "resumed from" in proc.stdout and a["step"] == b["step"] == 2 * STEPS_PER_EPOCH
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for rank in range(2):
+        ma, mb = a["per_rank"][rank]["memory"], b["per_rank"][rank]["memory"]
+        assert ma.keys() == mb.keys() and ma
+        for kind in ma:
+            assert ma[kind].keys() == mb[kind].keys() and ma[kind]
+            for name in ma[kind]:
+                assert torch.equal(ma[kind][name], mb[kind][name]), (rank, kind, name)
+
+
+def test_resume_inside_an_epoch_is_bit_exact(tmp_path):
+    common = [*TINY, "engine.np=2", "batch_size=16", "compressor=topk", "memory=residual", "comm=allgather", "epochs=1",
+              "eval=false"]
+    full, _ = train(tmp_path, *common, name="full")
+    part, _ = train(tmp_path, *common, "max_steps=3", name="part")
+    assert _ckpt(part)["position"] == {"epoch": 0, "batch": 3}
+    rest, _ = train(tmp_path, *common, f"resume={part}", name="rest")
+    a, b = _ckpt(full), _ckpt(rest)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def _workers(parent: psutil.Process) -> dict[int, psutil.Process]:
+    out = {}
+    for child in parent.children(recursive=True):
+        try:
+            env = child.environ()
+        except psutil.Error:
+            continue
+        if "HOROVOD_RANK" in env and "compbench.worker" in " ".join(child.cmdline()):
+            out[int(env["HOROVOD_RANK"])] = child
+    return out
+
+
+def test_killed_worker_stops_the_job_and_resume_finishes(tmp_path):
+    run = tmp_path / "run"
+    args = ["train", "epochs=3", "progress=false", f"output_dir={run}"]  # the default: resnet20 on digits
+    proc = subprocess.Popen([sys.executable, "-m", "compbench", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 180
+    while not (run / "checkpoint.pt").exists():  # epoch 1 done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(2.0)  # into epoch 2
+    workers = _workers(parent)
+    assert set(workers) == {0, 1}
+    workers[1].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    out, err = proc.communicate(timeout=90)
+    assert time.monotonic() - killed_at < 60
+    assert proc.returncode != 0
+    assert "worker rank 1 was killed by SIGKILL" in err
+    assert _ckpt(run)["position"] == {"epoch": 1, "batch": 0}  # the epoch-1 checkpoint is intact
+    assert not psutil.pid_exists(workers[0].pid) or workers[0].status() == psutil.STATUS_ZOMBIE
+    done = compbench("train", "epochs=3", "progress=false", f"output_dir={run}", "resume=auto")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resumed from" in done.stdout and _ckpt(run)["position"] == {"epoch": 3, "batch": 0}
+
+
+def test_nonfinite_gradient_raise_names_the_tensor(tmp_path):
+    poisoned = [*TINY, "dataset.noise=1e38", "engine.np=2", "max_steps=3", "epochs=1", "eval=false"]
+    proc = compbench("train", *poisoned, f"output_dir={tmp_path / 'raise'}")
+    assert proc.returncode != 0
+    assert "non-finite gradient at step 0" in proc.stderr and ".weight" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    skip = compbench("train", *poisoned, "on_nonfinite=skip", f"output_dir={tmp_path / 'skip'}")
+    assert skip.returncode == 0, skip.stderr[-2000:]
+    assert "skipped step 0: non-finite gradient" in skip.stdout
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "compbench", "train", "epochs=20", "progress=false",
+                             f"output_dir={tmp_path / 'run'}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 120
+    while len(_workers(parent)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    workers = list(_workers(parent).values())
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    gone, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive
