@@ -3,6 +3,9 @@
   compbench train [-m] [--cfg] key=value ...   train (one run, or a multirun sweep with -m)
   compbench list [GROUP]                        options of every config group, with parameters
   compbench launch -np N [--engine E] SCRIPT    run a script of yours as N ranks (wrap_compress_optimizer)
+  compbench bench key=value ...                 encode/decode micro-benchmark of compressors
+  compbench plan key=value ...                  SeCoPa compression plan for a model and cluster
+  compbench report DIR                          tables, plots and what-if scaling of a run or sweep
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from pathlib import Path
 
 from compbench.errors import report_user_error
 
-_COMMANDS = ("train", "list", "launch")
-_USAGE = "usage: compbench {train,list,launch} [-m] [--cfg] [key=value ...]  (compbench --help)"
+_COMMANDS = ("train", "list", "launch", "bench", "plan", "report")
+_USAGE = "usage: compbench {train,list,launch,bench,plan,report} [-m] [--cfg] [key=value ...]  (compbench --help)"
+# Subcommands with their own argument handling: module with `main(argv) -> int`.
+_DELEGATED = {"launch": "compbench.cli:launch", "bench": "compbench.bench.main:main",
+              "plan": "compbench.plan.main:main", "report": "compbench.report.main:main"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,13 +32,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-m", "--multirun", action="store_true", help="sweep every combination of a,b,c values")
     parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. compressor=dgc ratio=1e-3 engine.np=2")
-    if argv and argv[0] == "launch":
+    if argv and argv[0] in _DELEGATED:
+        import importlib
+
+        module, _, func = _DELEGATED[argv[0]].partition(":")
         with report_user_error():
-            return launch(argv[1:])
+            return getattr(importlib.import_module(module), func)(argv[1:])
     if not argv or argv[0] not in (*_COMMANDS, "-h", "--help"):
         print(f"error: unknown command {argv[0]!r}; {_USAGE}" if argv else _USAGE, file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # `train -m a=1,2` puts the flag between positionals
     warnings.formatwarning = lambda msg, cat, *_: f"warning: {msg}\n"
     with report_user_error():
         if args.command == "list":

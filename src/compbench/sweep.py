@@ -30,10 +30,9 @@ def run_sweep(overrides: list[str]) -> int:
     from compbench.cli import train
 
     jobs = expand(overrides)
-    sweep_dir = Path("outputs") / "multirun" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
     # Check every job before running any: a typo in the last combination should not cost a sweep.
-    cfgs = [config.check(config.compose(job)) for job in jobs]  # noqa: F841
-    del cfgs
+    cfgs = [config.check(config.compose(job)) for job in jobs]
+    sweep_dir = Path(cfgs[0].outputs_root) / "multirun" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
     rows = []
     for i, job in enumerate(jobs):
         job_dir = sweep_dir / str(i)
@@ -41,6 +40,7 @@ def run_sweep(overrides: list[str]) -> int:
         code = train([*job, f"output_dir={job_dir}"])
         rows.append((i, " ".join(job), code, _summary(job_dir)))
     print(_table(rows))
+    print(f"sweep: {sweep_dir}  (compbench report {sweep_dir})")
     return 0 if all(code == 0 for *_, code, _ in rows) else 1
 
 

@@ -1,0 +1,159 @@
+"""`compbench report DIR [--latency-us A]`: Markdown + CSV tables, four PNG plots and what-if scaling
+for one run or a sweep (every results.json under DIR; failed jobs are listed with their error)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from compbench.report.whatif import ASSUMPTIONS, break_even_workers, predict_step_ms, profile_from_results
+
+COLUMNS = ["job", "status", "compressor", "ratio", "comm", "memory", "scheduler", "engine", "workers", "throughput",
+           "compute_ms", "compress_ms", "comm_ms", "comm_exposed_ms", "decompress_ms", "optimizer_ms", "step_ms",
+           "bytes_per_step", "ratio_effective", "final_acc1", "break_even_workers", "error"]
+WHATIF_N = (2, 8, 64, 512)
+WHATIF_GBPS = (1, 10, 25, 100)
+
+
+def load_runs(root: Path) -> list[dict[str, Any]]:
+    rows = []
+    for path in sorted(root.rglob("results.json"), key=lambda p: (len(p.parts), str(p))):
+        data = json.loads(path.read_text())
+        s, cfg = data.get("summary", {}), data.get("config", {})
+        choices = cfg.get("choices", {})
+        row: dict[str, Any] = {
+            "job": str(path.parent.relative_to(root)) or ".", "status": s.get("status", "?"),
+            "compressor": choices.get("compressor"), "ratio": cfg.get("compressor", {}).get("ratio"),
+            "comm": choices.get("comm"), "memory": choices.get("memory"), "scheduler": choices.get("scheduler"),
+            "engine": choices.get("engine"), "workers": data.get("environment", {}).get("world_size"),
+            "throughput": s.get("throughput"), "bytes_per_step": s.get("bytes_sent_per_step"),
+            "ratio_effective": s.get("ratio_effective"), "final_acc1": s.get("final_acc1"), "error": s.get("error", ""),
+        }
+        for phase in ("compute", "compress", "comm", "comm_exposed", "decompress", "optimizer", "step"):
+            row[f"{phase}_ms"] = s.get(f"{phase}_ms")
+        if row["status"] == "completed" and s.get("bytes_dense_per_step") and s.get("bytes_sent_per_step"):
+            row["break_even_workers"] = break_even_workers(s["bytes_dense_per_step"], s["bytes_sent_per_step"])
+            row["_results"] = data
+        rows.append(row)
+    return rows
+
+
+def _fmt(v: Any) -> str:
+    if v is None or v == "":
+        return ""
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf"
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    return str(v)
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def whatif_section(rows: list[dict[str, Any]], alpha_us: float) -> str:
+    out = [f"## What-if scaling (alpha = {alpha_us} us per message)", "", ASSUMPTIONS, ""]
+    for r in rows:
+        if "_results" not in r:
+            continue
+        prof = profile_from_results(r["_results"])
+        out.append(f"### {r['job']}: {r['compressor']} ratio={_fmt(r['ratio'])} comm={r['comm']} "
+                   f"(break-even N vs dense allreduce: {_fmt(r.get('break_even_workers'))})")
+        out.append("")
+        out.append("| workers | " + " | ".join(f"{g} Gbit/s" for g in WHATIF_GBPS) + " |")
+        out.append("|---|" + "---|" * len(WHATIF_GBPS))
+        for n in WHATIF_N:
+            cells = [f"{predict_step_ms(prof, n, g, alpha_us):.1f} ms" for g in WHATIF_GBPS]
+            out.append(f"| {n} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["status"] == "completed"]
+    out_dir.mkdir(exist_ok=True)
+    paths = []
+
+    def by_compressor(metric: str, ylabel: str, fname: str) -> None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for comp in sorted({r["compressor"] for r in done}):
+            pts = sorted((r["ratio"] if r["ratio"] is not None else 1.0, r[metric]) for r in done
+                         if r["compressor"] == comp and r[metric] is not None)
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=comp)
+        ax.set_xscale("log")
+        ax.set_xlabel("compression ratio (fraction of elements kept)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out_dir / fname)
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+
+    by_compressor("throughput", "throughput (samples/s, all workers)", "throughput_vs_ratio.png")
+    by_compressor("final_acc1", "final test accuracy (%)", "accuracy_vs_ratio.png")
+
+    labels = [f"{r['compressor']}\n{_fmt(r['ratio'])}" for r in done]
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(done)), 4))
+    bottom = [0.0] * len(done)
+    for phase in ("compute", "compress", "comm", "decompress", "optimizer"):
+        vals = [r.get(f"{phase}_ms") or 0.0 for r in done]
+        ax.bar(labels, vals, bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_ylabel("median time per step (ms)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out_dir / "step_breakdown.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(done)), 4))
+    ax.bar(labels, [r["bytes_per_step"] or 0 for r in done])
+    ax.set_yscale("log")
+    ax.set_ylabel("bytes sent per step per worker")
+    fig.tight_layout()
+    paths.append(out_dir / "bytes_per_step.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+    return paths
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="compbench report")
+    parser.add_argument("dir")
+    parser.add_argument("--latency-us", type=float, default=10.0, help="alpha of the what-if model")
+    args = parser.parse_args(argv)
+    root = Path(args.dir)
+    if not root.is_dir():
+        raise ValueError(f"{root} is not a directory; pass a run or sweep directory (outputs/...)")
+    rows = load_runs(root)
+    if not rows:
+        raise ValueError(f"no results.json under {root}; pass a run or sweep directory")
+    table = markdown_table(rows, [c for c in COLUMNS if c != "error"])
+    failed = [r for r in rows if r["status"] != "completed"]
+    md = ["# compbench report", "", f"{len(rows)} run(s) under `{root}`, {len(failed)} failed.", "", table, ""]
+    if failed:
+        md += ["## Failed runs", ""] + [f"- `{r['job']}`: {r['error']}" for r in failed] + [""]
+    pngs = plots(rows, root / "plots")
+    md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs] + ["", whatif_section(rows, args.latency_us)]
+    (root / "report.md").write_text("\n".join(md) + "\n")
+    with open(root / "report.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    print(table)
+    print(f"\nwrote {root / 'report.md'}, {root / 'report.csv'} and {len(pngs)} plots in {root / 'plots'}")
+    return 0
