@@ -25,11 +25,30 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)]
 
 
+def plan_jobs(overrides: list[str]) -> list[list[str]]:
+    """The sweep's jobs: the command line's axes, plus an experiment's `sweep` axes (unless the
+    command line sets the same key) or its explicit `jobs` list."""
+    from omegaconf import OmegaConf
+
+    from compbench import config
+
+    single = [o for o in overrides if "," not in o.partition("=")[2]]  # compose once without the axes
+    base = config.compose(single)
+    axes = list(overrides)
+    given = {o.partition("=")[0] for o in overrides}
+    for key, values in OmegaConf.to_container(base.sweep).items():
+        if key not in given:
+            axes.append(f"{key}={values}")
+    if base.jobs:
+        return [[*expanded, *map(str, job)] for job in base.jobs for expanded in expand(axes)]
+    return expand(axes)
+
+
 def run_sweep(overrides: list[str]) -> int:
     from compbench import config
     from compbench.cli import train
 
-    jobs = expand(overrides)
+    jobs = plan_jobs(overrides)
     # Check every job before running any: a typo in the last combination should not cost a sweep.
     cfgs = [config.check(config.compose(job)) for job in jobs]
     sweep_dir = Path(cfgs[0].outputs_root) / "multirun" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
