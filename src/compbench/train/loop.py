@@ -60,6 +60,11 @@ class Trainer:
         comm = registry.build(cfg.comm, engine=engine, compressor=self.compressor, stats=self.stats)
         self.pipeline = GradientPipeline(engine, self.compressor, self.memory, comm, selection, self.stats)
         self.scheduler = registry.build(cfg.scheduler)
+        if hasattr(comm, "wrap_model"):
+            # Baselines (comm=ddp, comm=horovod_optimizer) synchronize gradients their own way: they
+            # wrap the model and stand in for the scheduler; compbench's pipeline is not used.
+            self.model = comm.wrap_model(self.model)
+            self.scheduler = comm
         self.scheduler.setup(self.model)
         self.optimizer = build_optimizer(self._param_groups(selection), **registry.plain(cfg.optim))
         self.epochs = cfg.epochs
