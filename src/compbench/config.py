@@ -87,6 +87,7 @@ def check(cfg: DictConfig) -> DictConfig:
 
     build_compressor_and_selection(cfg)
     build_memory(cfg, np)
+    registry.build(cfg.scheduler)  # e.g. scheduler.groups=foo stops here, before any output exists
     _check_dataset(cfg)
     if cfg.model.get("pretrained"):
         build_model(cfg)  # loads the file: a missing or mismatched checkpoint fails here, not in a worker

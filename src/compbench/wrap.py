@@ -63,10 +63,12 @@ class CompressedOptimizer:
 def wrap_compress_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *, compressor: str = "none",
                             memory: str = "none", comm: str = "allgather", scheduler: str = "layerwise",
                             engine: str = "horovod", broadcast_parameters: bool = True,
+                            scheduler_options: dict[str, Any] | None = None,
                             **compressor_params: Any) -> CompressedOptimizer:
     """Wrap `optimizer` so that `step()` first averages gradients through compressor/memory/comm.
 
-    `compressor_params` override the compressor's config (e.g. ratio=1e-3, compress_threshold=0).
+    `compressor_params` override the compressor's config (e.g. ratio=1e-3, compress_threshold=0);
+    `scheduler_options` the scheduler's (e.g. {"overlap": False} for gradient accumulation).
     The engine joins the job the launcher described (horovodrun, torchrun or `compbench launch`).
     """
     defaults = registry.option_config("compressor", compressor)
@@ -89,7 +91,7 @@ def wrap_compress_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, 
     stats = StepStats()
     pipeline = GradientPipeline(eng, comp, mem, registry.build(registry.option_config("comm", comm), engine=eng,
                                                                 compressor=comp, stats=stats), selection, stats)
-    sched = registry.build(registry.option_config("scheduler", scheduler))
+    sched = registry.build({**registry.option_config("scheduler", scheduler), **(scheduler_options or {})})
     sched.setup(model)
     if broadcast_parameters:
         with torch.no_grad():

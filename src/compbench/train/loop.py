@@ -59,6 +59,9 @@ class Trainer:
         self.memory = build_memory(cfg, engine.size)
         comm = registry.build(cfg.comm, engine=engine, compressor=self.compressor, stats=self.stats)
         self.pipeline = GradientPipeline(engine, self.compressor, self.memory, comm, selection, self.stats)
+        # With overlap, groups are compressed inside backward, before the finiteness check: the
+        # pipeline then refuses non-finite groups itself so no NaN enters error-feedback memory.
+        self.pipeline.guard_nonfinite = cfg.on_nonfinite == "skip"
         self.scheduler = registry.build(cfg.scheduler)
         if hasattr(comm, "wrap_model"):
             # Baselines (comm=ddp, comm=horovod_optimizer) synchronize gradients their own way: they
@@ -75,7 +78,8 @@ class Trainer:
     def _param_groups(self, selection) -> list[dict[str, Any]]:
         """With memory=dgc the momentum lives in the memory (momentum correction) for compressed
         tensors: the optimizer must not apply it a second time, so they get momentum 0. Tensors that
-        always go dense keep the optimizer's momentum."""
+        always go dense keep the optimizer's momentum. The rule is per tensor: with scheduler=mergecomp
+        and compress_threshold > 0 a small tensor fused into a compressed group is an approximation."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         if not getattr(self.memory, "owns_momentum", False):
             return [{"params": params}]
@@ -130,6 +134,8 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=False)
                 self.scheduler.before_backward(self.pipeline)  # overlapping schedulers arm their hooks
                 loss.backward()
+            # Overlapping schedulers compressed and started groups inside backward: not compute.
+            stats.add_ms("compute", -(stats.ms["compress"] + stats.ms["comm"]))
             if cfg.on_nonfinite != "ignore" and not self.gradients_finite():
                 self.step += 1  # on_nonfinite=skip: every rank drops this step together
                 continue

@@ -3,12 +3,19 @@
 `submit` starts one tensor (or fused group) on its way as soon as the scheduler hands it over;
 `collect` waits for all of them in submission order and returns the averaged dense gradients.
 Every rank submits the same names in the same order (the collectives must match).
+
+Time booked: `comm` is the time this thread spends starting and waiting for collectives (decoding
+and compression inside them are booked as `decompress` / `compress`); `comm_exposed` is the part
+of it after back-propagation ended, i.e. not hidden behind compute (there it includes decoding,
+since the step waits for it too). Overlapping schedulers set `in_backward` while their backward
+hooks submit.
 """
 
 from __future__ import annotations
 
 import time
 
+import torch
 from torch import Tensor
 
 from compbench.comm.allreduce import AllreduceComm
@@ -27,21 +34,46 @@ class GradientPipeline:
         self.selection, self.stats = selection, stats
         self.dense = AllreduceComm(engine, NoCompression(), stats)
         self.step = 0
+        self.in_backward = False  # set by overlapping schedulers: communication started now is hidden
+        # on_nonfinite=skip with an overlapping scheduler: groups are compressed from backward hooks,
+        # before the trainer's finiteness check; a NaN would enter the error-feedback memory for good.
+        self.guard_nonfinite = False
         self._pending: list[tuple[str, object, Handle]] = []
 
     def begin_step(self, step: int, epoch: float) -> None:
         self.step = step
         self.compressor.begin_step(step, epoch)  # type: ignore[attr-defined]
 
-    def submit(self, name: str, grad: Tensor) -> None:
+    @property
+    def can_overlap(self) -> bool:
+        """False for communicators that block for the whole exchange (comm=ps, PowerSGD's two
+        allreduces): called from a backward hook they would stall back-propagation, so schedulers
+        submit after it instead."""
+        return not getattr(self.comm, "blocking", False)
+
+    def compresses(self, grad: Tensor, fused: bool = False) -> bool:
+        """The selection rules at this step. A fused group's members passed `min_dims` one by one
+        (its flat buffer is 1-D), so only the size threshold and the warm-up apply to the group."""
+        sel = self.selection
+        if fused:
+            return self.step >= sel.dense_steps and grad.numel() > sel.compress_threshold
+        return sel.compresses(grad, self.step)
+
+    def submit(self, name: str, grad: Tensor, *, fused: bool = False, dense: bool = False) -> None:
+        """Start `grad` on its way. `fused`: a flat group of tensors (see `compresses`); `dense`: send
+        it uncompressed whatever the rules say (MergeComp's first step)."""
         self.stats.bytes_dense += grad.numel() * 4
-        if self.comm.blocking and self.selection.compresses(grad, self.step):
-            with self.stats.time("comm"):
-                averaged, sent = self.comm.reduce_tensor(grad, name, self.memory)
+        compress = not dense and self.compresses(grad, fused)
+        if compress and self.guard_nonfinite and not bool(torch.isfinite(grad).all()):
+            grad = torch.zeros_like(grad)  # the trainer skips this step anyway; keep the memory finite
+        if self.comm.blocking and compress:
+            t0, marks = time.perf_counter(), self._marks()
+            averaged, sent = self.comm.reduce_tensor(grad, name, self.memory)
+            self._book_comm(t0, marks, exposed=not self.in_backward)
             self.stats.bytes_sent += sent
             self._pending.append((name, _Done(), Handle(lambda: averaged)))
             return
-        if not self.selection.compresses(grad, self.step):
+        if not compress:
             payload, ctx = [grad.reshape(-1)], make_ctx(grad, name)
             comm = self.dense
         else:
@@ -51,23 +83,33 @@ class GradientPipeline:
                 self.memory.update(x, name, self.compressor, payload, ctx)
             comm = self.comm
         self.stats.bytes_sent += payload_nbytes(payload)
-        with self.stats.time("comm"):
-            self._pending.append((name, comm, comm.start(payload, ctx)))
+        t0, marks = time.perf_counter(), self._marks()
+        self._pending.append((name, comm, comm.start(payload, ctx)))
+        self._book_comm(t0, marks, exposed=not self.in_backward)
 
     def collect(self) -> list[tuple[str, Tensor]]:
         """Wait for every submitted group (in submission order); call after back-propagation."""
-        t_collect = time.perf_counter()
+        self.in_backward = False
         out = []
         for name, comm, handle in self._pending:
-            decode_before = self.stats.ms["decompress"]
-            t0 = time.perf_counter()
-            averaged = comm.wait(handle)
-            # Waiting includes the decode, which is booked separately.
-            self.stats.add_ms("comm", (time.perf_counter() - t0) * 1e3 - (self.stats.ms["decompress"] - decode_before))
-            out.append((name, averaged))
+            t0, marks = time.perf_counter(), self._marks()
+            out.append((name, comm.wait(handle)))
+            self._book_comm(t0, marks, exposed=True)
         self._pending.clear()
-        self.stats.add_ms("comm_exposed", (time.perf_counter() - t_collect) * 1e3)
         return out
+
+    def _marks(self) -> tuple[float, float]:
+        return self.stats.ms["compress"], self.stats.ms["decompress"]
+
+    def _book_comm(self, t0: float, marks: tuple[float, float], exposed: bool) -> None:
+        """Book the time since `t0` as communication, less the compression and decoding booked
+        inside it; when the step waits for it (`exposed`), decoding counts as exposed too."""
+        elapsed = (time.perf_counter() - t0) * 1e3
+        compress = self.stats.ms["compress"] - marks[0]
+        decode = self.stats.ms["decompress"] - marks[1]
+        self.stats.add_ms("comm", elapsed - compress - decode)
+        if exposed:
+            self.stats.add_ms("comm_exposed", elapsed - compress)
 
 
 class _Done:

@@ -1,0 +1,168 @@
+"""Gradient groups: which parameters travel together, their flat buffers, and how error-feedback
+state follows a change of grouping. Shared by `layerwise` (groups of one tensor) and `mergecomp`.
+
+A group is a run of consecutive parameters in ready order (the order in which back-propagation
+finishes their gradients). It is sent in at most two parts:
+- the members the compressor may take (at least `min_dims` dimensions) fused into one flat buffer
+  (a part of one member sends that gradient itself, shape kept);
+- the members `min_dims` sends dense (biases and norms under DGC's `min_dims: 2`), fused into a
+  second flat buffer that goes through the dense allreduce.
+Flat buffers are allocated once per group and reused every step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from compbench.train.pipeline import GradientPipeline
+
+
+def balanced_cuts(nbytes: list[int], groups: int, skew: float = 1.0) -> list[int]:
+    """Start index of each of `groups` contiguous, non-empty runs of `nbytes`, balanced by bytes.
+
+    Group i aims at a share of the total proportional to skew**(i / (groups - 1)): equal shares for
+    skew 1, a last group `skew` times the first otherwise (skew < 1 makes the groups that are ready
+    last, whose communication nothing hides, smaller). Each cut is placed at the prefix sum closest
+    to its target, then moved just enough to keep every group non-empty.
+    """
+    n = len(nbytes)
+    groups = max(1, min(groups, n))
+    weights = [skew ** (i / (groups - 1)) if groups > 1 else 1.0 for i in range(groups)]
+    total, wsum = float(sum(nbytes)), sum(weights)
+    prefix = [0.0]
+    for b in nbytes:
+        prefix.append(prefix[-1] + b)
+    cuts, acc = [0], 0.0
+    for j in range(1, groups):
+        acc += weights[j - 1]
+        target = total * acc / wsum
+        best = min(range(1, n), key=lambda c: (abs(prefix[c] - target), c))
+        cuts.append(min(max(best, cuts[-1] + 1), n - (groups - j)))
+    return cuts
+
+
+def split(order: list[int], cuts: list[int]) -> list[list[int]]:
+    """`order` cut into runs starting at `cuts`."""
+    ends = [*cuts[1:], len(order)]
+    return [order[a:b] for a, b in zip(cuts, ends, strict=True)]
+
+
+class Part:
+    """What one submission sends: one tensor as it is, or several fused into a flat buffer."""
+
+    def __init__(self, name: str, members: list[tuple[str, nn.Parameter]], dense: bool) -> None:
+        self.members, self.dense = members, dense
+        self.name = members[0][0] if len(members) == 1 else name
+        self.fused = len(members) > 1
+        self.numel = sum(p.numel() for _, p in members)
+        self.shape = members[0][1].shape if not self.fused else torch.Size([self.numel])
+        self._flat: Tensor | None = None
+        if self.fused and len({(p.dtype, p.device) for _, p in members}) > 1:
+            raise ValueError(f"scheduler: {name} would fuse tensors of different dtypes or devices; "
+                             "use scheduler=layerwise")
+
+    def gradient(self) -> Tensor:
+        """The gradient to send: the member's own .grad, or all members' copied into the flat buffer.
+        A member without a gradient (unused this step) sends zeros: every rank sends every part."""
+        for _, p in self.members:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if not self.fused:
+            return self.members[0][1].grad
+        if self._flat is None:
+            p0 = self.members[0][1]
+            self._flat = torch.empty(self.numel, dtype=p0.dtype, device=p0.device)
+        pos = 0
+        for _, p in self.members:
+            self._flat[pos : pos + p.numel()].view(p.shape).copy_(p.grad)
+            pos += p.numel()
+        return self._flat
+
+    def submit(self, pipeline: GradientPipeline, dense: bool) -> None:
+        pipeline.submit(self.name, self.gradient(), fused=self.fused, dense=dense or self.dense)
+
+    def write_back(self, averaged: Tensor) -> None:
+        pos = 0
+        for _, p in self.members:
+            p.grad.copy_(averaged.reshape(-1)[pos : pos + p.numel()].view(p.grad.shape))
+            pos += p.numel()
+
+
+class Group:
+    """Consecutive parameters (in ready order) submitted together once the last one is ready."""
+
+    def __init__(self, members: list[tuple[str, nn.Parameter]], min_dims: int, name: str) -> None:
+        self.members = members
+        sparse = [m for m in members if m[1].dim() >= min_dims]
+        dense = [m for m in members if m[1].dim() < min_dims]
+        self.parts = [Part(name, sparse, dense=False)] if sparse else []
+        if dense:
+            self.parts.append(Part(f"{name}.dense", dense, dense=True))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for _, p in self.members)
+
+    def submit(self, pipeline: GradientPipeline, dense: bool = False) -> None:
+        for part in self.parts:
+            part.submit(pipeline, dense)
+
+    def write_back(self, averaged: dict[str, Tensor]) -> None:
+        for part in self.parts:
+            part.write_back(averaged[part.name])
+
+
+def build_groups(params: list[tuple[str, nn.Parameter]], runs: list[list[int]], min_dims: int) -> list[Group]:
+    """Groups for `runs` (lists of indices into `params`, in submission order). A fused group is named
+    after the positions it covers, so that error-feedback state is never shared by two groupings."""
+    out, pos = [], 0
+    for run in runs:
+        out.append(Group([params[i] for i in run], min_dims, name=f"fused.{pos}-{pos + len(run) - 1}"))
+        pos += len(run)
+    return out
+
+
+def compressible_layout(groups: list[Group]) -> list[tuple[str, torch.Size]]:
+    """(name, shape) of every part that may carry error-feedback state, in order: their concatenation
+    is the same vector (all compressible gradients in ready order) whatever the grouping."""
+    return [(part.name, part.shape) for g in groups for part in g.parts if not part.dense]
+
+
+def reslice_state(state: dict, old: list[tuple[str, torch.Size]], new: list[tuple[str, torch.Size]]) -> dict:
+    """Per-name state (error-feedback residuals, DGC momentum and velocity, compressor residuals) of
+    the `old` parts, cut for the `new` ones: every dict in `state` holding tensors of the old parts'
+    sizes is concatenated in old order and split at the new boundaries. A part without an entry
+    (it went dense) counts as zeros. Anything else is left as it is."""
+    numel = {name: math.prod(shape) for name, shape in old}
+    if old == new:
+        return state
+
+    def convert(d: object) -> object:
+        if not isinstance(d, dict):
+            return d
+        hits = [n for n in numel if n in d]
+        if hits and all(isinstance(d[n], Tensor) and d[n].numel() == numel[n] for n in hits):
+            ref = d[hits[0]]
+            flat = torch.cat([d[n].reshape(-1) if n in d else ref.new_zeros(numel[n]) for n, _ in old])
+            out = {k: v for k, v in d.items() if k not in numel}
+            pos = 0
+            for name, shape in new:
+                size = math.prod(shape)
+                out[name] = flat[pos : pos + size].view(shape)
+                pos += size
+            return out
+        return {k: convert(v) for k, v in d.items()}
+
+    return convert(state)  # type: ignore[return-value]
+
+
+def regroup_state(pipeline: GradientPipeline, old: list[Group], new: list[Group]) -> None:
+    """Move the memory's and the compressor's per-name state from the `old` grouping to the `new` one."""
+    before, after = compressible_layout(old), compressible_layout(new)
+    if before == after:
+        return
+    for holder in (pipeline.memory, pipeline.compressor):
+        holder.load_state_dict(reslice_state(holder.state_dict(), before, after))

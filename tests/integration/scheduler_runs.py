@@ -1,0 +1,71 @@
+"""One rank of the scheduler equivalence check: `python scheduler_runs.py ENGINE OUT_DIR`.
+
+Trains the tiny MLP for 5 steps with compressor=none under every scheduler variant, through the real
+trainer, engine and pipeline, in this one process (one engine start for all variants), and exits
+non-zero unless every variant's parameters equal layerwise's to 1e-5. Then one compressed run of
+`groups=auto` (topk), whose results.json the test reads."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from compbench import registry
+from compbench.config import check, compose
+from compbench.train.loop import Trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: make `tests` importable
+from tests.helpers import TINY  # noqa: E402
+
+VARIANTS = {
+    "layerwise": [],
+    "layerwise-no-overlap": ["scheduler.overlap=false"],
+    "mergecomp-0": ["scheduler=mergecomp", "scheduler.groups=0"],
+    "mergecomp-1": ["scheduler=mergecomp", "scheduler.groups=1"],
+    "mergecomp-3": ["scheduler=mergecomp", "scheduler.groups=3"],
+    # trials of 2 steps: the grouping changes twice within the 5 steps
+    "mergecomp-auto": ["scheduler=mergecomp", "scheduler.groups=auto", "scheduler.trial_steps=2"],
+}
+AUTO_TOPK = ["compressor=topk", "ratio=0.1", "memory=residual", "comm=allgather", "scheduler=mergecomp",
+             "scheduler.groups=auto", "scheduler.trial_steps=2", "scheduler.search_steps=8", "max_steps=12"]
+
+
+def main(engine_name: str, out: Path) -> int:
+    torch.set_num_threads(1)
+    engine = registry.build(registry.option_config("engine", engine_name), drop=("np",))
+    common = [*TINY, "compressor=none", "eval=false", "max_steps=5", "epochs=1", "batch_size=8",
+              "checkpoint=false",
+              f"engine={engine_name}"]
+    params, failures = {}, []
+
+    def fit(name: str, overrides: list[str]) -> Trainer:
+        run_dir = out / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        trainer = Trainer(check(compose([*common, *overrides, f"output_dir={run_dir}"])), engine, run_dir)
+        trainer.fit()
+        return trainer
+
+    try:
+        for name, extra in VARIANTS.items():
+            trainer = fit(name, extra)
+            assert trainer.step == 5, trainer.step
+            params[name] = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+        fit("auto-topk", AUTO_TOPK)
+        ref = params["layerwise"]
+        for name, p in params.items():
+            for k in ref:
+                diff = (p[k] - ref[k]).abs().max().item()
+                if diff > 1e-5:
+                    failures.append(f"{name}: {k} differs from layerwise by {diff:.3g}")
+    finally:
+        engine.shutdown()
+    if failures:
+        print(f"rank {engine.rank}: " + "; ".join(failures), file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], Path(sys.argv[2])))
