@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from compbench import registry
 from compbench.compressors.base import check_ratio
 
-GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "engine", "optim")
+GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "engine", "optim", "net")
 
 
 def _check_group_choices(overrides: list[str]) -> None:
@@ -79,13 +79,18 @@ def check(cfg: DictConfig) -> DictConfig:
 
     compressor_cls = registry.component_class("compressor", picked["compressor"])
     comm_cls = registry.locate(cfg.comm._target_)
+    if hasattr(comm_cls, "check"):  # engine-specific communicators (ring, ddp, horovod_optimizer)
+        comm_cls.check(picked["engine"], compressor=picked["compressor"], memory=picked["memory"],
+                       **{k: v for k, v in registry.plain(cfg.comm).items() if k != "_target_"})
     if getattr(comm_cls, "requires_summable", False) and not compressor_cls.summable:
         raise ValueError(f"compressor={picked['compressor']} {compressor_cls.why_not_summable}; use comm=allgather or comm=ps")
 
     # Building the light components validates their parameters (e.g. qsgd levels < 1).
     from compbench.train.build import build_compressor_and_selection, build_memory, build_model
 
-    build_compressor_and_selection(cfg)
+    compressor, _ = build_compressor_and_selection(cfg)
+    if hasattr(comm_cls, "check_compressor"):
+        comm_cls.check_compressor(compressor)
     build_memory(cfg, np)
     registry.build(cfg.scheduler)  # e.g. scheduler.groups=foo stops here, before any output exists
     _check_dataset(cfg)

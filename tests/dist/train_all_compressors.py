@@ -14,10 +14,16 @@ from compbench.train.pipeline import GradientPipeline
 
 
 def combos() -> list[tuple[str, str]]:
+    """Every compressor x communicator that runs on both engines (ring, ddp and horovod_optimizer
+    are engine-specific, and the baselines bypass the compression pipeline)."""
     out = []
     for name in registry.options("compressor"):
         summable = registry.component_class("compressor", name).summable
-        out += [(name, comm) for comm in registry.options("comm") if summable or not registry.component_class("comm", comm).requires_summable]
+        for comm in registry.options("comm"):
+            cls = registry.component_class("comm", comm)
+            if getattr(cls, "engines", None) or (getattr(cls, "requires_summable", False) and not summable):
+                continue
+            out.append((name, comm))
     return out
 
 

@@ -52,6 +52,8 @@ def save_checkpoint(trainer: Any, epoch: int, batch: int) -> None:
         "model": trainer.model.state_dict(),
         "optimizer": trainer.optimizer.state_dict(),
         "lr_schedule": trainer.lr_schedule.state_dict(),
+        # e.g. SeCoPa's plan: planned again on resume it could decide differently
+        "scheduler": trainer.scheduler.state_dict() if hasattr(trainer.scheduler, "state_dict") else {},
         "per_rank": per_rank,
     }
     path = trainer.run_dir / FILE
@@ -84,6 +86,8 @@ def load_checkpoint(trainer: Any, path: Path) -> tuple[int, int]:
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.lr_schedule.load_state_dict(state["lr_schedule"])
+    if state.get("scheduler") and hasattr(trainer.scheduler, "load_state_dict"):
+        trainer.scheduler.load_state_dict(state["scheduler"])
     mine = state["per_rank"][trainer.engine.rank]
     trainer.memory.load_state_dict(mine["memory"])
     trainer.compressor.load_state_dict(mine["compressor"])

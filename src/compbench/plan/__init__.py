@@ -1,0 +1,1 @@
+"""`compbench plan`: HiPress SeCoPa's cost model, fitted on this machine or from network settings."""
