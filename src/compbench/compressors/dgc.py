@@ -12,11 +12,10 @@ from torch import Tensor
 
 from compbench.compressors.base import Ctx, check_ratio, make_ctx
 from compbench.compressors.sparse import (
+    AbsIndex,
     SparseCompressor,
     Workspace,
-    indices_ge,
     kth_largest,
-    magnitudes,
     make_generator,
     sparse_payload,
     topk_among,
@@ -36,27 +35,32 @@ def sample_layout(numel: int, ratio: float, sample_ratio: float) -> tuple[int, i
 
 
 def _select(
-    mag: Tensor, k: int, ratio: float, sample_ratio: float, gen: torch.Generator, ws: Workspace
+    values: Tensor, k: int, ratio: float, sample_ratio: float, gen: torch.Generator, ws: Workspace
 ) -> Tensor:
-    """Hot step: flat int64 indices DGC sends (at most k) for magnitudes `mag` at ratio `ratio`."""
-    n = mag.numel()
+    """Hot step: flat int64 indices DGC sends (at most k), selected by magnitude abs(values), at
+    ratio `ratio` (`values` may be the gradient itself or its magnitudes: abs changes nothing then).
+
+    One summary pass (`AbsIndex`) serves the first threshold and every adaptation step."""
+    flat = values.detach().reshape(-1)
+    n = flat.numel()
     stride, _ = sample_layout(n, ratio, sample_ratio)
     if stride == 1:
-        samples = mag
+        samples = flat.abs()
     else:
         # Random start in [0, stride): range(start, n, stride) still has >= n // stride samples.
         start = int(torch.randint(stride, (1,), generator=gen))
-        samples = mag[start::stride]
+        samples = flat[start::stride].abs()
     threshold = kth_largest(samples, math.ceil(samples.numel() * ratio))
-    idx = indices_ge(mag, threshold, ws)
+    index = AbsIndex(flat, ws, density=ratio)
+    idx = index.indices_ge(threshold)
     for _ in range(_MAX_ADAPT):
         if idx.numel() >= _LOWER * k:
             break  # enough (above 1.3k the paper stops with the exact top-k: done below)
         threshold = threshold * _LOWER
-        idx = indices_ge(mag, threshold, ws)
+        idx = index.indices_ge(threshold)
     # Send at most k, the k largest candidates: the exact top-k among them above 1.3k, and also
     # between k and 1.3k, where synxlin truncates by index instead.
-    return topk_among(mag, idx, k)
+    return topk_among(flat, idx, k)
 
 
 class DGC(SparseCompressor):
@@ -114,8 +118,8 @@ class DGC(SparseCompressor):
         r = self.ratio
         k = self.k_for(flat.numel())
         gen = make_generator(self.seed, self.step, name)
-        idx = _select(magnitudes(flat, self._ws), k, r, self.sample_ratio, gen, self._ws)
-        return sparse_payload(flat[idx], idx, self.value_dtype), make_ctx(x, name)
+        idx = _select(flat, k, r, self.sample_ratio, gen, self._ws)
+        return sparse_payload(flat.index_select(0, idx), idx, self.value_dtype), make_ctx(x, name)
 
     def max_wire_bytes(self, numel: int) -> int:
         return (self.value_dtype.itemsize + 4) * self.k_for(numel)

@@ -6,10 +6,11 @@ ceil(n*b/8) bytes. GRACE and MergeComp send one byte per sign or ternary code in
 overstates their compression 8x (1-bit) or 4x (2-bit); compbench never does.
 
 CPU tensors go through numpy (at n = 25M on one thread `packbits` takes 1 ms against 20 ms for the
-torch expression, `unpackbits` 1.3 ms against 2.3 ms); other devices take a pure-torch path of
-shifts, ors and table look-ups only (no integer overflow), so the same functions run on CUDA
-tensors. Decoding goes through 256-row tables (one row per byte value) and `index_select`: one
-gather per packed byte instead of one arithmetic pass per bit.
+torch expression, `unpackbits` 1.3 ms against 2.3 ms); CUDA tensors take the kernels of
+`extensions/cuda/pack.cu` when CuPy is installed; otherwise (and on other devices) a pure-torch
+path of shifts, ors and table look-ups only (no integer overflow), the kernels' twin. The torch
+decoders go through 256-row tables (one row per byte value) and `index_select`: one gather per
+packed byte instead of one arithmetic pass per bit.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -24,10 +26,13 @@ import torch
 from torch import Tensor
 
 from compbench.compressors.base import Ctx
+from compbench.compressors.buffers import check_out
+from compbench.kernels import cuda_kernels_enabled
 
 __all__ = [
     "packed_nbytes",
     "pack_bits",
+    "pack_signs",
     "unpack_bits",
     "pack_2bit",
     "unpack_2bit",
@@ -38,6 +43,7 @@ __all__ = [
     "ternary_codes",
     "ternary_values",
     "average_decoded",
+    "scratch",
     "rank_seed",
     "noise_seed",
     "uniform_noise",
@@ -78,7 +84,51 @@ def pack_bits(mask: Tensor) -> Tensor:
     if _on_cpu(mask):
         flat = mask.reshape(-1).contiguous()
         return torch.from_numpy(np.packbits(flat.numpy(), bitorder="little"))
+    if cuda_kernels_enabled(mask):
+        from compbench.kernels import ops
+
+        return ops.pack_bits(mask)
     return _pack_bits_torch(mask)
+
+
+# Elements per chunk of the fused CPU sign pass: the chunk, its magnitudes and its mask stay in a
+# 2 MB L2 cache, so the tensor is read from memory once (not once for the mask and once for the sum).
+_SIGN_CHUNK = 1 << 17
+
+
+def pack_signs(flat: Tensor) -> tuple[Tensor, Tensor]:
+    """(packed bits of `flat < 0`, sum of abs(flat) as a 1-element fp32 tensor) of a flat fp32 tensor.
+
+    CPU: one chunked pass (compare, pack, abs, sum per L2-sized chunk), ~2.5x faster than a mask
+    pass, `packbits` and `vector_norm` over the whole tensor at n = 25M. CUDA: the pack kernel when
+    CuPy is installed; otherwise torch. Zero and NaN are not negative: their bit is 0.
+    """
+    if _on_cpu(flat) and flat.dtype == torch.float32 and flat.is_contiguous():
+        return _pack_signs_numpy(flat.numpy())
+    total = flat.abs().sum().reshape(1)
+    if cuda_kernels_enabled(flat):
+        from compbench.kernels import ops
+
+        return ops.pack_signs(flat), total
+    return pack_bits(flat < 0), total
+
+
+def _pack_signs_numpy(a: np.ndarray) -> tuple[Tensor, Tensor]:
+    n = a.size
+    packed = np.empty(packed_nbytes(n, 1), dtype=np.uint8)
+    chunk = max(1, min(n, _SIGN_CHUNK))
+    mag = np.empty(chunk, dtype=np.float32)
+    mask = np.empty(chunk, dtype=np.bool_)
+    total = 0.0
+    for start in range(0, n, chunk):  # chunk is a multiple of 8: every chunk but the last packs whole bytes
+        part = a[start : start + chunk]
+        m = part.size
+        np.less(part, 0, out=mask[:m])
+        packed[start // 8 : (start + m + 7) // 8] = np.packbits(mask[:m], bitorder="little")
+        # torch's fp32 cascade sum per chunk (the very bits of the torch path when there is one
+        # chunk), chunks accumulated in fp64.
+        total += float(torch.from_numpy(np.abs(part, out=mag[:m])).sum())
+    return torch.from_numpy(packed), torch.tensor([total], dtype=torch.float32)
 
 
 def _pack_bits_torch(mask: Tensor) -> Tensor:
@@ -135,8 +185,21 @@ def decode_bits(packed: Tensor, numel: int, one: Tensor, zero: Tensor, out: Tens
     allocation.
     """
     _check_packed(packed, numel, 1)
+    if _kernel_decodes(packed, out, one, zero):
+        from compbench.kernels import ops
+
+        return ops.decode_bits(packed, numel, one, zero, out)
     table = torch.where(_bit_table(packed.device), one.reshape(1, 1), zero.reshape(1, 1))
     return _gather_rows(table, packed, numel, out)
+
+
+def _kernel_decodes(packed: Tensor, out: Tensor | None, *values: Tensor) -> bool:
+    """The fp32 decode kernels apply: CUDA, CuPy, fp32 values and output."""
+    return (
+        cuda_kernels_enabled(packed)
+        and all(v.dtype == torch.float32 for v in values)
+        and (out is None or (out.dtype == torch.float32 and out.is_contiguous()))
+    )
 
 
 # --- 2-bit codes ---------------------------------------------------------------------------------
@@ -154,6 +217,10 @@ def pack_2bit(codes: Tensor) -> Tensor:
         v = v * np.uint32((1 << 6) + (1 << 12) + (1 << 18) + (1 << 24))
         v >>= np.uint32(24)
         return torch.from_numpy(v.astype(np.uint8))
+    if cuda_kernels_enabled(codes):
+        from compbench.kernels import ops
+
+        return ops.pack_2bit(codes)
     v = _padded(codes, 4).view(torch.int32)
     # Shift-or variant of the same gather: no multiplication, so no overflow on any device.
     return ((v | (v >> 6) | (v >> 12) | (v >> 18)) & 0xFF).to(torch.uint8)
@@ -170,6 +237,10 @@ def unpack_2bit(packed: Tensor, numel: int) -> Tensor:
 def decode_2bit(packed: Tensor, numel: int, values: Tensor, out: Tensor | None = None) -> Tensor:
     """Decode packed 2-bit codes straight to `values[code]` (`values`: 4 elements, any float dtype)."""
     _check_packed(packed, numel, 2)
+    if _kernel_decodes(packed, out, values):
+        from compbench.kernels import ops
+
+        return ops.decode_2bit(packed, numel, values, out)
     table = values.reshape(-1)[_code2_table(packed.device)]  # (256, 4)
     return _gather_rows(table, packed, numel, out)
 
@@ -241,31 +312,61 @@ def _check_packed(packed: Tensor, numel: int, bits: int) -> None:
 
 
 def _gather_rows(table: Tensor, packed: Tensor, numel: int, out: Tensor | None) -> Tensor:
-    """One table row per packed byte, flattened and cut to `numel` values."""
+    """One table row per packed byte, flattened and cut to `numel` values; into `out` when given
+    (contiguous, at least `numel` elements: whole rows go straight in, a last partial row through a
+    one-row temporary)."""
     rows = packed.numel()
     if out is None:
-        res = table.index_select(0, packed.int())
-    else:
-        width = table.shape[1]
-        res = torch.index_select(
-            table, 0, packed.int(), out=out.reshape(-1)[: rows * width].view(rows, width)
-        )
-    return res.view(-1)[:numel]
+        return table.index_select(0, packed.int()).view(-1)[:numel]
+    width = table.shape[1]
+    flat = out.reshape(-1)
+    if flat.numel() >= rows * width:
+        res = torch.index_select(table, 0, packed.int(), out=flat[: rows * width].view(rows, width))
+        return res.view(-1)[:numel]
+    full = numel // width
+    torch.index_select(table, 0, packed[:full].int(), out=flat[: full * width].view(full, width))
+    rest = numel - full * width
+    if rest:
+        flat[full * width : numel] = table.index_select(0, packed[full : full + 1].int())[0, :rest]
+    return flat[:numel]
 
 
-def average_decoded(decode: Callable[..., Tensor], payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
-    """Mean of the decoded payloads of all ranks, accumulated in place: one fresh result and one
-    scratch for the peers instead of N decoded tensors stacked into an N x n one (the default).
+# Per-thread scratch of `average_decoded` (the peers' decodes), one per (device, dtype), sized for the
+# largest tensor seen: a fresh 100 MB tensor per call would cost more page faults than the decode.
+_SCRATCH = threading.local()
+
+
+def scratch(numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A reused per-thread scratch tensor of `numel` elements (contents undefined; valid until the
+    next call on this thread for the same device and dtype)."""
+    bufs = _SCRATCH.__dict__.setdefault("bufs", {})
+    key = (device, dtype)
+    buf = bufs.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = bufs[key] = torch.empty(numel, dtype=dtype, device=device)
+    return buf[:numel]
+
+
+def average_decoded(
+    decode: Callable[..., Tensor], payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None
+) -> Tensor:
+    """Mean of the decoded payloads of all ranks, accumulated in place: one result (`out` when given,
+    see `compressors/buffers.py`) and a reused per-thread scratch for the peers instead of N decoded
+    tensors stacked into an N x n one (the default).
 
     `decode(payload, ctx, out=None)` returns the flat fp32 decode, written into `out` (at least
-    ceil(n/8)*8 elements) when given.
+    n elements) when given.
     """
-    total = decode(payloads[0], ctx)
+    if out is None:
+        total = decode(payloads[0], ctx)
+    else:
+        total = decode(payloads[0], ctx, out=check_out(out, ctx, payloads[0][0].device))
     if len(payloads) > 1:
-        scratch = torch.empty(packed_nbytes(ctx.numel, 1) * 8, dtype=total.dtype, device=total.device)
+        peer = scratch(ctx.numel, total.dtype, total.device)
         for payload in payloads[1:]:
-            total.add_(decode(payload, ctx, out=scratch))
-    return total.div_(len(payloads)).view(ctx.shape).to(ctx.dtype)
+            total.add_(decode(payload, ctx, out=peer))
+    total = total.div_(len(payloads)).view(ctx.shape)
+    return total if total.dtype == ctx.dtype else total.to(ctx.dtype)
 
 
 # --- rounding noise ------------------------------------------------------------------------------
@@ -301,15 +402,20 @@ def noise_seed(seed: int, step: int, name: str) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
+# Elements from which numpy's PCG64 fills the noise (see uniform_noise).
+_NUMPY_NOISE = 65536
+
+
 def uniform_noise(out: Tensor, seed: int, step: int, name: str) -> Tensor:
     """Fill the fp32 tensor `out` with U[0, 1) drawn from the (seed, rank, step, name) stream.
 
     CPU: numpy's PCG64 (about 1.5x faster than torch's mt19937 at n = 25M, same 24-bit
-    resolution); other devices: a torch generator on that device. A fresh generator per call
-    (microseconds) keeps concurrent compress calls from reseeding each other's.
+    resolution) for large tensors; small ones and other devices: a torch generator on the tensor's
+    device (numpy's generator costs ~15 us to set up, the whole budget of a small tensor). A fresh
+    generator per call keeps concurrent compress calls from reseeding each other's.
     """
     mixed = noise_seed(seed, step, name)
-    if _on_cpu(out) and out.dtype == torch.float32 and out.is_contiguous():
+    if _on_cpu(out) and out.dtype == torch.float32 and out.is_contiguous() and out.numel() >= _NUMPY_NOISE:
         np.random.default_rng(mixed).random(out=out.numpy().reshape(-1), dtype=np.float32)
         return out
     return out.uniform_(generator=torch.Generator(device=out.device).manual_seed(mixed))

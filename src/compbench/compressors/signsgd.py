@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from torch import Tensor
-from torch.linalg import vector_norm
 
 from compbench.compressors.base import CompressorBase, Ctx, make_ctx
-from compbench.compressors.packing import average_decoded, decode_bits, pack_bits, packed_nbytes
+from compbench.compressors.buffers import check_out
+from compbench.compressors.packing import average_decoded, decode_bits, pack_signs, packed_nbytes
 
 
 class SignSGD(CompressorBase):
@@ -25,11 +25,15 @@ class SignSGD(CompressorBase):
         packed, scale = _sign_scale(x.reshape(-1).float())
         return [packed, scale], make_ctx(x, name)
 
-    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
-        return self._decode(payload, ctx).view(ctx.shape).to(ctx.dtype)
+    def decompress(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
+        """scale * sign; into `out` when given (see `compressors/buffers.py`)."""
+        if out is not None:
+            out = check_out(out, ctx, payload[0].device)
+        return self._decode(payload, ctx, out).view(ctx.shape).to(ctx.dtype)
 
-    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
-        return average_decoded(self._decode, payloads, ctx)
+    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor:
+        """Mean of every rank's decode; into `out` when given."""
+        return average_decoded(self._decode, payloads, ctx, out)
 
     def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         packed, scale = payload
@@ -40,6 +44,7 @@ class SignSGD(CompressorBase):
 
 
 def _sign_scale(flat: Tensor) -> tuple[Tensor, Tensor]:
-    """The hot step: flat fp32 -> (packed sign bits, mean |x| as a 1-element tensor)."""
-    scale = (vector_norm(flat, 1) / max(flat.numel(), 1)).reshape(1)
-    return pack_bits(flat < 0), scale
+    """The hot step: flat fp32 -> (packed sign bits, mean |x| as a 1-element tensor), one pass on CPU
+    (`packing.pack_signs`)."""
+    packed, total = pack_signs(flat.contiguous())
+    return packed, total.div_(max(flat.numel(), 1))

@@ -9,14 +9,13 @@ from compbench.compressors.sparse import (
     SparseCompressor,
     Workspace,
     exact_topk_indices,
-    magnitudes,
     sparse_payload,
 )
 
 
 def _select(x: Tensor, k: int, ws: Workspace) -> Tensor:
     """Hot step: flat int64 indices of the exact top-k of abs(x)."""
-    return exact_topk_indices(magnitudes(x, ws), k, ws)
+    return exact_topk_indices(x.detach().reshape(-1), k, ws)  # it thresholds magnitudes itself
 
 
 class TopK(SparseCompressor):

@@ -1,0 +1,34 @@
+"""CUDA hot paths as CuPy RawKernels (sources in `extensions/cuda/*.cu`), used for CUDA tensors when
+CuPy is installed (`pip install .[gpu]`).
+
+Nothing here imports CuPy until a CUDA tensor asks for a kernel: CPU paths never touch it. Every
+kernel has a pure-torch twin (`compbench.kernels.twins` or the compressor's own torch path) with the
+same semantics, which runs wherever CuPy or CUDA is missing and which the parity tests compare it to.
+`COMPBENCH_KERNELS=0` forces the torch twins on CUDA too (debugging, A/B timing).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+from torch import Tensor
+
+
+def cuda_kernels_enabled(t: Tensor) -> bool:
+    """Whether `t` is a CUDA tensor and the RawKernels can run on it (CuPy importable, not disabled)."""
+    if not t.is_cuda:
+        return False
+    return os.environ.get("COMPBENCH_KERNELS", "1") != "0" and _cupy_importable()
+
+
+@cache
+def _cupy_importable() -> bool:
+    try:
+        import cupy  # noqa: F401
+    except Exception:  # ImportError, or a CuPy build that does not match the driver
+        return False
+    return True
+
+
+__all__ = ["cuda_kernels_enabled"]

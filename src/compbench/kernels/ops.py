@@ -1,0 +1,155 @@
+"""Launchers of the CUDA kernels: torch tensors in, torch tensors out (CUDA only; CuPy required).
+
+Each function's twin (same arguments, same result) is named in its docstring; the compressors call
+these through `cuda_kernels_enabled(t)` and fall back to the twin otherwise. Scalars that live on
+the GPU (scales, means) are passed as 1-element tensors and read by the kernel, so no launcher
+synchronizes with the host except `compact_abs_ge`, which must learn how many indices it found.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from compbench.kernels.loader import as_cupy, launch
+
+
+def _flat_f32(x: Tensor) -> Tensor:
+    flat = x.detach().reshape(-1)
+    return flat if flat.dtype == torch.float32 and flat.is_contiguous() else flat.float().contiguous()
+
+
+def dragonn_select(x: Tensor, threshold: float, slots: int, seed: int) -> Tensor:
+    """int32 table of `slots` entries: slot murmur3_32(i, seed) % slots holds the largest i with
+    |x_i| >= threshold, -1 if none. Twin: `compressors.dragonn._select`'s torch path."""
+    flat = _flat_f32(x)
+    n = flat.numel()
+    if n >= 2**31:
+        raise ValueError(f"dragonn sends int32 indices: a tensor of {n} elements is too large; split it")
+    table = torch.full((slots,), -1, dtype=torch.int32, device=flat.device)
+    args = (as_cupy(flat), np.int64(n), np.float32(threshold), np.uint32(seed & 0xFFFFFFFF),
+            as_cupy(table), np.uint32(slots))
+    launch("dragonn", "dragonn_select", n, flat.device, args)
+    return table
+
+
+def compact_abs_ge(x: Tensor, threshold: float, capacity: int | None = None) -> Tensor:
+    """int64 indices of the elements with |x| >= threshold, in arbitrary order (sort for a canonical
+    one). Twin: `torch.nonzero(x.abs() >= threshold)`. One host sync for the count; a second
+    launch when more than `capacity` (default n / 64 + 1024) pass."""
+    flat = _flat_f32(x)
+    n = flat.numel()
+    cap = max(1, min(n, capacity if capacity is not None else n // 64 + 1024))
+    count = torch.zeros(1, dtype=torch.int64, device=flat.device)
+    for _ in range(2):
+        out = torch.empty(cap, dtype=torch.int64, device=flat.device)
+        count.zero_()
+        # The counter is unsigned long long in the kernel: the same 8 bytes as this int64 (CuPy
+        # passes device pointers untyped).
+        args = (as_cupy(flat), np.int64(n), np.float32(threshold), as_cupy(out), as_cupy(count),
+                np.int64(cap))
+        launch("compact", "compact_abs_ge", n, flat.device, args)
+        found = int(count.item())
+        if found <= cap:
+            return out[:found]
+        cap = found
+    raise AssertionError("compact_abs_ge: the count changed between two launches on the same input")
+
+
+def _pack(function: str, flat: Tensor, per_byte: int) -> Tensor:
+    n = flat.numel()
+    nbytes = -(-n // per_byte)
+    out = torch.empty(nbytes, dtype=torch.uint8, device=flat.device)
+    args = (as_cupy(flat), np.int64(n), as_cupy(out), np.int64(nbytes))
+    launch("pack", function, nbytes, flat.device, args)
+    return out
+
+
+def _decoded(packed: Tensor, numel: int, out: Tensor | None) -> Tensor:
+    if out is None:
+        return torch.empty(numel, dtype=torch.float32, device=packed.device)
+    return out.reshape(-1)[:numel]
+
+
+def pack_signs(x: Tensor) -> Tensor:
+    """uint8, ceil(n/8) bytes: bit i = x_i < 0. Twin: `packing.pack_bits(x < 0)` (torch path)."""
+    return _pack("pack_signs", _flat_f32(x), 8)
+
+
+def pack_bits(mask: Tensor) -> Tensor:
+    """uint8, ceil(n/8) bytes: bit i = mask_i. Twin: `packing._pack_bits_torch`."""
+    return _pack("pack_bits", mask.detach().reshape(-1).contiguous().view(torch.uint8), 8)
+
+
+def decode_bits(packed: Tensor, numel: int, one: Tensor, zero: Tensor, out: Tensor | None = None) -> Tensor:
+    """fp32, numel values: `one` where bit i is set, else `zero` (1-element device tensors).
+    Twin: `packing.decode_bits` (torch path)."""
+    res = _decoded(packed, numel, out)
+    one32, zero32 = one.reshape(1).float().contiguous(), zero.reshape(1).float().contiguous()
+    args = (as_cupy(packed.contiguous()), np.int64(numel), as_cupy(one32), as_cupy(zero32), as_cupy(res))
+    launch("pack", "decode_bits", numel, packed.device, args)
+    return res
+
+
+def pack_2bit(codes: Tensor) -> Tensor:
+    """uint8, ceil(n/4) bytes, four 2-bit codes per byte. Twin: `packing.pack_2bit` (torch path)."""
+    return _pack("pack_2bit", codes.detach().reshape(-1).contiguous(), 4)
+
+
+def decode_2bit(packed: Tensor, numel: int, values: Tensor, out: Tensor | None = None) -> Tensor:
+    """fp32, numel values: values[code i] (`values`: 4 entries on the device).
+    Twin: `packing.decode_2bit` (torch path)."""
+    res = _decoded(packed, numel, out)
+    table = values.reshape(-1).float().contiguous()
+    launch("pack", "decode_2bit", numel, packed.device,
+           (as_cupy(packed.contiguous()), np.int64(numel), as_cupy(table), as_cupy(res)))
+    return res
+
+
+def qsgd_codes(flat: Tensor, scale: Tensor, levels: int, bucket_size: int, seed: int) -> Tensor:
+    """uint8 offset-binary QSGD codes with the counter-based stream. Twin: `twins.qsgd_codes`."""
+    x = _flat_f32(flat)
+    n = x.numel()
+    codes = torch.empty(n, dtype=torch.uint8, device=x.device)
+    args = (as_cupy(x), np.int64(n), as_cupy(scale.float().contiguous()), np.int64(bucket_size),
+            np.float32(levels), np.uint32(seed & 0xFFFFFFFF), as_cupy(codes))
+    launch("quantize", "qsgd_codes", n, x.device, args)
+    return codes
+
+
+def terngrad_codes(flat: Tensor, scale: Tensor, seed: int) -> Tensor:
+    """Packed 2-bit TernGrad codes with the counter-based stream. Twin: `twins.terngrad_codes`."""
+    x = _flat_f32(flat)
+    n = x.numel()
+    nbytes = (n + 3) // 4
+    out = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+    args = (as_cupy(x), np.int64(n), as_cupy(scale.reshape(1).float().contiguous()),
+            np.uint32(seed & 0xFFFFFFFF), as_cupy(out), np.int64(nbytes))
+    launch("quantize", "terngrad_codes", nbytes, x.device, args)
+    return out
+
+
+def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
+    """TBQ with the residual update in the kernel: R (fp32, contiguous) is updated in place;
+    returns the packed 2-bit codes. Twin: `twins.tbq_step` (= tbq._threshold_quantize)."""
+    if r.dtype != torch.float32 or not r.is_contiguous():
+        raise ValueError("tbq_step updates a contiguous fp32 residual in place")
+    grad = _flat_f32(g)
+    n = r.numel()
+    nbytes = (n + 3) // 4
+    out = torch.empty(nbytes, dtype=torch.uint8, device=r.device)
+    args = (as_cupy(r), as_cupy(grad), np.int64(n), np.float32(tau), as_cupy(out), np.int64(nbytes))
+    launch("tbq", "tbq_step", nbytes, r.device, args)
+    return out
+
+
+def scatter_add(out: Tensor, indices: Tensor, values: Tensor) -> Tensor:
+    """out[indices] += values (duplicates add; fp32 `out`, contiguous). Twin: `index_add_`."""
+    if out.dtype != torch.float32 or not out.is_contiguous():
+        return out.index_add_(0, indices, values)  # other dtypes: torch's own kernel
+    idx = indices.reshape(-1).to(torch.int32).contiguous()
+    vals = values.reshape(-1).float().contiguous()
+    m = idx.numel()
+    launch("scatter", "scatter_add", m, out.device, (as_cupy(out), as_cupy(idx), as_cupy(vals), np.int64(m)))
+    return out
