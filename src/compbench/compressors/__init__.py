@@ -19,4 +19,5 @@ def build_compressor(name: str, **overrides: Any) -> Compressor:
     return registry.build(cfg, drop=SELECTION_KEYS)
 
 
-__all__ = ["Compressor", "CompressorBase", "Ctx", "make_ctx", "payload_nbytes", "build_compressor", "SELECTION_KEYS"]
+__all__ = ["Compressor", "CompressorBase", "Ctx", "make_ctx", "payload_nbytes", "build_compressor",
+           "SELECTION_KEYS"]

@@ -59,3 +59,19 @@ class OutputBuffers:
 
     def clear(self) -> None:
         self._bufs.clear()
+
+
+class Scratch:
+    """One reusable work tensor per tensor name, shaped like the tensor being encoded.
+
+    Encoders that need a full-size temporary (noise, magnitudes) keep it here instead of
+    allocating 100 MB per call; the contents are garbage until the caller fills them."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, Tensor] = {}
+
+    def like(self, name: str, t: Tensor) -> Tensor:
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.device != t.device:
+            buf = self._bufs[name] = torch.empty_like(t)
+        return buf

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import average_decoded, decode_bits, pack_bits, packed_nbytes
 
 
@@ -25,13 +26,11 @@ class OneBit(CompressorBase):
     summable = False
 
     def __init__(self) -> None:
-        self._work: dict[str, Tensor] = {}
+        self._work = Scratch()
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.reshape(-1).float()
-        work = self._work.get(name)
-        if work is None or work.numel() != flat.numel() or work.device != flat.device:
-            work = self._work[name] = torch.empty_like(flat)
+        work = self._work.like(name, flat)
         packed, means = _onebit(flat, work)
         return [packed, means], make_ctx(x, name)
 

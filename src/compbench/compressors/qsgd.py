@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
     average_decoded,
     ceil_log2,
@@ -65,13 +66,11 @@ class QSGD(CompressorBase):
         self.seed = seed
         self.bits = 1 + ceil_log2(levels + 1)
         # Per-name noise buffer: a fresh 100 MB tensor per call costs more than the rounding itself.
-        self._noise: dict[str, Tensor] = {}
+        self._noise = Scratch()
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.reshape(-1).float()
-        noise = self._noise.get(name)
-        if noise is None or noise.numel() != flat.numel() or noise.device != flat.device:
-            noise = self._noise[name] = torch.empty_like(flat)
+        noise = self._noise.like(name, flat)
         uniform_noise(noise, self.seed, self.step, name)
         codes, norms = _quantize(flat, self.levels, self.bucket_size, noise)
         ctx = make_ctx(x, name, levels=self.levels, bucket_size=self.bucket_size, bits=self.bits)

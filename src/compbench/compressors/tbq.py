@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
     average_decoded,
     decode_2bit,
@@ -40,16 +41,14 @@ class TBQ(CompressorBase):
             raise ValueError(f"compressor=tbq: tau={tau} must be a finite number > 0; pass e.g. tau=0.01")
         self.tau = float(tau)
         self.residuals: dict[str, Tensor] = {}
-        self._work: dict[str, Tensor] = {}
+        self._work = Scratch()
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.reshape(-1).float()
         r = self.residuals.get(name)
         if r is None or r.shape != flat.shape or r.device != flat.device:
             r = self.residuals[name] = torch.zeros_like(flat)
-        work = self._work.get(name)
-        if work is None or work.shape != flat.shape or work.device != flat.device:
-            work = self._work[name] = torch.empty_like(flat)
+        work = self._work.like(name, flat)
         return [_threshold_quantize(r, flat, self.tau, work)], make_ctx(x, name, tau=self.tau)
 
     def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:

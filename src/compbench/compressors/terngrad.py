@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
     average_decoded,
     decode_2bit,
@@ -49,13 +50,11 @@ class TernGrad(CompressorBase):
         self.clip_sigma = float(clip_sigma)
         self.seed = seed
         self.unbiased = not clip
-        self._noise: dict[str, Tensor] = {}
+        self._noise = Scratch()
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.reshape(-1).float()
-        noise = self._noise.get(name)
-        if noise is None or noise.numel() != flat.numel() or noise.device != flat.device:
-            noise = self._noise[name] = torch.empty_like(flat)
+        noise = self._noise.like(name, flat)
         uniform_noise(noise, self.seed, self.step, name)
         packed, scale = _ternarize(flat, self.clip_sigma if self.clip else None, noise)
         return [packed, scale], make_ctx(x, name)
