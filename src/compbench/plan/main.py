@@ -143,8 +143,9 @@ def _print_summary(cfg: DictConfig, path: Path, sidecar: Path, world: int, netwo
              "probe_reps", "threads")
     keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
     rest = [o for o, k in zip(overrides, keys, strict=True) if k not in named and k.split(".")[0] != "net"]
+    engine = "torch" if c["comm"] == "ring" else c["engine"]  # the ring needs point-to-point sends
     print(f"  train with: compbench train model={c['model']} compressor={c['compressor']} comm={c['comm']} "
-          f"engine={c['engine']} engine.np={world} {' '.join([*rest, 'scheduler=secopa'])} "
+          f"engine={engine} engine.np={world} {' '.join([*rest, 'scheduler=secopa'])} "
           f"scheduler.plan={path}")
 
 
