@@ -136,6 +136,11 @@ class DRAGONN(SparseCompressor):
     MurmurHash3_x86_32(index, seed) mod 4k, seed new every call (from seed, step, tensor name);
     collisions overwrite; the filled slots are sent: at most 4k, about 0.885k when ~k pass.
     Tensors with n <= small_numel use ratio max(ratio, small_ratio) (DRAGONN's 131072 / 0.01 rule).
+    Deliberate difference from the one-shot 1% rule: the sample has at least min_top_samples / r
+    elements (like DGC's floor), so the threshold is the min_top_samples-th largest sample at least;
+    on small tensors a bare 1% sample picked nearly random elements (top-k recall 0.03 at n=256 and
+    0.58 at n=2560 for r=0.01): 51.4% on a digits MLP against 82.5% with the floor of 32 (82.2% with
+    an exact threshold). Large tensors keep their 1% sample (at n=25M, r=1e-3: 250k > 32k).
 
     Differences from the reference: element 0 can be selected (empty marker -1); `batching` decodes
     all ranks with one scatter-ADD (duplicates add, the reference overwrites them) and the result is
@@ -153,9 +158,13 @@ class DRAGONN(SparseCompressor):
         small_numel: int = 131072,
         batching: bool = True,
         seed: int = 0,
+        min_top_samples: int = 32,
     ) -> None:
         super().__init__()
         self.ratio = check_ratio(ratio, "compressor=dragonn")
+        if int(min_top_samples) < 1:
+            raise ValueError(f"compressor=dragonn: min_top_samples={min_top_samples} must be >= 1; use 32")
+        self.min_top_samples = int(min_top_samples)
         self.small_ratio = check_ratio(small_ratio, "compressor=dragonn (small_ratio)")
         if not (0 < float(sample_ratio) <= 1):
             raise ValueError(f"compressor=dragonn: sample_ratio={sample_ratio} is outside (0, 1]; use 0.01")
@@ -176,7 +185,10 @@ class DRAGONN(SparseCompressor):
         flat = x.detach().reshape(-1)
         n = flat.numel()
         r = self.ratio_for(n)
-        m = max(1, math.ceil(self.sample_ratio * n))
+        # At least `min_top_samples / r` samples, so the threshold is the smallest of at least that many
+        # sampled top magnitudes (DGC's rule is the same with 2): with a bare 1% sample a tensor of
+        # a few thousand elements gets a threshold from one or two samples and sends noise.
+        m = max(1, math.ceil(self.sample_ratio * n), math.ceil(self.min_top_samples / r))
         # sample_ratio = 1 means the whole tensor (the exact k-th magnitude), not n draws.
         if m >= n:
             sample = flat.abs()
