@@ -74,6 +74,10 @@ def check(cfg: DictConfig) -> DictConfig:
         from compbench.train.checkpoint import find_checkpoint
 
         find_checkpoint(cfg.resume, Path("."))
+    if cfg.net.get("emulate_gbps") is not None or cfg.net.get("emulate_latency_us"):
+        from compbench.netem import check as check_shaped_link
+
+        check_shaped_link(cfg.net.get("emulate_gbps"), cfg.net.get("emulate_latency_us"))  # root, ip, tc
     if cfg.on_nonfinite not in ("raise", "skip", "ignore"):
         raise ValueError(f"on_nonfinite={cfg.on_nonfinite} is unknown; use raise, skip or ignore")
 

@@ -1,0 +1,250 @@
+"""End-to-end step time: compbench's compressors against what users would otherwise run, one table.
+
+    python scripts/bench_e2e.py                      # the matrix below, shaped 1 Gbit/s and unshaped
+    python scripts/bench_e2e.py --steps 20 --gbps 1 --only ddp_fp32,dragonn
+    python scripts/bench_e2e.py --repeat 2           # the whole matrix twice, interleaved: median
+
+2 workers, MLP 4096 -> 4096 -> 10 (16.8M parameters) on synthetic 4x32x32 inputs (4096 features),
+batch 32 per worker; every row is a real `compbench train` run (same trainer, data and optimizer),
+its step time the median from results.json (first steps skipped). Shaped rows run the workers in a
+network namespace whose loopback carries 2 x `--gbps` Gbit/s (net.emulate_gbps, needs root).
+Rows: compbench none (torch and horovod engines), dragonn and dgc at ratio 1e-3 over allgather
+(each with its usual memory), DDP fp32 and PowerSGD rank 1 (comm=ddp), Horovod's
+DistributedOptimizer with and without fp16 (comm=horovod_optimizer), and, outside compbench, a
+plain DDP and a plain Horovod training script (same model, optimizer and batch on fixed random
+tensors, started by compbench's launcher): the harness's own cost. The table, the targets of
+the issue checked, the machine's load before and after, and every run directory go to
+outputs/bench_e2e/DATE-TIME/ (table.md, results.json). Timings on a shared machine are noisy:
+compare the ratios of one table, measured side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODEL = ["model=mlp", "model.hidden=[4096]", "dataset=synthetic", "dataset.channels=4",
+         "dataset.image_size=32", "batch_size=32", "engine.np=2", "eval=false", "checkpoint=false",
+         "progress=false", "optim.lr_schedule=constant", "epochs=1"]
+# (key, label, overrides)
+ROWS = [
+    ("none_torch", "compbench none (torch)", ["engine=torch", "compressor=none", "comm=allreduce"]),
+    ("none_horovod", "compbench none (horovod)", ["engine=horovod", "compressor=none", "comm=allreduce"]),
+    ("dragonn", "compbench dragonn 1e-3 allgather", ["engine=torch", "compressor=dragonn", "ratio=1e-3",
+                                                     "comm=allgather", "memory=none"]),
+    ("dgc", "compbench dgc 1e-3 allgather", ["engine=torch", "compressor=dgc", "ratio=1e-3", "comm=allgather",
+                                             "memory=dgc"]),
+    ("ddp_fp32", "DDP fp32", ["engine=torch", "comm=ddp", "comm.hook=allreduce"]),
+    ("ddp_powersgd", "DDP PowerSGD rank 1", ["engine=torch", "comm=ddp", "comm.hook=powersgd",
+                                             "comm.powersgd_rank=1"]),
+    ("hvd", "Horovod DistributedOptimizer", ["engine=horovod", "comm=horovod_optimizer"]),
+    ("hvd_fp16", "Horovod DistributedOptimizer fp16", ["engine=horovod", "comm=horovod_optimizer",
+                                                       "comm.compression=fp16"]),
+    ("plain_ddp", "plain DDP fp32 script (no compbench)", []),
+    ("plain_hvd", "plain Horovod DO script (no compbench)", []),
+]
+PLAIN = {"plain_ddp": "torch", "plain_hvd": "horovod"}
+
+
+def plain_worker(kind: str, out: Path, steps: int) -> None:
+    """One rank of the plain training script: what a user writes without compbench."""
+    import torch
+    import torch.nn.functional as F
+
+    from compbench.models.mlp import mlp
+
+    torch.set_num_threads(int(os.environ.get("COMPBENCH_THREADS", "1")))
+    torch.manual_seed(0)
+    model = mlp(num_classes=10, image_size=32, in_chans=4, hidden=[4096])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    if kind == "torch":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=os.environ["COMPBENCH_INIT_METHOD"],
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        rank = dist.get_rank()
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        import horovod.torch as hvd
+
+        hvd.init()
+        rank = hvd.rank()
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    batches = [(torch.randn(32, 4, 32, 32), torch.randint(0, 10, (32,))) for _ in range(4)]
+    times = []
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    if rank == 0:
+        skip = min(5, len(times) - 1)  # as compbench's summary: first steps include warm-up costs
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"summary": {
+            "status": "completed", "steps": steps, "step_ms": statistics.median(times[skip:]),
+            "bytes_sent_per_step": 4 * sum(p.numel() for p in model.parameters())}}))
+    if kind == "torch":
+        dist.barrier()
+        dist.destroy_process_group()
+    else:
+        hvd.shutdown()
+
+
+def run_plain(key: str, out: Path, steps: int, gbps: float | None) -> dict:
+    from compbench.launch import run_processes
+    from compbench.netem import shaped
+
+    argv = [sys.executable, __file__, "--plain-worker", PLAIN[key], "--out", str(out), "--steps", str(steps)]
+    with shaped(gbps, 2) as ns:
+        code, message = run_processes(argv, PLAIN[key], 2, netns=ns)
+    if code:
+        return {"status": "failed", "error": message}
+    return json.loads((out / "results.json").read_text())["summary"]
+
+
+def run(out: Path, overrides: list[str], timeout: float) -> dict:
+    """One `compbench train`; returns its summary (or {'status': 'failed', 'error': ...})."""
+    cmd = [sys.executable, "-m", "compbench", "train", *overrides, f"output_dir={out}"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "error": f"timed out after {timeout:.0f} s"}
+    try:
+        return json.loads((out / "results.json").read_text())["summary"]
+    except (OSError, ValueError, KeyError):
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return {"status": "failed", "error": lines[-1] if lines else f"exit code {proc.returncode}"}
+
+
+def fmt(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=30, help="steps per run (median over all but the first 5)")
+    ap.add_argument("--gbps", type=float, default=1.0, help="shaped link per worker, Gbit/s")
+    ap.add_argument("--only", default="", help="comma-separated row keys: " + ",".join(k for k, _, _ in ROWS))
+    ap.add_argument("--links", default="shaped,unshaped", help="shaped, unshaped or both")
+    ap.add_argument("--repeat", type=int, default=1, help="run the matrix this many times (interleaved)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    ap.add_argument("--out", type=Path, default=Path("outputs/bench_e2e") / time.strftime("%Y-%m-%d-%H%M%S"))
+    ap.add_argument("--plain-worker", choices=["torch", "horovod"], help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.plain_worker:
+        plain_worker(args.plain_worker, args.out, args.steps)
+        return 0
+
+    rows = [r for r in ROWS if not args.only or r[0] in args.only.split(",")]
+    links = [x for x in ("shaped", "unshaped") if x in args.links.split(",")]
+    if "shaped" in links:
+        from compbench.netem import check
+
+        check(args.gbps)  # root and iproute2, or a one-line error now
+    common = [*MODEL, f"max_steps={args.steps}", f"dataset.train_size={64 * (args.steps + 1)}"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    step_ms: dict[tuple[str, str], list[float]] = {}
+    summaries: dict[str, dict] = {}
+    for rep in range(args.repeat):
+        for link in links:
+            net = [f"net.emulate_gbps={args.gbps:g}"] if link == "shaped" else []
+            for key, label, overrides in rows:
+                name = f"{link}-{key}-{rep}"
+                t0 = time.perf_counter()
+                if key in PLAIN:
+                    summary = run_plain(key, args.out / name, args.steps, args.gbps if net else None)
+                else:
+                    summary = run(args.out / name, [*common, *overrides, *net], args.timeout)
+                summaries[name] = summary
+                ms = summary.get("step_ms") if summary.get("status") == "completed" else None
+                if ms is not None:
+                    step_ms.setdefault((link, key), []).append(ms)
+                shown = f"{ms:.1f} ms/step" if ms is not None else f"FAILED: {summary.get('error')}"
+                took = time.perf_counter() - t0
+                print(f"[{rep + 1}/{args.repeat}] {link:8s} {label:36s} {shown}  ({took:.0f} s)", flush=True)
+    load_after = os.getloadavg()
+
+    med = {k: statistics.median(v) for k, v in step_ms.items()}
+    last = {key: summaries.get(f"{links[0]}-{key}-0", {}) for key, _, _ in rows}
+
+    def ratio(link: str, base: str, key: str) -> float | None:
+        a, b = med.get((link, base)), med.get((link, key))
+        return a / b if a and b else None
+
+    g = f"{args.gbps:g}"
+    head = ["method", "bytes/step/rank"]
+    if "shaped" in links:
+        head += [f"step ms @{g} Gbit/s", "x vs DDP fp32", "x vs DDP PowerSGD"]
+    if "unshaped" in links:
+        head += ["step ms unshaped", "vs DDP fp32", "vs Horovod DO"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, label, _ in rows:
+        sent = last[key].get("bytes_sent_per_step")
+        cells = [label, fmt(sent, ",.0f")]
+        if "shaped" in links:
+            cells += [fmt(med.get(("shaped", key))), fmt(ratio("shaped", "ddp_fp32", key), ".2f"),
+                      fmt(ratio("shaped", "ddp_powersgd", key), ".2f")]
+        if "unshaped" in links:
+            # time relative to the baseline (<= 1.05: within 5%)
+            rel = [med.get(("unshaped", k)) for k in (key, "ddp_fp32", "hvd")]
+            cells += [fmt(rel[0]), fmt(rel[0] / rel[1] if rel[0] and rel[1] else None, ".3f"),
+                      fmt(rel[0] / rel[2] if rel[0] and rel[2] else None, ".3f")]
+        lines.append("| " + " | ".join(cells) + " |")
+
+    checks = []
+
+    def target(text: str, ok: bool | None) -> None:
+        checks.append(f"- [{'x' if ok else ' '}] {text}" + ("" if ok is not None else " (not measured)"))
+
+    if "shaped" in links:
+        best = min((k for k in ("dragonn", "dgc") if ("shaped", k) in med), key=lambda k: med[("shaped", k)],
+                   default=None)
+        b = med.get(("shaped", best)) if best else None
+        target(f"shaped: best of dragonn/dgc ({best}) <= 80 ms per step: {fmt(b)} ms",
+               None if b is None else b <= 80)
+        r1 = ratio("shaped", "ddp_fp32", best) if best else None
+        r2 = ratio("shaped", "ddp_powersgd", best) if best else None
+        target(f"shaped: >= 7x faster than DDP fp32: {fmt(r1, '.2f')}x", None if r1 is None else r1 >= 7)
+        target(f"shaped: >= 1.35x faster than DDP PowerSGD rank 1: {fmt(r2, '.2f')}x",
+               None if r2 is None else r2 >= 1.35)
+    if "unshaped" in links:
+        pairs = (("none_torch", "ddp_fp32", "DDP fp32"), ("none_horovod", "hvd", "Horovod DO"),
+                 ("none_torch", "plain_ddp", "a plain DDP script"),
+                 ("none_horovod", "plain_hvd", "a plain Horovod script"))
+        for key, base, name in pairs:
+            rel = ratio("unshaped", key, base)  # compbench's time / the baseline's
+            target(f"unshaped: compbench none ({key.split('_')[1]}) within 1.05x of {name}: "
+                   f"{fmt(rel, '.3f')}x", None if rel is None else rel <= 1.05)
+
+    report = [
+        f"# compbench end to end: 2 workers, MLP 4096x4096+4096x10, batch 32/worker, {args.steps} steps, "
+        f"median step time ({args.repeat} repeat(s))", "",
+        *lines, "",
+        "x vs ...: that baseline's step time / this row's (higher is faster); vs ... (unshaped): this row's "
+        "time / the baseline's (<= 1.05: within 5%).", "",
+        *checks, "",
+        "load average (1, 5, 15 min): before " + " ".join(f"{x:.2f}" for x in load_before)
+        + ", after " + " ".join(f"{x:.2f}" for x in load_after) + f"; {os.cpu_count()} cores.",
+    ]
+    text = "\n".join(report)
+    (args.out / "table.md").write_text(text + "\n")
+    record = {"step_ms": {f"{link}/{key}": v for (link, key), v in step_ms.items()}, "runs": summaries,
+              "load_before": load_before, "load_after": load_after,
+              "args": {k: str(v) for k, v in vars(args).items()}}
+    (args.out / "results.json").write_text(json.dumps(record, indent=2, default=str))
+    print("\n" + text + f"\n\nwritten: {args.out / 'table.md'}")
+    return 0 if step_ms else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

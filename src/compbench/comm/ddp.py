@@ -1,0 +1,177 @@
+"""`comm=ddp`: the baseline users would otherwise reach for, torch DistributedDataParallel with its
+own communication hooks, run inside compbench's trainer so that a sweep compares against it.
+
+`hook=allreduce` is DDP's built-in path (no hook registered: what `DDP(model)` does); `fp16` and
+`bf16` are torch's `fp16_compress_hook` / `bf16_compress_hook`; `powersgd` is torch's
+`powerSGD_hook` (vanilla allreduce for the first `start_powersgd_iter` steps, as torch requires).
+The trainer's model becomes the DDP module and this object stands in for the scheduler; compbench's
+compressor, memory and pipeline are not used.
+
+What is recorded per step and rank:
+- `comm/bytes_sent`, exact: fp32 4n (n: elements of the parameters that require grad), fp16/bf16 2n,
+  PowerSGD 4 x (sum of q(rows+cols) over the matrices it compresses + elements of the tensors it
+  leaves dense: vectors and matrices not worth compressing), read from the hook's own statistics;
+  plus DDP's per-step broadcast of module buffers (BatchNorm statistics) when `broadcast_buffers`.
+- time: DDP communicates inside `loss.backward()`, overlapped with it, and backward returns only
+  when every bucket is reduced. The overlapped part cannot be observed; the part backward waited for
+  after its last gradient was computed (DDP's finalize) is measured with two autograd final
+  callbacks and booked as `comm` and `comm_exposed` (and taken out of `compute`, so the phases
+  still add up to the step).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from compbench.engines.base import Engine
+from compbench.train.metrics import StepStats
+
+HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
+
+
+def check(engine: str, compressor: str = "none", memory: str = "none", hook: str = "allreduce",
+          powersgd_rank: int = 1, start_powersgd_iter: int = 2, **_: Any) -> None:
+    """Config-time check (engine and options; compbench's compressor and memory are not used)."""
+    if engine != "torch":
+        raise ValueError(f"comm=ddp is torch DistributedDataParallel: use engine=torch (not engine={engine})")
+    if hook not in HOOKS:
+        raise ValueError(f"comm.hook={hook} is unknown; use one of: {', '.join(HOOKS)}")
+    if hook == "bf16" and not torch.cuda.is_available():
+        raise ValueError("comm.hook=bf16 (torch's bf16_compress_hook) needs CUDA + NCCL; use comm.hook=fp16")
+    if not isinstance(powersgd_rank, int) or powersgd_rank < 1:
+        raise ValueError(f"comm.powersgd_rank={powersgd_rank} must be an integer >= 1")
+    if hook == "powersgd" and (not isinstance(start_powersgd_iter, int) or start_powersgd_iter < 2):
+        raise ValueError(f"comm.start_powersgd_iter={start_powersgd_iter} must be >= 2 (torch's PowerSGD "
+                         "hook needs two plain allreduce steps while DDP rebuilds its buckets)")
+    ignored = [f"{k}={v}" for k, v in (("compressor", compressor), ("memory", memory)) if v != "none"]
+    if ignored:
+        warnings.warn(f"{' and '.join(ignored)} ignored: comm=ddp sends what comm.hook={hook} sends",
+                      stacklevel=2)
+
+
+class _DDP(nn.parallel.DistributedDataParallel):
+    """DDP, except that checkpoints hold the plain model's keys (no `module.` prefix: a run with
+    comm=ddp and one without store the same state dict) and that forward passes without autograd
+    (evaluation) skip DDP's buffer broadcast: ranks may run different numbers of test batches."""
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return self.module(*args, **kwargs)
+        return super().forward(*args, **kwargs)
+
+
+class DDPComm:
+    """torch DistributedDataParallel with one of its comm hooks, as the trainer's synchronizer.
+
+    `wrap_model` returns the DDP module (the trainer trains through it); the scheduler methods
+    (`setup`, `before_backward`, `synchronize`, `summary`) only book bytes and times: DDP has
+    averaged every gradient by the time `loss.backward()` returns.
+    """
+
+    name = "ddp"
+    check = staticmethod(check)  # config-time: `config.check` calls it when present
+    engines = ("torch",)
+
+    def __init__(self, engine: Engine, compressor: Any, stats: StepStats, hook: str = "allreduce",
+                 bucket_cap_mb: float = 25.0, broadcast_buffers: bool = True, powersgd_rank: int = 1,
+                 start_powersgd_iter: int = 2, min_compression_rate: float = 2.0,
+                 use_error_feedback: bool = True, warm_start: bool = True) -> None:
+        check(engine.name, hook=hook, powersgd_rank=powersgd_rank, start_powersgd_iter=start_powersgd_iter)
+        self.engine, self.stats, self.hook = engine, stats, hook
+        self.bucket_cap_mb, self.broadcast_buffers = float(bucket_cap_mb), bool(broadcast_buffers)
+        self.powersgd = dict(matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=start_powersgd_iter,
+                             min_compression_rate=min_compression_rate, use_error_feedback=use_error_feedback,
+                             warm_start=warm_start)
+        self.state: Any = None  # PowerSGD's state (error feedback, warm start), per rank
+
+    # -- the trainer's seam --------------------------------------------------------------------
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+        # Newer torch renamed the per-forward buffer broadcast (the old name warns); both sync at init.
+        params = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
+        key = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
+        ddp = _DDP(model, bucket_cap_mb=self.bucket_cap_mb, **{key: self.broadcast_buffers})
+        if self.hook == "fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif self.hook == "bf16":
+            try:
+                ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+            except TypeError as e:  # torch allows it on CUDA + NCCL only
+                raise ValueError(f"comm.hook=bf16: {str(e).splitlines()[0]}; use comm.hook=fp16") from None
+        elif self.hook == "powersgd":
+            self.state = powersgd.PowerSGDState(process_group=None, **self.powersgd)
+            ddp.register_comm_hook(self.state, powersgd.powerSGD_hook)
+        return ddp
+
+    def setup(self, model: nn.Module) -> None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for p in params)
+        buffers = list(model.buffers()) if self.broadcast_buffers else []
+        self.buffer_bytes = sum(b.numel() * b.element_size() for b in buffers)
+        self._after_before = 0  # PowerSGD's count of elements sent, before this step
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+        self._armed = False
+        self._marks: list[float] = []
+
+    def before_backward(self, pipeline: Any) -> None:
+        self._armed, self._marks = True, []
+        if self.state is not None:
+            self._after_before = self.state.total_numel_after_compression
+
+    def _on_grad(self, param: nn.Parameter) -> None:
+        # First gradient of this backward: queue a final callback. It runs once the graph is done,
+        # before DDP's own finalize (queued later, when the last bucket is ready) and queues a
+        # second one that runs after it: the time between the two is what backward waited for DDP.
+        if self._armed:
+            self._armed = False
+            engine = torch.autograd.Variable._execution_engine
+
+            def first() -> None:
+                self._marks.append(time.perf_counter())
+                engine.queue_callback(lambda: self._marks.append(time.perf_counter()))
+
+            engine.queue_callback(first)
+
+    def synchronize(self, pipeline: Any) -> None:
+        self._armed = False
+        if len(self._marks) == 2:
+            waited = (self._marks[1] - self._marks[0]) * 1e3
+            self.stats.add_ms("comm", waited)
+            self.stats.add_ms("comm_exposed", waited)
+            self.stats.add_ms("compute", -waited)
+        self.stats.bytes_dense += 4 * self.numel
+        self.stats.bytes_sent += self.bytes_this_step() + self.buffer_bytes
+
+    def bytes_this_step(self) -> int:
+        """Gradient bytes this rank handed to the process group in the step just finished."""
+        if self.hook in ("fp16", "bf16"):
+            return 2 * self.numel
+        if self.hook == "powersgd":
+            sent = self.state.total_numel_after_compression - self._after_before
+            return 4 * sent if sent else 4 * self.numel  # before start_powersgd_iter: plain allreduce
+        return 4 * self.numel
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": "ddp", "hook": self.hook, "bucket_cap_mb": self.bucket_cap_mb,
+                               "broadcast_buffers": self.broadcast_buffers}
+        if self.state is not None:
+            out.update(powersgd_rank=self.powersgd["matrix_approximation_rank"],
+                       start_powersgd_iter=self.powersgd["start_powerSGD_iter"],
+                       compression_rate=float(self.state.compression_stats()[0]))
+        return out

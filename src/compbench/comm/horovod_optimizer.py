@@ -1,0 +1,116 @@
+"""`comm=horovod_optimizer`: the baseline of the seeds' world, Horovod's own
+`hvd.DistributedOptimizer` (optionally with `hvd.Compression.fp16`), run inside compbench's trainer.
+
+The gradient exchange is Horovod's code path as a user runs it: `hvd.DistributedOptimizer` registers
+its hooks on every parameter's gradient accumulator at construction, each hook starts
+`allreduce_async_` (compressed by `hvd.Compression`) as soon as that gradient is ready during
+`loss.backward()`, and `synchronize()` waits for them and writes the averages into `p.grad`.
+A communicator cannot replace the trainer's optimizer, so the DistributedOptimizer here wraps a
+stand-in SGD over the same parameters and is never stepped: its `synchronize()` is called when
+back-propagation ends, and the trainer's own optimizer then steps on the averaged gradients. That
+is Horovod's documented `optimizer.synchronize()` + `with optimizer.skip_synchronize(): step()`
+pattern, with the same optimizer class and parameter groups the trainer would have wrapped; the
+arithmetic is the same as `hvd.DistributedOptimizer(trainer's optimizer).step()`.
+
+Why at the end of backward (an autograd final callback), as DDP does, rather than in the
+scheduler's `synchronize()`: the trainer's non-finite check between the two issues a small
+allreduce that Horovod would queue behind the gradients, so the wait would land there, untimed;
+and the check then sees averaged gradients, as with DDP.
+
+Recorded per step and rank: `comm/bytes_sent` 4n (compression=none) or 2n (fp16), n = elements of
+the parameters that require grad; `time/comm` = `time/comm_exposed` = the wait in `synchronize()`,
+taken out of `time/compute` (the allreduces that finished during backward stay hidden in it).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from compbench.engines.base import Engine
+from compbench.train.metrics import StepStats
+
+COMPRESSIONS = ("none", "fp16")
+
+
+def check(engine: str, compressor: str = "none", memory: str = "none", compression: str = "none",
+          **_: Any) -> None:
+    """Config-time check (engine and options; compbench's compressor and memory are not used)."""
+    if engine != "horovod":
+        raise ValueError(f"comm=horovod_optimizer is Horovod's DistributedOptimizer and needs engine=horovod "
+                         f"(not engine={engine})")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"comm.compression={compression} is unknown; use one of: {', '.join(COMPRESSIONS)}")
+    ignored = [f"{k}={v}" for k, v in (("compressor", compressor), ("memory", memory)) if v != "none"]
+    if ignored:
+        warnings.warn(f"{' and '.join(ignored)} ignored: comm=horovod_optimizer sends what "
+                      f"hvd.Compression.{compression} sends", stacklevel=2)
+
+
+class HorovodOptimizerComm:
+    """hvd.DistributedOptimizer's gradient exchange as the trainer's synchronizer (see the module)."""
+
+    name = "horovod_optimizer"
+    check = staticmethod(check)  # config-time: `config.check` calls it when present
+    engines = ("horovod",)
+
+    def __init__(self, engine: Engine, compressor: Any, stats: StepStats, compression: str = "none") -> None:
+        check(engine.name, compression=compression)
+        self.engine, self.stats, self.compression = engine, stats, compression
+
+    # -- the trainer's seam --------------------------------------------------------------------
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model  # Horovod leaves the model alone; its hooks go on in setup()
+
+    def setup(self, model: nn.Module) -> None:
+        import horovod.torch as hvd
+
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for _, p in params)
+        stand_in = torch.optim.SGD([p for _, p in params], lr=0.0)
+        self.optimizer = hvd.DistributedOptimizer(stand_in, named_parameters=params,
+                                                  compression=getattr(hvd.Compression, self.compression))
+        for _, p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+        self._armed, self._waited = False, None
+
+    def before_backward(self, pipeline: Any) -> None:
+        # A step dropped before synchronizing left Horovod's allreduces in flight: finish them and
+        # clear the gradients, or the next backward trips Horovod's checks.
+        if self.optimizer._handles:
+            self.optimizer.synchronize()
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.zero_()
+        self._armed, self._waited = True, None
+
+    def _on_grad(self, param: nn.Parameter) -> None:
+        if self._armed:  # first gradient of this backward: synchronize once the graph is done
+            self._armed = False
+            torch.autograd.Variable._execution_engine.queue_callback(self._synchronize)
+
+    def _synchronize(self) -> None:
+        t0 = time.perf_counter()
+        self.optimizer.synchronize()
+        self._waited = (time.perf_counter() - t0) * 1e3
+
+    def synchronize(self, pipeline: Any) -> None:
+        self._armed = False
+        if self._waited is None:  # no backward hook fired (a user's own loop, no gradients)
+            self._synchronize()
+        else:
+            self.stats.add_ms("compute", -self._waited)  # it ran inside loss.backward()
+        self.stats.add_ms("comm", self._waited)
+        self.stats.add_ms("comm_exposed", self._waited)
+        self._waited = None
+        self.stats.bytes_dense += 4 * self.numel
+        self.stats.bytes_sent += (2 if self.compression == "fp16" else 4) * self.numel
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "compression": self.compression, "overlap": True}

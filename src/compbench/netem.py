@@ -1,0 +1,174 @@
+"""A shaped link on one machine: `net.emulate_gbps=G` runs a local job's workers in a private
+network namespace whose loopback is rate-limited with tc, so one machine shows what a slow network
+does to a run.
+
+Everything a local job sends goes through the namespace's own `lo` (only device there), and every
+byte crosses it once (egress of lo), so the rate is `workers x G`: when every rank sends as much
+as it receives (allreduce, allgather, all-to-all) each rank sees G Gbit/s, as on a switched
+network with one G link per worker. A job that funnels into one rank (a parameter server on rank
+0) is optimistic: a real link of the busiest rank would be the bottleneck, here the pooled rate is.
+
+Only the private namespace is touched: the machine's own loopback and interfaces never are. The
+namespace (`compbench-<pid>-<hex>`) is deleted when the job ends, also on failure or Ctrl-C;
+namespaces left by a compbench process that was SIGKILLed are removed the next time one is made.
+Needs root and iproute2 (`ip`, `tc`); `net.emulate_latency_us` also needs the kernel's netem qdisc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+_PREFIX = "compbench"
+_NAME = re.compile(rf"^{_PREFIX}-(\d+)-[0-9a-f]{{6}}$")
+_CLONE_NEWNET = 0x40000000
+T = TypeVar("T")
+
+
+def check(gbps: float | None, latency_us: float | None = 0) -> None:
+    """Config-time check of `net.emulate_gbps` / `net.emulate_latency_us` (ValueError naming the fix)."""
+    if gbps is None:
+        if latency_us:
+            raise ValueError("net.emulate_latency_us needs net.emulate_gbps too (the shaped link); set it")
+        return
+    if isinstance(gbps, bool) or not isinstance(gbps, int | float) or gbps <= 0:
+        raise ValueError(f"net.emulate_gbps={gbps} must be a number of Gbit/s > 0 (or null: no shaping)")
+    if latency_us is not None and (not isinstance(latency_us, int | float) or latency_us < 0):
+        raise ValueError(f"net.emulate_latency_us={latency_us} must be >= 0 microseconds")
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        raise ValueError("net.emulate_gbps needs root (run as root or drop net.emulate_gbps)")
+
+
+def _run(*argv: str) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip() or proc.returncode}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def list_namespaces() -> list[str]:
+    """Names of the network namespaces `ip netns` knows (all of them, not only compbench's)."""
+    proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+
+
+def remove_stale() -> list[str]:
+    """Delete compbench namespaces whose creating process is gone (it was SIGKILLed); returns them.
+    Only names of compbench's own pattern are considered, and only when their pid is dead."""
+    removed = []
+    for name in list_namespaces():
+        m = _NAME.match(name)
+        if m and not _pid_alive(int(m.group(1))):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+            removed.append(name)
+    return removed
+
+
+class ShapedNamespace:
+    """A private network namespace whose loopback carries `gbps` Gbit/s in all (plus an optional
+    one-way delay). A context manager: created on enter, deleted on exit whatever happened.
+
+    `prefix` is the argv prefix that runs a command inside (`ip netns exec NAME`); `call(fn)` runs
+    `fn` in a thread that has joined the namespace, for sockets the parent itself must open there
+    (Horovod's rendezvous server): a socket belongs to the namespace it was created in.
+    """
+
+    def __init__(self, gbps: float, latency_us: float = 0.0) -> None:
+        check(gbps, latency_us)
+        self.gbps, self.latency_us = float(gbps), float(latency_us or 0)
+        self.name = f"{_PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.created = False
+
+    @property
+    def prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def __enter__(self) -> ShapedNamespace:
+        remove_stale()
+        _run("ip", "netns", "add", self.name)
+        self.created = True
+        try:
+            self._shape()
+        except BaseException:
+            self.delete()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+    def _shape(self) -> None:
+        ns = ["-n", self.name]
+        _run("ip", *ns, "link", "set", "lo", "up")
+        rate = f"{int(self.gbps * 1e9)}bit"
+        # HTB rather than TBF: it queues instead of dropping (a drop on loopback stalls TCP for a
+        # retransmit timeout). burst of 1 ms at the rate, at least two 64 KiB loopback packets, so
+        # the timer granularity does not cap high rates.
+        burst = str(max(131072, int(self.gbps * 1e9 / 8 / 1000)))
+        _run("tc", *ns, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "1")
+        _run("tc", *ns, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:1", "htb", "rate", rate,
+             "ceil", rate, "burst", burst, "cburst", burst, "quantum", "65536")
+        if self.latency_us > 0:
+            try:
+                _run("tc", *ns, "qdisc", "add", "dev", "lo", "parent", "1:1", "handle", "10:", "netem",
+                     "delay", f"{self.latency_us:g}us", "limit", "100000")
+            except RuntimeError as e:
+                if "unknown" in str(e).lower():
+                    raise ValueError("net.emulate_latency_us needs the kernel's netem qdisc (sch_netem), "
+                                     "which this machine lacks; drop net.emulate_latency_us") from None
+                raise
+
+    def delete(self) -> None:
+        if self.created:
+            subprocess.run(["ip", "netns", "delete", self.name], capture_output=True)
+            self.created = False
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn()` in a fresh thread that joined this namespace; return its result. The calling
+        thread never changes namespace (a thread's namespace is its own: setns affects only it)."""
+        box: dict[str, Any] = {}
+
+        def inside() -> None:
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                with open(f"/run/netns/{self.name}") as f:
+                    if libc.setns(f.fileno(), _CLONE_NEWNET) != 0:
+                        raise OSError(ctypes.get_errno(), f"setns into {self.name} failed")
+                box["result"] = fn()
+            except BaseException as e:  # re-raised in the caller
+                box["error"] = e
+
+        t = threading.Thread(target=inside, name=f"netns-{self.name}", daemon=True)
+        t.start()
+        t.join()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+
+@contextlib.contextmanager
+def shaped(gbps_per_worker: float | None, workers: int,
+           latency_us: float = 0.0) -> Iterator[ShapedNamespace | None]:
+    """`with shaped(G, N) as ns:` a namespace shaped to N x G Gbit/s, or None when G is None."""
+    if gbps_per_worker is None:
+        yield None
+        return
+    with ShapedNamespace(gbps_per_worker * max(1, workers), latency_us) as ns:
+        yield ns

@@ -1,0 +1,83 @@
+"""Baselines inside compbench: comm=ddp (torch DistributedDataParallel and its hooks) and
+comm=horovod_optimizer (hvd.DistributedOptimizer) train exactly like compbench's own dense path and
+record the bytes they really send."""
+
+import math
+
+import pytest
+import torch
+
+from compbench.comm import ddp, horovod_optimizer
+from compbench.models.mlp import mlp
+from tests.helpers import TINY, params, results, train
+
+COMMON = [*TINY, "compressor=none", "eval=false", "max_steps=3", "epochs=1", "engine.np=2"]
+NUMEL = 3 * 8 * 8 * 32 + 32 + 32 * 10 + 10  # the tiny MLP: 192 -> 32 -> 10
+
+
+@pytest.mark.dist
+def test_baselines_train_like_compbench_none(tmp_path):
+    ref, _ = train(tmp_path, *COMMON, "engine=torch", "comm=allreduce", name="compbench")
+    runs = {
+        "ddp": train(tmp_path, *COMMON, "engine=torch", "comm=ddp", name="ddp")[0],
+        "horovod_optimizer": train(tmp_path, *COMMON, "engine=horovod", "comm=horovod_optimizer",
+                                   name="hvd")[0],
+    }
+    p_ref = params(ref)
+    assert sum(v.numel() for v in p_ref.values()) == NUMEL
+    for name, run in runs.items():
+        p = params(run)
+        assert p.keys() == p_ref.keys(), name  # checkpoints keep the plain model's keys (no "module.")
+        for k in p_ref:
+            torch.testing.assert_close(p[k], p_ref[k], atol=1e-5, rtol=0, msg=f"{name}: {k}")
+        res = results(run)
+        s = res["summary"]
+        assert s["steps"] == 3, (name, s)
+        assert s["bytes_sent_per_step"] == s["bytes_dense_per_step"] == 4 * NUMEL, (name, s)
+        assert res["scheduler"]["name"] == name
+        assert math.isfinite(s["comm_ms"]) and s["comm_ms"] >= 0 and s["compute_ms"] > 0, (name, s)
+    # Not vacuous: three steps moved the weights away from their shared start.
+    torch.manual_seed(0)
+    start = mlp(num_classes=10, image_size=8, in_chans=3, hidden=[32]).state_dict()
+    assert max((p_ref[k] - start[k]).abs().max().item() for k in start) > 1e-3
+
+
+def _powersgd_elements(shapes: list[tuple[int, ...]], rank: int) -> int:
+    """What torch's PowerSGD hook sends: q(rows+cols) per matrix worth compressing, else dense."""
+    total = 0
+    for shape in shapes:
+        rows, cols = shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
+        q = min(rows, cols, rank)
+        total += q * (rows + cols) if 2 * q * (rows + cols) < rows * cols else rows * cols
+    return total
+
+
+@pytest.mark.dist
+def test_ddp_powersgd_records_its_wire_bytes(tmp_path):
+    # 4 steps: PowerSGD starts at step 2 (start_powersgd_iter), the summary is the last step's.
+    common = [*COMMON, "max_steps=4"]
+    psgd, _ = train(tmp_path, *common, "engine=torch", "comm=ddp", "comm.hook=powersgd", name="powersgd")
+    shapes = [tuple(v.shape) for v in params(psgd).values()]
+    s = results(psgd)["summary"]
+    assert s["bytes_sent_per_step"] == 4 * _powersgd_elements(shapes, 1) == 4 * (224 + 42 + 32 + 10), s
+    assert s["bytes_dense_per_step"] == 4 * NUMEL
+    assert results(psgd)["scheduler"]["hook"] == "powersgd"
+    assert math.isfinite(s["final_loss"])
+
+
+def test_baseline_checks_name_the_fix():
+    with pytest.raises(ValueError, match="use engine=torch"):
+        ddp.check("horovod")
+    with pytest.raises(ValueError, match="needs engine=horovod"):
+        horovod_optimizer.check("torch")
+    with pytest.raises(ValueError, match="comm.hook=topk is unknown"):
+        ddp.check("torch", hook="topk")
+    with pytest.raises(ValueError, match="start_powersgd_iter=1 must be >= 2"):
+        ddp.check("torch", hook="powersgd", start_powersgd_iter=1)
+    with pytest.raises(ValueError, match="comm.compression=bf16 is unknown"):
+        horovod_optimizer.check("horovod", compression="bf16")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="use comm.hook=fp16"):
+            ddp.check("torch", hook="bf16")
+    with pytest.warns(UserWarning, match="compressor=dgc ignored"):
+        ddp.check("torch", compressor="dgc")
