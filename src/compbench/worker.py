@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 
 
 def main(argv: list[str] | None = None) -> int:
-    from compbench.train.loop import run_worker
     from compbench.errors import report_user_error
+    from compbench.train.loop import run_worker
 
     run_dir = Path((argv or sys.argv[1:])[0])
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
