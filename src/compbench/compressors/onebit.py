@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.base import Ctx, make_ctx
 from compbench.compressors.buffers import Scratch
-from compbench.compressors.packing import average_decoded, decode_bits, pack_bits, packed_nbytes
+from compbench.compressors.packing import PackedCodeCompressor, decode_bits, pack_bits, packed_nbytes
 
 
-class OneBit(CompressorBase):
+class OneBit(PackedCodeCompressor):
     """Bit = (x < 0); decode negatives to the mean of the negative elements and the others to the
     mean of the non-negative elements. Biased: use it with error feedback (`memory=residual`),
     as 1-bit SGD was designed.
@@ -33,12 +33,6 @@ class OneBit(CompressorBase):
         work = self._work.like(name, flat)
         packed, means = _onebit(flat, work)
         return [packed, means], make_ctx(x, name)
-
-    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
-        return self._decode(payload, ctx).view(ctx.shape).to(ctx.dtype)
-
-    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
-        return average_decoded(self._decode, payloads, ctx)
 
     def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         packed, means = payload

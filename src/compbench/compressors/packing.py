@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Ctx
+from compbench.compressors.base import CompressorBase, Ctx
 from compbench.compressors.buffers import check_out
 from compbench.kernels import cuda_kernels_enabled
 
@@ -424,3 +424,17 @@ def uniform_noise(out: Tensor, seed: int, step: int, name: str) -> Tensor:
 def ceil_log2(x: int) -> int:
     """ceil(log2(x)) for an integer x >= 1, exact (no float log)."""
     return (x - 1).bit_length()
+
+
+class PackedCodeCompressor(CompressorBase):
+    """Base of the quantizers whose `_decode(payload, ctx, out=None)` gives the flat fp32 values:
+    the shared `decompress` and the in-place averaging `decompress_all`."""
+
+    def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
+        raise NotImplementedError
+
+    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
+        return self._decode(payload, ctx).view(ctx.shape).to(ctx.dtype)
+
+    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+        return average_decoded(self._decode, payloads, ctx)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.base import Ctx, make_ctx
 from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
-    average_decoded,
+    PackedCodeCompressor,
     ceil_log2,
     pack_uint,
     packed_nbytes,
@@ -20,7 +20,7 @@ from compbench.compressors.packing import (
 MAX_LEVELS = 127
 
 
-class QSGD(CompressorBase):
+class QSGD(PackedCodeCompressor):
     """Unbiased stochastic quantization to `levels` (s) levels per bucket of `bucket_size` elements.
 
     Per bucket: norm = ||x_bucket||_2, level = floor(s*|x|/norm + U) with U ~ Uniform[0, 1), decoded
@@ -75,12 +75,6 @@ class QSGD(CompressorBase):
         codes, norms = _quantize(flat, self.levels, self.bucket_size, noise)
         ctx = make_ctx(x, name, levels=self.levels, bucket_size=self.bucket_size, bits=self.bits)
         return [pack_uint(codes, self.bits), norms], ctx
-
-    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
-        return self._decode(payload, ctx).view(ctx.shape).to(ctx.dtype)
-
-    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
-        return average_decoded(self._decode, payloads, ctx)
 
     def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         packed, norms = payload

@@ -7,10 +7,10 @@ import math
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.base import Ctx, make_ctx
 from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
-    average_decoded,
+    PackedCodeCompressor,
     decode_2bit,
     pack_2bit,
     packed_nbytes,
@@ -19,7 +19,7 @@ from compbench.compressors.packing import (
 )
 
 
-class TBQ(CompressorBase):
+class TBQ(PackedCodeCompressor):
     """Each rank accumulates R += g per tensor; elements with R >= tau send +tau (R -= tau), those
     with R <= -tau send -tau (R += tau), the rest send nothing and stay in R. One step sends at
     most tau per element; larger values drain over several steps.
@@ -50,12 +50,6 @@ class TBQ(CompressorBase):
             r = self.residuals[name] = torch.zeros_like(flat)
         work = self._work.like(name, flat)
         return [_threshold_quantize(r, flat, self.tau, work)], make_ctx(x, name, tau=self.tau)
-
-    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
-        return self._decode(payload, ctx).view(ctx.shape).to(ctx.dtype)
-
-    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
-        return average_decoded(self._decode, payloads, ctx)
 
     def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         tau = torch.tensor([ctx.meta["tau"]], dtype=torch.float32, device=payload[0].device)

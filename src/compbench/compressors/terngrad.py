@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.base import Ctx, make_ctx
 from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
-    average_decoded,
+    PackedCodeCompressor,
     decode_2bit,
     pack_2bit,
     packed_nbytes,
@@ -18,7 +18,7 @@ from compbench.compressors.packing import (
 )
 
 
-class TernGrad(CompressorBase):
+class TernGrad(PackedCodeCompressor):
     """Stochastic ternarization: s = max|x| (after clipping), send sign(x)*s with probability |x|/s.
 
     With `clip=True` (the paper's default) the gradient is first clipped to `clip_sigma` (2.5)
@@ -58,12 +58,6 @@ class TernGrad(CompressorBase):
         uniform_noise(noise, self.seed, self.step, name)
         packed, scale = _ternarize(flat, self.clip_sigma if self.clip else None, noise)
         return [packed, scale], make_ctx(x, name)
-
-    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
-        return self._decode(payload, ctx).view(ctx.shape).to(ctx.dtype)
-
-    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
-        return average_decoded(self._decode, payloads, ctx)
 
     def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         packed, scale = payload
