@@ -70,6 +70,9 @@ def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = 
             raise ValueError(f"this job was started by the {joined} launcher; add engine={joined}")
         from compbench.train.loop import run_worker
 
+        if cfg.net.get("emulate_gbps") is not None:
+            warnings.warn(f"net.emulate_gbps is ignored under the {joined} launcher (it shapes jobs compbench starts)",
+                          stacklevel=1)
         run_worker(cfg, None)
         return 0
     run_dir = run_dir or prepare_run_dir(cfg, overrides)
