@@ -41,3 +41,18 @@ def event_tags(run_dir: Path) -> set[str]:
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
     return set(acc.Tags()["scalars"])
+
+
+def encode_statistics(comp, x: torch.Tensor, trials: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard error (float64) of `trials` decoded encodes of x, one step apart
+    (fresh randomness each time): the unbiasedness tests compare mean to x within k standard errors."""
+    total = torch.zeros_like(x, dtype=torch.float64)
+    total_sq = torch.zeros_like(total)
+    for i in range(trials):
+        comp.begin_step(i, 0.0)
+        payload, ctx = comp.compress(x.clone(), "t")
+        d = comp.decompress(payload, ctx).double()
+        total += d
+        total_sq += d * d
+    mean = total / trials
+    return mean, ((total_sq / trials - mean * mean).clamp_min(0) / trials).sqrt()

@@ -10,6 +10,7 @@ import torch
 from compbench import registry
 from compbench.compressors import build_compressor, payload_nbytes
 from compbench.memory.residual import ResidualMemory
+from tests.helpers import encode_statistics
 
 NAMES = registry.options("compressor")
 # Odd sizes on purpose: n=1, n=7 and one past a power-of-two boundary (DRAGONN's 131072 rule).
@@ -84,18 +85,7 @@ def test_decompress_all_averages(name):
 def test_unbiased_mean_within_4_standard_errors(name):
     comp = _make(name)
     x = _data((20, 30), 5)
-    trials = 2000
-    total = torch.zeros_like(x, dtype=torch.float64)
-    total_sq = torch.zeros_like(x, dtype=torch.float64)
-    for i in range(trials):
-        comp.begin_step(i, 0.0)
-        payload, ctx = comp.compress(x.clone(), "t")
-        d = comp.decompress(payload, ctx).double()
-        total += d
-        total_sq += d * d
-    mean = total / trials
-    var = (total_sq / trials - mean * mean).clamp_min(0)
-    se = (var / trials).sqrt()
+    mean, se = encode_statistics(comp, x, trials=2000)
     # Elements whose estimate is deterministic have se == 0 and must be exact.
     bound = 4 * se + 1e-5
     bad = ((mean - x.double()).abs() > bound).float().mean().item()

@@ -26,6 +26,7 @@ from compbench.compressors.signsgd import SignSGD
 from compbench.compressors.signum import Signum
 from compbench.compressors.tbq import TBQ
 from compbench.compressors.terngrad import TernGrad
+from tests.helpers import encode_statistics
 
 SIZES = [1, 7, 8, 9, 1000, 131073]
 
@@ -361,16 +362,7 @@ def test_bad_parameters_name_the_parameter(build, param):
 
 
 def _assert_unbiased(comp, x: torch.Tensor, trials: int) -> None:
-    total = torch.zeros_like(x, dtype=torch.float64)
-    total_sq = torch.zeros_like(total)
-    for i in range(trials):
-        comp.begin_step(i, 0.0)
-        payload, ctx = comp.compress(x.clone(), "t")
-        d = comp.decompress(payload, ctx).double()
-        total += d
-        total_sq += d * d
-    mean = total / trials
-    se = ((total_sq / trials - mean * mean).clamp_min(0) / trials).sqrt()
+    mean, se = encode_statistics(comp, x, trials)
     z = (mean - x.double()).abs() / (se + 1e-12)
     # 4.5 SE two-sided: ~7e-6 per element by chance; a biased rounding puts many elements far out.
     assert (z > 4.5).float().mean() < 2e-3, f"{(z > 4.5).float().mean():.4%} of elements beyond 4.5 SE"
