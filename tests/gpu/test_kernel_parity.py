@@ -120,3 +120,25 @@ def test_compressors_send_the_same_payload_with_and_without_kernels(name, monkey
         for a, b in zip(p1, p2, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=0)  # signsgd's scale: a GPU sum
     torch.testing.assert_close(d1, d2, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("name", ["qsgd", "terngrad", "tbq"])
+def test_quantizers_dispatch_to_their_kernels(name):
+    """On CUDA the quantizers run the kernels: payload == the twins' codes from the same seed."""
+    x = _x(300_001, seed=11)
+    comp = build_compressor(name)
+    comp.begin_step(2, 0.0)
+    payload, ctx = comp.compress(x, "w")
+    seed = packing.noise_seed(0, 2, "w")
+    if name == "qsgd":
+        norms = twins.bucket_norms(x, comp.bucket_size)
+        codes = twins.qsgd_codes(x, twins.qsgd_scale(norms, comp.levels), comp.levels, comp.bucket_size, seed)
+        assert torch.equal(payload[0], packing.pack_uint(codes, comp.bits))
+        torch.testing.assert_close(payload[1], norms)
+    elif name == "terngrad":
+        assert torch.equal(payload[0], twins.terngrad_codes(x, payload[1], seed))
+    else:
+        residual = torch.zeros_like(x)
+        assert torch.equal(payload[0], twins.tbq_step(residual, x, comp.tau))
+        assert torch.equal(comp.residuals["w"], residual)
+    assert comp.decompress(payload, ctx).shape == x.shape

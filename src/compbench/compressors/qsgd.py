@@ -10,11 +10,13 @@ from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
     PackedCodeCompressor,
     ceil_log2,
+    noise_seed,
     pack_uint,
     packed_nbytes,
     uniform_noise,
     unpack_uint,
 )
+from compbench.kernels import cuda_kernels_enabled
 
 # Codes are packed from uint8: sign + level must fit in 8 bits.
 MAX_LEVELS = 127
@@ -70,9 +72,13 @@ class QSGD(PackedCodeCompressor):
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.reshape(-1).float()
-        noise = self._noise.like(name, flat)
-        uniform_noise(noise, self.seed, self.step, name)
-        codes, norms = _quantize(flat, self.levels, self.bucket_size, noise)
+        if cuda_kernels_enabled(flat):
+            seed = noise_seed(self.seed, self.step, name)
+            codes, norms = _quantize_cuda(flat, self.levels, self.bucket_size, seed)
+        else:
+            noise = self._noise.like(name, flat)
+            uniform_noise(noise, self.seed, self.step, name)
+            codes, norms = _quantize(flat, self.levels, self.bucket_size, noise)
         ctx = make_ctx(x, name, levels=self.levels, bucket_size=self.bucket_size, bits=self.bits)
         return [pack_uint(codes, self.bits), norms], ctx
 
@@ -120,6 +126,15 @@ def _quantize(flat: Tensor, levels: int, bucket_size: int, noise: Tensor) -> tup
     # |s*x/norm| <= s up to fp32 rounding; the clamp keeps the codes in range.
     noise.clamp_(0.0, float(2 * levels))
     return noise.to(torch.uint8), norms
+
+
+def _quantize_cuda(flat: Tensor, levels: int, bucket_size: int, seed: int) -> tuple[Tensor, Tensor]:
+    """`_quantize` as one RawKernel pass drawing U from the counter-based stream of `seed` (the
+    bits of `twins.qsgd_codes`, not of numpy's generator: another stream, the same distribution)."""
+    from compbench.kernels import ops, twins
+
+    norms = twins.bucket_norms(flat, bucket_size)
+    return ops.qsgd_codes(flat, twins.qsgd_scale(norms, levels), levels, bucket_size, seed), norms
 
 
 def _dequantize(codes: Tensor, norms: Tensor, levels: int, bucket_size: int, out: Tensor | None) -> Tensor:

@@ -17,6 +17,7 @@ from compbench.compressors.packing import (
     ternary_codes,
     ternary_values,
 )
+from compbench.kernels import cuda_kernels_enabled
 
 
 class TBQ(PackedCodeCompressor):
@@ -48,6 +49,10 @@ class TBQ(PackedCodeCompressor):
         r = self.residuals.get(name)
         if r is None or r.shape != flat.shape or r.device != flat.device:
             r = self.residuals[name] = torch.zeros_like(flat)
+        if cuda_kernels_enabled(flat):
+            from compbench.kernels import ops
+
+            return [ops.tbq_step(r, flat, self.tau)], make_ctx(x, name, tau=self.tau)
         work = self._work.like(name, flat)
         return [_threshold_quantize(r, flat, self.tau, work)], make_ctx(x, name, tau=self.tau)
 
@@ -66,9 +71,9 @@ class TBQ(PackedCodeCompressor):
 
 
 def _threshold_quantize(r: Tensor, g: Tensor, tau: float, work: Tensor) -> Tensor:
-    """The hot step, residual update included (one kernel on GPU later): R += g; q = +1 where
-    R >= tau, -1 where R <= -tau, else 0; R -= tau * q; returns the packed 2-bit codes of q.
-    `work` (fp32, same size) is overwritten."""
+    """The hot step, residual update included: R += g; q = +1 where R >= tau, -1 where R <= -tau,
+    else 0; R -= tau * q; returns the packed 2-bit codes of q. `work` (fp32, same size) is
+    overwritten. On GPU `ops.tbq_step` does the same as one kernel."""
     r.add_(g)
     q = (r >= tau).view(torch.int8) - (r <= -tau).view(torch.int8)
     # Convert q to fp32 first: torch's mixed-dtype r.sub_(int8) is ~5x slower on CPU.

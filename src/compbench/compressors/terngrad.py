@@ -10,12 +10,14 @@ from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
     PackedCodeCompressor,
     decode_2bit,
+    noise_seed,
     pack_2bit,
     packed_nbytes,
     ternary_codes,
     ternary_values,
     uniform_noise,
 )
+from compbench.kernels import cuda_kernels_enabled
 
 
 class TernGrad(PackedCodeCompressor):
@@ -54,9 +56,17 @@ class TernGrad(PackedCodeCompressor):
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.reshape(-1).float()
+        clip_sigma = self.clip_sigma if self.clip else None
+        if cuda_kernels_enabled(flat) and flat.numel():
+            from compbench.kernels import ops
+
+            # The kernel draws U from the counter-based stream of the seed (twins.terngrad_codes).
+            scale = _scale(flat, clip_sigma)
+            packed = ops.terngrad_codes(flat, scale, noise_seed(self.seed, self.step, name))
+            return [packed, scale.reshape(1)], make_ctx(x, name)
         noise = self._noise.like(name, flat)
         uniform_noise(noise, self.seed, self.step, name)
-        packed, scale = _ternarize(flat, self.clip_sigma if self.clip else None, noise)
+        packed, scale = _ternarize(flat, clip_sigma, noise)
         return [packed, scale], make_ctx(x, name)
 
     def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
@@ -65,6 +75,16 @@ class TernGrad(PackedCodeCompressor):
 
     def wire_bytes(self, numel: int) -> int:
         return packed_nbytes(numel, 2) + 4
+
+
+def _scale(flat: Tensor, clip_sigma: float | None) -> Tensor:
+    """s = max|x|, lowered to clip_sigma standard deviations when clipping (0-dim fp32 tensor)."""
+    lo, hi = torch.aminmax(flat)
+    s = torch.maximum(hi, -lo)
+    if clip_sigma is not None:
+        bound = clip_sigma * flat.std(correction=0)
+        s = torch.where(bound > 0, torch.minimum(s, bound), s)
+    return s
 
 
 def _ternarize(flat: Tensor, clip_sigma: float | None, noise: Tensor) -> tuple[Tensor, Tensor]:
@@ -76,11 +96,7 @@ def _ternarize(flat: Tensor, clip_sigma: float | None, noise: Tensor) -> tuple[T
     """
     if flat.numel() == 0:
         return pack_2bit(flat.new_zeros(0, dtype=torch.uint8)), flat.new_zeros(1)
-    lo, hi = torch.aminmax(flat)
-    s = torch.maximum(hi, -lo)
-    if clip_sigma is not None:
-        bound = clip_sigma * flat.std(correction=0)
-        s = torch.where(bound > 0, torch.minimum(s, bound), s)
+    s = _scale(flat, clip_sigma)
     threshold = noise.mul_(s)
     pos = flat > threshold
     neg = flat < threshold.neg_()
