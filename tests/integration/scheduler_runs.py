@@ -2,7 +2,8 @@
 
 Trains the tiny MLP for 5 steps with compressor=none under every scheduler variant, through the real
 trainer, engine and pipeline, in this one process (one engine start for all variants), and exits
-non-zero unless every variant's parameters equal layerwise's to 1e-5. Then one compressed run of
+non-zero unless every variant's parameters equal layerwise's to 1e-5. SeCoPa follows a plan file
+that sends every other tensor "compressed" in up to 3 partitions (comm=ps; also comm=ring on torch). Then one compressed run of
 `groups=auto` (topk), whose results.json the test reads."""
 
 from __future__ import annotations
@@ -47,11 +48,21 @@ def main(engine_name: str, out: Path) -> int:
         trainer.fit()
         return trainer
 
+    variants = dict(VARIANTS)
+    plan = out / "partitions.csv"
+    variants["secopa-ps"] = ["scheduler=secopa", f"scheduler.plan={plan}", "comm=ps"]
+    if engine_name == "torch":
+        variants["secopa-ring"] = ["scheduler=secopa", f"scheduler.plan={plan}", "comm=ring"]
     try:
-        for name, extra in VARIANTS.items():
+        for name, extra in variants.items():
             trainer = fit(name, extra)
             assert trainer.step == 5, trainer.step
             params[name] = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+            if name == "layerwise" and engine.rank == 0:
+                plan.write_text("".join(
+                    f"{k},{v.numel()},{'y' if i % 2 == 0 else 'n'},{min(3, v.numel())}\n"
+                    for i, (k, v) in enumerate(trainer.model.named_parameters())))
+            engine.barrier()
         fit("auto-topk", AUTO_TOPK)
         ref = params["layerwise"]
         for name, p in params.items():

@@ -131,7 +131,7 @@ class Trainer:
             self.pipeline.begin_step(self.step, epoch + i / steps)
             with stats.time("compute"):
                 loss = F.cross_entropy(model(x), y)
-                self.optimizer.zero_grad(set_to_none=False)
+                self.optimizer.zero_grad()
                 self.scheduler.before_backward(self.pipeline)  # overlapping schedulers arm their hooks
                 loss.backward()
             # Overlapping schedulers compressed and started groups inside backward: not compute.
@@ -169,7 +169,7 @@ class Trainer:
             raise FloatingPointError(f"non-finite gradient at step {self.step} ({where}); lower the learning rate "
                                      f"or pass on_nonfinite=skip")
         self.pipeline.collect()  # drain groups an overlapping scheduler already submitted
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad()
         if self.rank0:
             print(f"warning: skipped step {self.step}: non-finite gradient ({', '.join(bad[:3]) or 'another rank'})", flush=True)
         return False
