@@ -47,6 +47,21 @@ def test_fp16_sends_half_the_bytes_of_none(tmp_path):
     assert s_half["ratio_effective"] == 2.0
 
 
+def test_bytes_and_calls_are_booked_per_path(tmp_path):
+    """min_dims=2: biases travel dense through the allreduce, weights compressed through allgather;
+    results.json splits bytes and collective counts by path (the what-if model reads them)."""
+    out, _ = train(tmp_path, *TINY, "max_steps=3", "epochs=1", "eval=false", "engine.np=2", "compressor=topk",
+                   "ratio=0.5", "memory=residual", "comm=allgather", "+compressor.min_dims=2")
+    p = params(out)
+    dense = [v for v in p.values() if v.dim() < 2]
+    sparse = [v for v in p.values() if v.dim() >= 2]
+    s = results(out)["summary"]
+    assert s["bytes_allreduce_per_step"] == 4 * sum(v.numel() for v in dense) > 0
+    assert s["dense_calls_per_step"] == len(dense) and s["compressed_calls_per_step"] == len(sparse) > 0
+    topk_bytes = sum(8 * math.ceil(0.5 * v.numel()) for v in sparse)
+    assert s["bytes_sent_per_step"] == s["bytes_allreduce_per_step"] + topk_bytes
+
+
 @pytest.mark.slow
 def test_default_run_meets_accuracy_and_time(tmp_path):
     out, proc = train(tmp_path, "progress=false")

@@ -22,6 +22,7 @@ What is recorded per step and rank:
 from __future__ import annotations
 
 import inspect
+import math
 import time
 import warnings
 from typing import Any
@@ -156,7 +157,9 @@ class DDPComm:
             self.stats.add_ms("comm_exposed", waited)
             self.stats.add_ms("compute", -waited)
         self.stats.bytes_dense += 4 * self.numel
-        self.stats.bytes_sent += self.bytes_this_step() + self.buffer_bytes
+        # One allreduce per bucket (what-if model): DDP cuts buckets at bucket_cap_mb.
+        sent = self.bytes_this_step() + self.buffer_bytes
+        self.stats.add_dense_allreduce(sent, calls=max(1, math.ceil(sent / (self.bucket_cap_mb * 2**20))))
 
     def bytes_this_step(self) -> int:
         """Gradient bytes this rank handed to the process group in the step just finished."""

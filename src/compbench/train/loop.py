@@ -186,6 +186,9 @@ class Trainer:
         r.scalar("comm/bytes_sent", s.bytes_sent, st)
         r.scalar("comm/bytes_dense", s.bytes_dense, st)
         r.scalar("comm/ratio_effective", s.bytes_dense / max(1, s.bytes_sent), st)
+        r.scalar("comm/bytes_allreduce", s.bytes_allreduce, st)
+        r.scalar("comm/calls_compressed", s.calls_compressed, st)
+        r.scalar("comm/calls_dense", s.calls_dense, st)
 
     @torch.no_grad()
     def evaluate(self, epoch: int) -> float:
@@ -222,6 +225,9 @@ class Trainer:
             "bytes_sent_per_step": sent,
             "bytes_dense_per_step": dense,
             "ratio_effective": (dense / sent) if sent else None,
+            "bytes_allreduce_per_step": r.median("comm/bytes_allreduce", skip),
+            "compressed_calls_per_step": r.median("comm/calls_compressed", skip),
+            "dense_calls_per_step": r.median("comm/calls_dense", skip),
         }
         hp = {**self.cfg.choices, "ratio": self.cfg.compressor.get("ratio", 1.0), "world_size": self.engine.size}
         metrics = {"acc1": acc1, "throughput": summary["throughput"]}

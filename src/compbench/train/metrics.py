@@ -27,6 +27,17 @@ class StepStats:
         self.ms: dict[str, float] = defaultdict(float)
         self.bytes_sent = 0
         self.bytes_dense = 0
+        # Per path, for the what-if model: bytes that went through the dense fp32 allreduce (of
+        # bytes_sent), and how many collectives each path started.
+        self.bytes_allreduce = 0
+        self.calls_compressed = 0
+        self.calls_dense = 0
+
+    def add_dense_allreduce(self, nbytes: int, calls: int) -> None:
+        """Book gradient bytes that travelled uncompressed through an allreduce."""
+        self.bytes_sent += nbytes
+        self.bytes_allreduce += nbytes
+        self.calls_dense += calls
 
     @contextmanager
     def time(self, phase: str) -> Iterator[None]:

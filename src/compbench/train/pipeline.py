@@ -71,18 +71,21 @@ class GradientPipeline:
             averaged, sent = self.comm.reduce_tensor(grad, name, self.memory)
             self._book_comm(t0, marks, exposed=not self.in_backward)
             self.stats.bytes_sent += sent
+            self.stats.calls_compressed += 1
             self._pending.append((name, _Done(), Handle(lambda: averaged)))
             return
         if not compress:
             payload, ctx = [grad.reshape(-1)], make_ctx(grad, name)
             comm = self.dense
+            self.stats.add_dense_allreduce(payload_nbytes(payload), calls=1)
         else:
             with self.stats.time("compress"):
                 x = self.memory.compensate(grad, name)
                 payload, ctx = self.compressor.compress(x, name)
                 self.memory.update(x, name, self.compressor, payload, ctx)
             comm = self.comm
-        self.stats.bytes_sent += payload_nbytes(payload)
+            self.stats.bytes_sent += payload_nbytes(payload)
+            self.stats.calls_compressed += 1
         t0, marks = time.perf_counter(), self._marks()
         self._pending.append((name, comm, comm.start(payload, ctx)))
         self._book_comm(t0, marks, exposed=not self.in_backward)
