@@ -41,7 +41,9 @@ for epoch in range(args.epochs):
 
 model.eval()
 with torch.no_grad():
-    correct = sum((model(x).argmax(1) == y).sum().item() for x, y in ShardedLoader(test, 256, 0, 1, train=False))
+    correct = sum((model(x).argmax(1) == y).sum().item()
+                  for x, y in ShardedLoader(test, 256, 0, 1, train=False))
 if rank == 0:
     print(f"{args.compressor} ratio={args.ratio} on {size} workers ({args.engine}): "
-          f"test accuracy {100 * correct / len(test):.2f}%, bytes sent last step {optimizer.stats.bytes_sent}")
+          f"test accuracy {100 * correct / len(test):.2f}%, "
+          f"bytes sent last step {optimizer.stats.bytes_sent}")

@@ -11,11 +11,12 @@ from pathlib import Path
 import torch
 
 # Small, fast, BatchNorm-free runs: an MLP on synthetic 3x8x8 data.
-TINY = ["model=mlp", "model.hidden=[32]", "dataset=synthetic", "dataset.image_size=8", "dataset.train_size=256",
-        "dataset.test_size=64", "progress=false", "optim.lr_schedule=constant"]
+TINY = ["model=mlp", "model.hidden=[32]", "dataset=synthetic", "dataset.image_size=8",
+        "dataset.train_size=256", "dataset.test_size=64", "progress=false", "optim.lr_schedule=constant"]
 
 
-def compbench(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def compbench(*args: str, cwd: Path | None = None, timeout: float = 300,
+              env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "compbench", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
 

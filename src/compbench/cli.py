@@ -18,7 +18,8 @@ from pathlib import Path
 from compbench.errors import report_user_error
 
 _COMMANDS = ("train", "list", "launch", "bench", "plan", "report")
-_USAGE = "usage: compbench {train,list,launch,bench,plan,report} [-m] [--cfg] [key=value ...]  (compbench --help)"
+_USAGE = ("usage: compbench {train,list,launch,bench,plan,report} [-m] [--cfg] [key=value ...]  "
+          "(compbench --help)")
 # Subcommands with their own argument handling: module with `main(argv) -> int`.
 _DELEGATED = {"launch": "compbench.cli:launch", "bench": "compbench.bench.main:main",
               "plan": "compbench.plan.main:main", "report": "compbench.report.main:main"}
@@ -29,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="compbench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=_COMMANDS)
-    parser.add_argument("-m", "--multirun", action="store_true", help="sweep every combination of a,b,c values")
+    parser.add_argument("-m", "--multirun", action="store_true",
+                        help="sweep every combination of a,b,c values")
     parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. compressor=dgc ratio=1e-3 engine.np=2")
+    parser.add_argument("overrides", nargs="*",
+                        help="Hydra overrides, e.g. compressor=dgc ratio=1e-3 engine.np=2")
     if argv and argv[0] in _DELEGATED:
         import importlib
 
@@ -71,12 +74,14 @@ def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = 
         from compbench.train.loop import run_worker
 
         if cfg.net.get("emulate_gbps") is not None:
-            warnings.warn(f"net.emulate_gbps is ignored under the {joined} launcher (it shapes jobs compbench starts)",
+            warnings.warn(f"net.emulate_gbps is ignored under the {joined} launcher "
+                          f"(it shapes jobs compbench starts)",
                           stacklevel=1)
         run_worker(cfg, None)
         return 0
     run_dir = run_dir or prepare_run_dir(cfg, overrides)
-    print(f"compbench: {cfg.engine.np} worker(s) on engine={cfg.choices['engine']}, output in {run_dir}", flush=True)
+    print(f"compbench: {cfg.engine.np} worker(s) on engine={cfg.choices['engine']}, output in {run_dir}",
+          flush=True)
     code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
     if code != 0:
         from compbench.rundir import record_failure
@@ -121,7 +126,8 @@ def list_options(groups: list[str]) -> int:
             path = registry.conf_dir() / group / f"{name}.yaml"
             first = path.read_text().splitlines()[0]
             about = first.lstrip("# ").strip() if first.startswith("#") else ""
-            params = {k: v for k, v in registry.option_config(group, name).items() if k not in ("_target_", "name")}
+            params = {k: v for k, v in registry.option_config(group, name).items()
+                      if k not in ("_target_", "name")}
             shown = ", ".join(f"{k}={v}" for k, v in params.items() if "${" not in str(v))
             print(f"  {name:<12} {about}")
             if shown:

@@ -56,7 +56,8 @@ def check(cfg: DictConfig) -> DictConfig:
             if "ratio" in cfg.compressor:
                 cfg.compressor.ratio = float(cfg.ratio)
             else:
-                warnings.warn(f"ratio={cfg.ratio} is ignored: compressor={picked['compressor']} has no ratio", stacklevel=1)
+                warnings.warn(f"ratio={cfg.ratio} is ignored: compressor={picked['compressor']} has no ratio",
+                              stacklevel=1)
         if "ratio" in cfg.compressor:
             check_ratio(cfg.compressor.ratio, f"compressor={picked['compressor']}")
     np = cfg.engine.get("np", 1)
@@ -87,7 +88,8 @@ def check(cfg: DictConfig) -> DictConfig:
         comm_cls.check(picked["engine"], compressor=picked["compressor"], memory=picked["memory"],
                        **{k: v for k, v in registry.plain(cfg.comm).items() if k != "_target_"})
     if getattr(comm_cls, "requires_summable", False) and not compressor_cls.summable:
-        raise ValueError(f"compressor={picked['compressor']} {compressor_cls.why_not_summable}; use comm=allgather or comm=ps")
+        raise ValueError(f"compressor={picked['compressor']} {compressor_cls.why_not_summable}; "
+                         f"use comm=allgather or comm=ps")
 
     # Building the light components validates their parameters (e.g. qsgd levels < 1).
     from compbench.train.build import build_compressor_and_selection, build_memory, build_model

@@ -136,8 +136,8 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
         try:
             for env in envs:
                 # THP: a fresh 100 MB CPU tensor costs ~40 ms of page faults without, ~6 ms with.
-                full = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, **env, **extra, "OMP_NUM_THREADS": nthreads,
-                        "COMPBENCH_THREADS": nthreads}
+                full = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, **env, **extra,
+                        "OMP_NUM_THREADS": nthreads, "COMPBENCH_THREADS": nthreads}
                 procs.append(subprocess.Popen(cmd, env=full))
             return _watch(procs)
         except KeyboardInterrupt:

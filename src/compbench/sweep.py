@@ -51,7 +51,8 @@ def run_sweep(overrides: list[str]) -> int:
     jobs = plan_jobs(overrides)
     # Check every job before running any: a typo in the last combination should not cost a sweep.
     cfgs = [config.check(config.compose(job)) for job in jobs]
-    sweep_dir = Path(cfgs[0].outputs_root) / "multirun" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
+    sweep_dir = (Path(cfgs[0].outputs_root) / "multirun" / time.strftime("%Y-%m-%d")
+                 / time.strftime("%H-%M-%S"))
     rows = []
     for i, job in enumerate(jobs):
         job_dir = sweep_dir / str(i)

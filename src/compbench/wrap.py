@@ -26,8 +26,8 @@ from compbench.train.pipeline import GradientPipeline
 class CompressedOptimizer:
     """The user's optimizer, with gradient synchronization through compbench before each step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, pipeline: GradientPipeline, scheduler: Any, engine: Any,
-                 stats: StepStats) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, pipeline: GradientPipeline, scheduler: Any,
+                 engine: Any, stats: StepStats) -> None:
         self.optimizer, self.pipeline, self.scheduler = optimizer, pipeline, scheduler
         self.engine, self.stats = engine, stats
         self.steps = 0
@@ -56,7 +56,8 @@ class CompressedOptimizer:
         self.steps += 1
         return self.optimizer.step(closure)
 
-    def __getattr__(self, name: str) -> Any:  # zero_grad, param_groups, state_dict, ... of the user's optimizer
+    # zero_grad, param_groups, state_dict, ... of the user's optimizer
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.optimizer, name)
 
 
@@ -82,15 +83,19 @@ def wrap_compress_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, 
     comm_cls = registry.component_class("comm", comm)
     compressor_cls = registry.component_class("compressor", compressor)
     if comm_cls.requires_summable and not compressor_cls.summable:
-        raise ValueError(f"compressor={compressor} {compressor_cls.why_not_summable}; use comm=allgather or comm=ps")
+        raise ValueError(f"compressor={compressor} {compressor_cls.why_not_summable}; "
+                         f"use comm=allgather or comm=ps")
     eng = registry.build(registry.option_config("engine", engine), drop=("np",))
     comp, selection = build_compressor_and_selection(cfg)
     mem = build_memory(cfg, eng.size)
     if getattr(mem, "owns_momentum", False):
-        warnings.warn("memory=dgc applies momentum itself: build your optimizer with momentum=0", stacklevel=2)
+        warnings.warn("memory=dgc applies momentum itself: build your optimizer with momentum=0",
+                      stacklevel=2)
     stats = StepStats()
-    pipeline = GradientPipeline(eng, comp, mem, registry.build(registry.option_config("comm", comm), engine=eng,
-                                                                compressor=comp, stats=stats), selection, stats)
+    pipeline = GradientPipeline(eng, comp, mem,
+                                registry.build(registry.option_config("comm", comm), engine=eng,
+                                               compressor=comp, stats=stats),
+                                selection, stats)
     sched = registry.build({**registry.option_config("scheduler", scheduler), **(scheduler_options or {})})
     sched.setup(model)
     if broadcast_parameters:

@@ -3,8 +3,8 @@
 Trains the tiny MLP for 5 steps with compressor=none under every scheduler variant, through the real
 trainer, engine and pipeline, in this one process (one engine start for all variants), and exits
 non-zero unless every variant's parameters equal layerwise's to 1e-5. SeCoPa follows a plan file
-that sends every other tensor "compressed" in up to 3 partitions (comm=ps; also comm=ring on torch). Then one compressed run of
-`groups=auto` (topk), whose results.json the test reads."""
+that sends every other tensor "compressed" in up to 3 partitions (comm=ps; also comm=ring on torch).
+Then one compressed run of `groups=auto` (topk), whose results.json the test reads."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ CASES = [
     (["ratio=0"], "ratio=0 is outside (0, 1]"),
     (["ratio=1.5"], "ratio=1.5 is outside (0, 1]"),
     (["engine.np=0"], "engine.np=0 must be an integer >= 1"),
-    (["dataset=cifar10", "dataset.root=/nonexistent"], "no cifar-10-batches-py/ under dataset.root=/nonexistent"),
+    (["dataset=cifar10", "dataset.root=/nonexistent"],
+     "no cifar-10-batches-py/ under dataset.root=/nonexistent"),
     (["model.pretrained=/nonexistent.npz"], "pretrained file /nonexistent.npz does not exist"),
     (["no_such_setting=1"], "Could not override 'no_such_setting'"),
 ]

@@ -21,11 +21,12 @@ def _ckpt(run: Path) -> dict:
     return torch.load(run / "checkpoint.pt", weights_only=False)
 
 
-@pytest.mark.parametrize("setup", [["compressor=dgc", "memory=dgc"], ["compressor=dragonn", "memory=residual"]],
+@pytest.mark.parametrize("setup",
+                         [["compressor=dgc", "memory=dgc"], ["compressor=dragonn", "memory=residual"]],
                          ids=["dgc", "dragonn"])
 def test_resume_is_bit_exact(tmp_path, setup):
-    common = [*TINY, "optim.lr_schedule=cosine", "engine.np=2", "batch_size=16", "ratio=0.05", "comm=allgather",
-              "epochs=2", *setup]
+    common = [*TINY, "optim.lr_schedule=cosine", "engine.np=2", "batch_size=16", "ratio=0.05",
+              "comm=allgather", "epochs=2", *setup]
     full, _ = train(tmp_path, *common, name="full")
     # one epoch, then a second run resumes it for the second epoch
     half, _ = train(tmp_path, *common, f"max_steps={STEPS_PER_EPOCH}", name="half")
@@ -45,8 +46,8 @@ def test_resume_is_bit_exact(tmp_path, setup):
 
 
 def test_resume_inside_an_epoch_is_bit_exact(tmp_path):
-    common = [*TINY, "engine.np=2", "batch_size=16", "compressor=topk", "memory=residual", "comm=allgather", "epochs=1",
-              "eval=false"]
+    common = [*TINY, "engine.np=2", "batch_size=16", "compressor=topk", "memory=residual", "comm=allgather",
+              "epochs=1", "eval=false"]
     full, _ = train(tmp_path, *common, name="full")
     part, _ = train(tmp_path, *common, "max_steps=3", name="part")
     assert _ckpt(part)["position"] == {"epoch": 0, "batch": 3}
@@ -70,8 +71,8 @@ def _workers(parent: psutil.Process) -> dict[int, psutil.Process]:
 def test_killed_worker_stops_the_job_and_resume_finishes(tmp_path):
     run = tmp_path / "run"
     args = ["train", "epochs=3", "progress=false", f"output_dir={run}"]  # the default: resnet20 on digits
-    proc = subprocess.Popen([sys.executable, "-m", "compbench", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "compbench", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 180
     while not (run / "checkpoint.pt").exists():  # epoch 1 done
@@ -106,8 +107,8 @@ def test_nonfinite_gradient_raise_names_the_tensor(tmp_path):
 
 def test_ctrl_c_stops_every_worker(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "compbench", "train", "epochs=20", "progress=false",
-                             f"output_dir={tmp_path / 'run'}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                             f"output_dir={tmp_path / 'run'}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
     while len(_workers(parent)) < 2:

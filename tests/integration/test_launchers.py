@@ -17,7 +17,8 @@ BIN = Path(sys.executable).parent
 def _run(cmd: list[str], tmp_path: Path) -> Path:
     out = tmp_path / "run"
     proc = subprocess.run([*cmd, *TINY, "max_steps=3", "epochs=1", f"output_dir={out}"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return out
 
@@ -30,7 +31,7 @@ def test_horovodrun(tmp_path):
 
 
 def test_torchrun(tmp_path):
-    out = _run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "compbench", "train", "engine=torch"],
-               tmp_path)
+    out = _run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "compbench", "train",
+                "engine=torch"], tmp_path)
     env = results(out)["environment"]
     assert env["engine"] == "torch" and env["world_size"] == 2

@@ -13,8 +13,9 @@ pytestmark = pytest.mark.dist
 
 
 def test_sweep_then_report(tmp_path):
-    proc = compbench("train", "-m", "compressor=topk,randk", "ratio=0.1,0.01", "comm=allgather", "memory=residual",
-                     "model=mlp", "epochs=2", "engine.np=2", "progress=false", f"outputs_root={tmp_path}", cwd=tmp_path)
+    proc = compbench("train", "-m", "compressor=topk,randk", "ratio=0.1,0.01", "comm=allgather",
+                     "memory=residual", "model=mlp", "epochs=2", "engine.np=2", "progress=false",
+                     f"outputs_root={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     sweep = next((tmp_path / "multirun").glob("*/*"))
     jobs = sorted(sweep.glob("*/results.json"))

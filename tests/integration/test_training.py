@@ -71,7 +71,8 @@ def test_default_run_meets_accuracy_and_time(tmp_path):
     assert str(out) in proc.stdout
     tags = event_tags(out)
     expected = {"train/loss", "train/throughput", "eval/acc1", "comm/bytes_sent", "comm/bytes_dense",
-                "comm/ratio_effective", *(f"time/{p}_ms" for p in ("compute", "compress", "comm", "decompress", "step"))}
+                "comm/ratio_effective",
+                *(f"time/{p}_ms" for p in ("compute", "compress", "comm", "decompress", "step"))}
     assert expected <= tags, expected - tags
     assert (out / ".hydra" / "config.yaml").is_file()
     env = results(out)["environment"]

@@ -152,7 +152,7 @@ def test_atomo_draws_depend_on_rank_step_and_name(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     r1 = kept(1)
     rank1 = [kept(step) for step in range(1, 5)]
-    assert any(not torch.equal(a, b) for a, b in zip(rank0, rank1)), "ranks draw independently"
+    assert any(not torch.equal(a, b) for a, b in zip(rank0, rank1, strict=True)), "ranks draw independently"
     monkeypatch.delenv("RANK")
     monkeypatch.setenv("HOROVOD_RANK", "1")
     assert torch.equal(kept(1), r1), "HOROVOD_RANK is read when RANK is unset"

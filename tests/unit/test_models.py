@@ -29,7 +29,8 @@ def test_google_vit_npz_round_trip_through_timms_loader(tmp_path):
     path = tmp_path / "ViT.npz"
     export_google_vit_npz(source, str(path))
     torch.manual_seed(1)
-    _assert_same(source, timm_model("vit_tiny_patch16_224", num_classes=10, image_size=32, pretrained=str(path)))
+    _assert_same(source,
+                 timm_model("vit_tiny_patch16_224", num_classes=10, image_size=32, pretrained=str(path)))
 
 
 def test_google_mixer_npz_round_trip(tmp_path):

@@ -6,7 +6,8 @@ from compbench.sweep import expand, plan_jobs
 
 def test_cartesian_product_of_axes():
     jobs = expand(["compressor=dgc,dragonn,topk", "ratio=1e-2,1e-3", "engine.np=2"])
-    assert len(jobs) == 6 and ["compressor=dgc", "ratio=0.01", "engine.np=2"] in jobs  # Hydra normalizes floats
+    # Hydra normalizes floats
+    assert len(jobs) == 6 and ["compressor=dgc", "ratio=0.01", "engine.np=2"] in jobs
 
 
 def test_experiment_axes_unless_the_command_line_sets_them():

@@ -34,7 +34,8 @@ def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _to_bytes(payload: list[Tensor]) -> Tensor:
-    return torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in payload]) if payload else torch.empty(0, dtype=torch.uint8)
+    return (torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in payload]) if payload
+            else torch.empty(0, dtype=torch.uint8))
 
 
 def _from_bytes(buf: Tensor, numels: list[int], like: list[Tensor]) -> list[Tensor]:

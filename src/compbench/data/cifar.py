@@ -18,7 +18,8 @@ def check_root(root: str | None, num_classes: int) -> None:
         )
 
 
-def cifar(root: str | None = None, num_classes: int = 10, image_size: int = 32, augment: bool = True, **_: object):
+def cifar(root: str | None = None, num_classes: int = 10, image_size: int = 32, augment: bool = True,
+          **_: object):
     import torchvision
     import torchvision.transforms as T
 
@@ -26,6 +27,8 @@ def cifar(root: str | None = None, num_classes: int = 10, image_size: int = 32, 
     cls = torchvision.datasets.CIFAR10 if num_classes == 10 else torchvision.datasets.CIFAR100
     norm = [T.ToTensor(), T.Normalize(_MEAN, _STD)]
     resize = [T.Resize(image_size)] if image_size != 32 else []
-    train_tf = T.Compose(resize + ([T.RandomCrop(image_size, padding=4), T.RandomHorizontalFlip()] if augment else []) + norm)
+    train_tf = T.Compose(resize + ([T.RandomCrop(image_size, padding=4), T.RandomHorizontalFlip()]
+                                   if augment else []) + norm)
     test_tf = T.Compose(resize + norm)
-    return cls(root, train=True, transform=train_tf, download=False), cls(root, train=False, transform=test_tf, download=False)
+    return (cls(root, train=True, transform=train_tf, download=False),
+            cls(root, train=False, transform=test_tf, download=False))

@@ -10,7 +10,8 @@ _MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 def check_root(root: str | None) -> None:
     if not root or not (Path(root) / "train").is_dir() or not (Path(root) / "val").is_dir():
         raise ValueError(
-            f"dataset=imagenet: dataset.root={root} must hold train/ and val/ class folders; pass dataset.root=DIR"
+            f"dataset=imagenet: dataset.root={root} must hold train/ and val/ class folders; "
+            f"pass dataset.root=DIR"
         )
 
 

@@ -9,14 +9,16 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 
-def shard_indices(n: int, rank: int, size: int, seed: int, epoch: int, shuffle: bool, drop_last: bool) -> Tensor:
+def shard_indices(n: int, rank: int, size: int, seed: int, epoch: int, shuffle: bool,
+                  drop_last: bool) -> Tensor:
     """Rank r gets positions r, r+size, ... of one permutation shared by all ranks.
 
     With drop_last every rank gets exactly n // size samples (equal step counts: a rank with one
     more step would wait forever in a collective). So 2 ranks x batch b see, step for step, the
     same samples as 1 rank x batch 2b.
     """
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000003 + epoch)) if shuffle else torch.arange(n)
+    order = (torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000003 + epoch)) if shuffle
+             else torch.arange(n))
     if drop_last:
         order = order[: n - n % size]
     return order[rank::size]

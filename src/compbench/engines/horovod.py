@@ -38,7 +38,8 @@ class HorovodEngine(EngineBase):
 
         def finish() -> list[list[Tensor]]:
             per_rank = self.hvd.synchronize(h_sizes).view(self.size, len(tensors)).tolist()
-            parts = [self.hvd.synchronize(h).split([row[i] for row in per_rank]) for i, h in enumerate(handles)]
+            parts = [self.hvd.synchronize(h).split([row[i] for row in per_rank])
+                     for i, h in enumerate(handles)]
             return [[parts[i][r] for i in range(len(tensors))] for r in range(self.size)]
 
         return Handle(finish)

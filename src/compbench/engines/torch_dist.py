@@ -64,7 +64,8 @@ class TorchEngine(EngineBase):
         def finish() -> list[list[Tensor]]:
             for work, _ in pending:
                 work.wait()
-            return [[pending[i][1][r][: per_rank[r][i]] for i in range(len(tensors))] for r in range(self.size)]
+            return [[pending[i][1][r][: per_rank[r][i]] for i in range(len(tensors))]
+                    for r in range(self.size)]
 
         return Handle(finish)
 

@@ -28,7 +28,8 @@ class _Block(nn.Module):
         out = self.bn2(self.conv2(out))
         shortcut = x
         if self.stride != 1 or self.pad:
-            shortcut = F.pad(x[:, :, :: self.stride, :: self.stride], (0, 0, 0, 0, self.pad // 2, self.pad - self.pad // 2))
+            shortcut = F.pad(x[:, :, :: self.stride, :: self.stride],
+                             (0, 0, 0, 0, self.pad // 2, self.pad - self.pad // 2))
         return F.relu(out + shortcut)
 
 
@@ -54,7 +55,8 @@ class ResNet20(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
-def resnet20(num_classes: int = 10, image_size: int = 32, in_chans: int = 3, pretrained: str | None = None) -> nn.Module:
+def resnet20(num_classes: int = 10, image_size: int = 32, in_chans: int = 3,
+             pretrained: str | None = None) -> nn.Module:
     model = ResNet20(num_classes, in_chans)
     if pretrained:
         load_npz_state_dict(model, pretrained, "resnet20")

@@ -15,7 +15,8 @@ def torchvision_model(arch: str, num_classes: int = 1000, image_size: int = 224,
     import torchvision
 
     if in_chans != 3:
-        raise ValueError(f"model={arch}: torchvision models take 3 input channels, the dataset has {in_chans}")
+        raise ValueError(f"model={arch}: torchvision models take 3 input channels, "
+                         f"the dataset has {in_chans}")
     model = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
     if pretrained:
         load_npz_state_dict(model, pretrained, arch)

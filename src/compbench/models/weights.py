@@ -21,7 +21,8 @@ import torch.nn as nn
 
 def _open(path: str, model_name: str):
     if not Path(path).is_file():
-        raise ValueError(f"model={model_name}: pretrained file {path} does not exist; pass a local .npz or pretrained=null")
+        raise ValueError(f"model={model_name}: pretrained file {path} does not exist; "
+                         f"pass a local .npz or pretrained=null")
     try:
         return np.load(path)
     except Exception as e:  # not an npz / corrupt: the user's file, not our bug
@@ -65,12 +66,16 @@ def _mixer_pairs(model: nn.Module) -> list[tuple[str, torch.Tensor, str]]:
     pairs = [("stem/kernel", model.stem.proj.weight, "conv"), ("stem/bias", model.stem.proj.bias, "vec")]
     for i, b in enumerate(model.blocks):
         p = f"MixerBlock_{i}/"
-        pairs += [(p + "LayerNorm_0/scale", b.norm1.weight, "vec"), (p + "LayerNorm_0/bias", b.norm1.bias, "vec"),
-                  (p + "LayerNorm_1/scale", b.norm2.weight, "vec"), (p + "LayerNorm_1/bias", b.norm2.bias, "vec")]
+        pairs += [(p + "LayerNorm_0/scale", b.norm1.weight, "vec"),
+                  (p + "LayerNorm_0/bias", b.norm1.bias, "vec"),
+                  (p + "LayerNorm_1/scale", b.norm2.weight, "vec"),
+                  (p + "LayerNorm_1/bias", b.norm2.bias, "vec")]
         for gname, mlp in (("token_mixing", b.mlp_tokens), ("channel_mixing", b.mlp_channels)):
             for r, fc in enumerate((mlp.fc1, mlp.fc2)):
-                pairs += [(f"{p}{gname}/Dense_{r}/kernel", fc.weight, "dense"), (f"{p}{gname}/Dense_{r}/bias", fc.bias, "vec")]
-    pairs += [("pre_head_layer_norm/scale", model.norm.weight, "vec"), ("pre_head_layer_norm/bias", model.norm.bias, "vec")]
+                pairs += [(f"{p}{gname}/Dense_{r}/kernel", fc.weight, "dense"),
+                          (f"{p}{gname}/Dense_{r}/bias", fc.bias, "vec")]
+    pairs += [("pre_head_layer_norm/scale", model.norm.weight, "vec"),
+              ("pre_head_layer_norm/bias", model.norm.bias, "vec")]
     return pairs
 
 
@@ -83,16 +88,19 @@ def load_google_mixer_npz(model: nn.Module, path: str, model_name: str) -> None:
             a = torch.from_numpy(w[gname])
             a = a.permute(3, 2, 0, 1) if kind == "conv" else a.T if kind == "dense" else a
             if a.shape != t.shape:
-                raise _mismatch(path, model_name, f"{gname} has shape {tuple(a.shape)}, the model {tuple(t.shape)}")
+                raise _mismatch(path, model_name,
+                                f"{gname} has shape {tuple(a.shape)}, the model {tuple(t.shape)}")
             t.copy_(a)
         head = getattr(model, "head", None)
-        if isinstance(head, nn.Linear) and "head/bias" in w.files and w["head/bias"].shape[-1] == head.out_features:
+        if (isinstance(head, nn.Linear) and "head/bias" in w.files
+                and w["head/bias"].shape[-1] == head.out_features):
             head.weight.copy_(torch.from_numpy(w["head/kernel"]).T)
             head.bias.copy_(torch.from_numpy(w["head/bias"]))
 
 
 def export_google_mixer_npz(model: nn.Module, path: str) -> None:
-    out = {g: (_hwio(t) if k == "conv" else _dense(t) if k == "dense" else t.detach().numpy()) for g, t, k in _mixer_pairs(model)}
+    out = {g: (_hwio(t) if k == "conv" else _dense(t) if k == "dense" else t.detach().numpy())
+           for g, t, k in _mixer_pairs(model)}
     out["head/kernel"], out["head/bias"] = _dense(model.head.weight), model.head.bias.detach().numpy()
     np.savez(path, **out)
 
@@ -111,16 +119,20 @@ def export_google_vit_npz(model: nn.Module, path: str) -> None:
         "head/bias": model.head.bias.detach().numpy(),
     }
     for i, b in enumerate(model.blocks):
-        p, mha = f"Transformer/encoderblock_{i}/", f"Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/"
+        p, mha = (f"Transformer/encoderblock_{i}/",
+                  f"Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/")
         heads = b.attn.num_heads
         qkv_w, qkv_b = b.attn.qkv.weight.detach(), b.attn.qkv.bias.detach()
         for j, n in enumerate(("query", "key", "value")):
             out[f"{mha}{n}/kernel"] = qkv_w[j * d : (j + 1) * d].T.reshape(d, heads, d // heads).numpy()
             out[f"{mha}{n}/bias"] = qkv_b[j * d : (j + 1) * d].reshape(heads, d // heads).numpy()
-        out[f"{mha}out/kernel"] = b.attn.proj.weight.detach().reshape(d, heads, d // heads).permute(1, 2, 0).numpy()
+        out[f"{mha}out/kernel"] = (b.attn.proj.weight.detach().reshape(d, heads, d // heads)
+                                   .permute(1, 2, 0).numpy())
         out[f"{mha}out/bias"] = b.attn.proj.bias.detach().numpy()
         for ln, norm in (("LayerNorm_0", b.norm1), ("LayerNorm_2", b.norm2)):
-            out[f"{p}{ln}/scale"], out[f"{p}{ln}/bias"] = norm.weight.detach().numpy(), norm.bias.detach().numpy()
+            out[f"{p}{ln}/scale"], out[f"{p}{ln}/bias"] = (norm.weight.detach().numpy(),
+                                                           norm.bias.detach().numpy())
         for r, fc in enumerate((b.mlp.fc1, b.mlp.fc2)):
-            out[f"{p}MlpBlock_3/Dense_{r}/kernel"], out[f"{p}MlpBlock_3/Dense_{r}/bias"] = _dense(fc.weight), fc.bias.detach().numpy()
+            out[f"{p}MlpBlock_3/Dense_{r}/kernel"], out[f"{p}MlpBlock_3/Dense_{r}/bias"] = (
+                _dense(fc.weight), fc.bias.detach().numpy())
     np.savez(path, **out)

@@ -12,9 +12,10 @@ from typing import Any
 
 from compbench.report.whatif import ASSUMPTIONS, break_even_workers, predict_step_ms, profile_from_results
 
-COLUMNS = ["job", "status", "compressor", "ratio", "comm", "memory", "scheduler", "engine", "workers", "throughput",
-           "compute_ms", "compress_ms", "comm_ms", "comm_exposed_ms", "decompress_ms", "optimizer_ms", "step_ms",
-           "bytes_per_step", "ratio_effective", "final_acc1", "break_even_workers", "error"]
+COLUMNS = ["job", "status", "compressor", "ratio", "comm", "memory", "scheduler", "engine", "workers",
+           "throughput", "compute_ms", "compress_ms", "comm_ms", "comm_exposed_ms", "decompress_ms",
+           "optimizer_ms", "step_ms", "bytes_per_step", "ratio_effective", "final_acc1", "break_even_workers",
+           "error"]
 WHATIF_N = (2, 8, 64, 512)
 WHATIF_GBPS = (1, 10, 25, 100)
 
@@ -28,15 +29,18 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
         row: dict[str, Any] = {
             "job": str(path.parent.relative_to(root)) or ".", "status": s.get("status", "?"),
             "compressor": choices.get("compressor"), "ratio": cfg.get("compressor", {}).get("ratio"),
-            "comm": choices.get("comm"), "memory": choices.get("memory"), "scheduler": choices.get("scheduler"),
+            "comm": choices.get("comm"), "memory": choices.get("memory"),
+            "scheduler": choices.get("scheduler"),
             "engine": choices.get("engine"), "workers": data.get("environment", {}).get("world_size"),
             "throughput": s.get("throughput"), "bytes_per_step": s.get("bytes_sent_per_step"),
-            "ratio_effective": s.get("ratio_effective"), "final_acc1": s.get("final_acc1"), "error": s.get("error", ""),
+            "ratio_effective": s.get("ratio_effective"), "final_acc1": s.get("final_acc1"),
+            "error": s.get("error", ""),
         }
         for phase in ("compute", "compress", "comm", "comm_exposed", "decompress", "optimizer", "step"):
             row[f"{phase}_ms"] = s.get(f"{phase}_ms")
         if row["status"] == "completed" and s.get("bytes_dense_per_step") and s.get("bytes_sent_per_step"):
-            row["break_even_workers"] = break_even_workers(s["bytes_dense_per_step"], s["bytes_sent_per_step"])
+            row["break_even_workers"] = break_even_workers(s["bytes_dense_per_step"],
+                                                           s["bytes_sent_per_step"])
             row["_results"] = data
         rows.append(row)
     return rows
@@ -144,11 +148,13 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"no results.json under {root}; pass a run or sweep directory")
     table = markdown_table(rows, [c for c in COLUMNS if c != "error"])
     failed = [r for r in rows if r["status"] != "completed"]
-    md = ["# compbench report", "", f"{len(rows)} run(s) under `{root}`, {len(failed)} failed.", "", table, ""]
+    md = ["# compbench report", "", f"{len(rows)} run(s) under `{root}`, {len(failed)} failed.", "", table,
+          ""]
     if failed:
         md += ["## Failed runs", ""] + [f"- `{r['job']}`: {r['error']}" for r in failed] + [""]
     pngs = plots(rows, root / "plots")
-    md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs] + ["", whatif_section(rows, args.latency_us)]
+    md += (["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs]
+           + ["", whatif_section(rows, args.latency_us)])
     (root / "report.md").write_text("\n".join(md) + "\n")
     with open(root / "report.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")

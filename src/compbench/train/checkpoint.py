@@ -72,7 +72,8 @@ def find_checkpoint(resume: str, run_dir: Path) -> Path | None:
     path = Path(resume)
     path = path / FILE if path.is_dir() else path
     if not path.is_file():
-        raise ValueError(f"resume={resume}: no {FILE} there; pass a run directory, a checkpoint file or resume=auto")
+        raise ValueError(f"resume={resume}: no {FILE} there; "
+                         f"pass a run directory, a checkpoint file or resume=auto")
     return path
 
 
@@ -80,9 +81,11 @@ def load_checkpoint(trainer: Any, path: Path) -> tuple[int, int]:
     """Restore everything saved; returns the position (epoch, batch) to continue from."""
     state = torch.load(path, weights_only=False)
     if state["world_size"] != trainer.engine.size:
-        raise ValueError(f"{path} was written by {state['world_size']} workers; resume with engine.np={state['world_size']}")
+        raise ValueError(f"{path} was written by {state['world_size']} workers; "
+                         f"resume with engine.np={state['world_size']}")
     if state["compressor_name"] != trainer.cfg.choices["compressor"]:
-        raise ValueError(f"{path} was written with compressor={state['compressor_name']}; resume with the same compressor")
+        raise ValueError(f"{path} was written with compressor={state['compressor_name']}; "
+                         f"resume with the same compressor")
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.lr_schedule.load_state_dict(state["lr_schedule"])

@@ -49,10 +49,12 @@ class Trainer:
             for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
                 engine.broadcast_(t.data, 0, f"init.{name}")
         train_ds, test_ds = build_datasets(cfg)
-        self.train_loader = ShardedLoader(train_ds, cfg.batch_size, engine.rank, engine.size, cfg.seed, True, cfg.num_workers)
+        self.train_loader = ShardedLoader(train_ds, cfg.batch_size, engine.rank, engine.size, cfg.seed, True,
+                                          cfg.num_workers)
         self.test_loader = ShardedLoader(test_ds, cfg.eval_batch_size, engine.rank, engine.size, train=False)
         if len(self.train_loader) == 0:
-            raise ValueError(f"batch_size={cfg.batch_size} x {engine.size} workers exceeds the {len(train_ds)} training samples; lower batch_size")
+            raise ValueError(f"batch_size={cfg.batch_size} x {engine.size} workers exceeds the "
+                             f"{len(train_ds)} training samples; lower batch_size")
 
         self.stats = StepStats()
         self.compressor, selection = build_compressor_and_selection(cfg)
@@ -71,7 +73,8 @@ class Trainer:
         self.scheduler.setup(self.model)
         self.optimizer = build_optimizer(self._param_groups(selection), **registry.plain(cfg.optim))
         self.epochs = cfg.epochs
-        self.lr_schedule = build_schedule(self.optimizer, len(self.train_loader), self.epochs, **registry.plain(cfg.optim))
+        self.lr_schedule = build_schedule(self.optimizer, len(self.train_loader), self.epochs,
+                                          **registry.plain(cfg.optim))
         self.recorder = Recorder(run_dir) if self.rank0 else None
         self.step = 0
 
@@ -160,18 +163,20 @@ class Trainer:
         # The sum is non-finite whenever an element is: one cheap reduction per tensor (2 ms instead of
         # 68 ms for 16.8M gradients), and the full check only then (an overflowing sum of finite values).
         bad = [n for n, p in self.model.named_parameters()
-               if p.grad is not None and not torch.isfinite(p.grad.sum()) and not torch.isfinite(p.grad).all()]
+               if p.grad is not None and not torch.isfinite(p.grad.sum())
+               and not torch.isfinite(p.grad).all()]
         ranks_with_bad = self.engine.allreduce(torch.tensor([float(bool(bad))]), "nonfinite", average=False)
         if ranks_with_bad.item() == 0:
             return True
         if self.cfg.on_nonfinite == "raise":
             where = f"rank {self.engine.rank}: {', '.join(bad[:3])}" if bad else "another rank"
-            raise FloatingPointError(f"non-finite gradient at step {self.step} ({where}); lower the learning rate "
-                                     f"or pass on_nonfinite=skip")
+            raise FloatingPointError(f"non-finite gradient at step {self.step} ({where}); "
+                                     f"lower the learning rate or pass on_nonfinite=skip")
         self.pipeline.collect()  # drain groups an overlapping scheduler already submitted
         self.optimizer.zero_grad()
         if self.rank0:
-            print(f"warning: skipped step {self.step}: non-finite gradient ({', '.join(bad[:3]) or 'another rank'})", flush=True)
+            print(f"warning: skipped step {self.step}: "
+                  f"non-finite gradient ({', '.join(bad[:3]) or 'another rank'})", flush=True)
         return False
 
     def record_step(self, loss: float, global_batch: int) -> None:
@@ -229,11 +234,13 @@ class Trainer:
             "compressed_calls_per_step": r.median("comm/calls_compressed", skip),
             "dense_calls_per_step": r.median("comm/calls_dense", skip),
         }
-        hp = {**self.cfg.choices, "ratio": self.cfg.compressor.get("ratio", 1.0), "world_size": self.engine.size}
+        hp = {**self.cfg.choices, "ratio": self.cfg.compressor.get("ratio", 1.0),
+              "world_size": self.engine.size}
         metrics = {"acc1": acc1, "throughput": summary["throughput"]}
         r.hparams(hp, {k: v for k, v in metrics.items() if v is not None and math.isfinite(v)})
         r.close()
-        results = {"config": OmegaConf.to_container(self.cfg, resolve=True), "environment": environment(self.engine),
+        results = {"config": OmegaConf.to_container(self.cfg, resolve=True),
+                   "environment": environment(self.engine),
                    "hparams": hp, "summary": summary, "scheduler": self.scheduler.summary()}
         write_json_atomic(self.run_dir / "results.json", results)
         return results
@@ -253,5 +260,6 @@ def environment(engine) -> dict[str, Any]:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "cpu_count": os.cpu_count(), "threads_per_rank": torch.get_num_threads(),
         "engine": engine.name, "world_size": engine.size,
-        "versions": {p: version(p) for p in ("torch", "torchvision", "timm", "horovod", "hydra-core", "numpy", "compbench")},
+        "versions": {p: version(p) for p in ("torch", "torchvision", "timm", "horovod", "hydra-core", "numpy",
+                                             "compbench")},
     }

@@ -24,9 +24,9 @@ def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any
     return _OPTIMIZERS[name](param_groups, **kwargs)
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int, lr_schedule: str = "constant",
-                   warmup_epochs: float = 0.0, lr_min_factor: float = 0.0, lr_step_epochs: list[int] | None = None,
-                   lr_gamma: float = 0.1, **_: Any) -> LambdaLR:
+def build_schedule(optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int,
+                   lr_schedule: str = "constant", warmup_epochs: float = 0.0, lr_min_factor: float = 0.0,
+                   lr_step_epochs: list[int] | None = None, lr_gamma: float = 0.1, **_: Any) -> LambdaLR:
     total = max(1, steps_per_epoch * epochs)
     warm = int(warmup_epochs * steps_per_epoch)
     steps = [int(e * steps_per_epoch) for e in (lr_step_epochs or [])]
