@@ -1,6 +1,7 @@
 """Train digits with 2 workers for every compressor x valid communicator x engine; print a table.
 
-    python scripts/compressor_table.py                       # everything (~70 min on 2 cores)
+    python scripts/compressor_table.py                       # everything (~2 h on 2 cores)
+    python scripts/compressor_table.py --engines torch --epochs 2    # does everything train on torch?
     python scripts/compressor_table.py --engines horovod --compressors dgc,dragonn --extra ratio=1e-3
 
 Each compressor runs with its usual memory (residual error feedback for the biased ones, dgc for
@@ -8,7 +9,7 @@ dgc, none for the unbiased ones and for those that keep their own state) and its
 settings (`recipe`). Communicators are those of the compression pipeline (allreduce, allgather, ps,
 ring) that `compbench train` accepts for the pair: the same config check as the CLI. Finished runs
 are reused (delete outputs/compressor_table to start over). The table (final accuracy, bytes per
-step, effective compression ratio) is written to outputs/compressor_table/table.md.
+step, effective compression ratio) is written to outputs/compressor_table/table-ENGINES-EPOCHSep.md.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def valid_comms(compressor: str, engine: str) -> list[str]:
 
 
 def run(engine: str, compressor: str, comm: str, extra: list[str], epochs: int) -> dict:
-    tag = "-".join([compressor, comm, *[e.replace("=", "") for e in extra]])
+    tag = "-".join([compressor, comm, f"{epochs}ep", *[e.replace("=", "") for e in extra]])
     out = OUT / engine / tag
     results = out / "results.json"
     if not (results.exists() and json.loads(results.read_text())["summary"]["status"] == "completed"):
@@ -111,7 +112,8 @@ def main() -> None:
                      f"{s['bytes_sent_per_step']:,.0f} | {s['ratio_effective']:.1f} |")
     table = "\n".join(lines)
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / ("table" + "".join(f"-{e}" for e in args.extra) + ".md")).write_text(table + "\n")
+    name = "-".join(["table", *args.engines.split(","), f"{args.epochs}ep", *args.extra])
+    (OUT / f"{name}.md").write_text(table + "\n")
     print(table)
 
 
