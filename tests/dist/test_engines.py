@@ -16,3 +16,12 @@ CHECKS = str(Path(__file__).with_name("engine_checks.py"))
 def test_engine_collectives(engine):
     code, message = run_processes([sys.executable, CHECKS, engine], engine, 2, threads=1)
     assert code == 0, message
+
+
+PS_CHECKS = str(Path(__file__).with_name("ps_checks.py"))
+
+
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_ps_averages_summable_payloads_exactly(engine):
+    code, message = run_processes([sys.executable, PS_CHECKS, engine], engine, 2, threads=1)
+    assert code == 0, message

@@ -30,15 +30,17 @@ def combos() -> list[tuple[str, str]]:
 def train(engine, compressor: str, comm: str) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    cfg = OmegaConf.create({"compressor": {**registry.option_config("compressor", compressor), "dense_steps": 0},
-                            "memory": registry.option_config("memory", "residual")})
+    cfg = OmegaConf.create({
+        "compressor": {**registry.option_config("compressor", compressor), "dense_steps": 0},
+        "memory": registry.option_config("memory", "residual"),
+    })
     if "start_iter" in cfg.compressor:
         cfg.compressor.start_iter = 2
     comp, selection = build_compressor_and_selection(cfg)
     stats = StepStats()
-    pipe = GradientPipeline(engine, comp, build_memory(cfg, engine.size),
-                            registry.build(registry.option_config("comm", comm), engine=engine, compressor=comp, stats=stats),
-                            selection, stats)
+    communicator = registry.build(registry.option_config("comm", comm), engine=engine, compressor=comp,
+                                  stats=stats)
+    pipe = GradientPipeline(engine, comp, build_memory(cfg, engine.size), communicator, selection, stats)
     sched = registry.build(registry.option_config("scheduler", "layerwise"))
     sched.setup(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

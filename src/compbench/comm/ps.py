@@ -5,6 +5,8 @@ contiguous shards and compresses each, with worker-side error feedback per shard
 delivers shard j of every rank to rank j; the server decodes the N shards it received, averages
 them, adds its own server-side residual and re-compresses (server error feedback); an all-gather of
 the re-compressed shards gives every rank the whole averaged tensor, decoded shard by shard.
+Summable compressors (none, fp16, randk: same layout on every rank) skip the server's decode and
+re-compression: the server averages the payloads themselves, so the aggregate is exact.
 Compressed bytes cross the wire twice, each time 1/N of the tensor per peer, instead of N payloads
 of the whole tensor (allgather). Works with every compressor.
 """
@@ -55,6 +57,9 @@ class PSComm:
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         self.engine, self.compressor, self.stats = engine, compressor, stats
         self.server_memory = ResidualMemory()
+        # Payloads that add element-wise (`summable`, without PowerSGD's two-round protocol) are
+        # averaged by the server as they are, instead of decoded and compressed again.
+        self.sums_payloads = compressor.summable and not hasattr(compressor, "compress_collective")
 
     def reduce_tensor(self, x: Tensor, name: str, memory) -> tuple[Tensor, int]:
         n, rank = self.engine.size, self.engine.rank
@@ -84,15 +89,23 @@ class PSComm:
             nbytes = sum(c * t.element_size() for c, t in zip(counts_j, like, strict=True))
             received.append(_from_bytes(recv[pos : pos + nbytes], counts_j, like))
             pos += nbytes
-        with self.stats.time("decompress"):
-            averaged_shard = self.compressor.decompress_all(received, my_ctx)
-        # The server's compressor state (momentum, residuals, seeds) is kept apart from the worker's.
-        server_ctxs = [replace(c, name=f"{c.name}@server") for c in ctxs]
-        sname = server_ctxs[rank].name
-        with self.stats.time("compress"):
-            y = self.server_memory.compensate(averaged_shard, sname)
-            server_payload, server_ctx = self.compressor.compress(y, sname)
-            self.server_memory.update(y, sname, self.compressor, server_payload, server_ctx)
+        if self.sums_payloads:
+            # Same layout on every rank (randk's shared indices, fp16, none): the average of the
+            # payloads IS the payload of the average; nothing is lost to a second compression.
+            server_ctxs = ctxs
+            with self.stats.time("decompress"):
+                server_payload = [torch.stack([p[i].float() for p in received]).mean(0).to(t.dtype)
+                                  for i, t in enumerate(like)]
+        else:
+            with self.stats.time("decompress"):
+                averaged_shard = self.compressor.decompress_all(received, my_ctx)
+            # The server's compressor state (momentum, residuals, seeds) is kept apart from the worker's.
+            server_ctxs = [replace(c, name=f"{c.name}@server") for c in ctxs]
+            sname = server_ctxs[rank].name
+            with self.stats.time("compress"):
+                y = self.server_memory.compensate(averaged_shard, sname)
+                server_payload, server_ctx = self.compressor.compress(y, sname)
+                self.server_memory.update(y, sname, self.compressor, server_payload, server_ctx)
         sent += payload_nbytes(server_payload)
         # 4. all-gather of the re-compressed shards; everyone decodes every shard
         gathered = self.engine.allgather(server_payload, f"{name}.ps.ag")

@@ -1,0 +1,59 @@
+"""Run as every rank of a 2-rank job: comm=ps against aggregates computed by hand; exits non-zero
+on failure. Summable compressors (none, fp16, randk) are averaged exactly by the servers (no second
+compression); a biased one (topk) goes through the server's decode, error feedback and re-encode."""
+
+import sys
+
+import torch
+
+from compbench import registry
+from compbench.comm.ps import PSComm, shard_bounds
+from compbench.compressors import build_compressor
+from compbench.memory.none import NoMemory
+from compbench.train.metrics import StepStats
+
+
+def rank_tensor(r: int, n: int = 1001) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(r))
+
+
+def expected_summable(name: str, world: int, step: int) -> torch.Tensor:
+    """Shard by shard: the mean of every rank's decode of its own compressed shard."""
+    numel = rank_tensor(0).numel()
+    out = []
+    for j, (a, b) in enumerate(shard_bounds(numel, world)):
+        decoded = []
+        for r in range(world):
+            comp = build_compressor(name)
+            comp.begin_step(step, 0.0)
+            payload, ctx = comp.compress(rank_tensor(r)[a:b], f"w#ps{j}")
+            decoded.append(comp.decompress(payload, ctx).float())
+        out.append(torch.stack(decoded).mean(0))
+    return torch.cat(out)
+
+
+def main(engine_name: str) -> None:
+    engine = registry.build(registry.option_config("engine", engine_name), drop=("np",))
+    r, n = engine.rank, engine.size
+    for name, tol in (("none", 1e-6), ("randk", 1e-6), ("fp16", 2e-3)):
+        comp = build_compressor(name)
+        comp.begin_step(3, 0.0)
+        ps = PSComm(engine, comp, StepStats())
+        assert ps.sums_payloads, name
+        got, sent = ps.reduce_tensor(rank_tensor(r), "w", NoMemory())
+        want = expected_summable(name, n, 3)
+        err = (got.float() - want).abs().max().item()
+        assert err <= tol * max(1.0, want.abs().max().item()), (name, err)
+        assert sent > 0
+    comp = build_compressor("topk", ratio=0.1)
+    comp.begin_step(3, 0.0)
+    ps = PSComm(engine, comp, StepStats())
+    assert not ps.sums_payloads
+    got, _ = ps.reduce_tensor(rank_tensor(r), "w", NoMemory())
+    # each server keeps 10% of the averaged shard: at most 10% of the elements are non-zero
+    assert got.shape == rank_tensor(r).shape and 0 < int((got != 0).sum()) <= 0.1 * got.numel() + n
+    engine.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
