@@ -45,6 +45,21 @@ def main(engine_name: str) -> None:
         err = (got.float() - want).abs().max().item()
         assert err <= tol * max(1.0, want.abs().max().item()), (name, err)
         assert sent > 0
+    # a matrix is cut by rows: exact for none, and ATOMO still sees matrices (it sends 1-D dense)
+    m = rank_tensor(r).narrow(0, 0, 64 * 12).view(64, 12)
+    got, _ = PSComm(engine, build_compressor("none"), StepStats()).reduce_tensor(m, "m", NoMemory())
+    want = torch.stack([rank_tensor(q).narrow(0, 0, 64 * 12).view(64, 12) for q in range(n)]).mean(0)
+    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+    _, sent = PSComm(engine, build_compressor("atomo"), StepStats()).reduce_tensor(m, "m", NoMemory())
+    assert sent < 4 * m.numel(), sent
+    # signum: the server sends the vote's sign; where the ranks agree that is their common sign
+    comp = build_compressor("signum")
+    comp.begin_step(1, 0.0)
+    got, _ = PSComm(engine, comp, StepStats()).reduce_tensor(rank_tensor(r), "s", NoMemory())
+    signs = torch.stack([rank_tensor(q).sign() for q in range(n)])
+    agree = (signs == signs[0]).all(0)
+    assert set(got.unique().tolist()) <= {-1.0, 1.0}
+    assert torch.equal(got[agree], signs[0][agree]) and 0 < int((~agree).sum()) < got.numel()
     comp = build_compressor("topk", ratio=0.1)
     comp.begin_step(3, 0.0)
     ps = PSComm(engine, comp, StepStats())

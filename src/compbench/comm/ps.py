@@ -35,6 +35,18 @@ def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def shards_of(x: Tensor, parts: int) -> list[Tensor]:
+    """The `parts` contiguous shards of `x` (views), in order. A tensor of two or more dimensions
+    with at least `parts` rows is cut by rows of its (rows, rest) matrix, so every shard is still a
+    matrix (ATOMO and PowerSGD compress matrices and send 1-D tensors dense); anything else is cut
+    by elements (`shard_bounds`)."""
+    if x.dim() >= 2 and x.shape[0] >= parts:
+        rows = x.reshape(x.shape[0], -1)
+        return [rows[a:b] for a, b in shard_bounds(x.shape[0], parts)]
+    flat = x.reshape(-1)
+    return [flat[a:b] for a, b in shard_bounds(flat.numel(), parts)]
+
+
 def _to_bytes(payload: list[Tensor]) -> Tensor:
     return (torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in payload]) if payload
             else torch.empty(0, dtype=torch.uint8))
@@ -63,14 +75,12 @@ class PSComm:
 
     def reduce_tensor(self, x: Tensor, name: str, memory) -> tuple[Tensor, int]:
         n, rank = self.engine.size, self.engine.rank
-        flat = x.reshape(-1)
-        bounds = shard_bounds(flat.numel(), n)
         shard_names = [f"{name}#ps{j}" for j in range(n)]
         # 1. worker: compensate and compress each shard (shard j is for server j)
         payloads, ctxs = [], []
         with self.stats.time("compress"):
-            for (a, b), sname in zip(bounds, shard_names, strict=True):
-                shard = memory.compensate(flat[a:b], sname)
+            for part, sname in zip(shards_of(x, n), shard_names, strict=True):
+                shard = memory.compensate(part, sname)
                 payload, ctx = self.compressor.compress(shard, sname)
                 memory.update(shard, sname, self.compressor, payload, ctx)
                 payloads.append(payload)
@@ -102,10 +112,14 @@ class PSComm:
             # The server's compressor state (momentum, residuals, seeds) is kept apart from the worker's.
             server_ctxs = [replace(c, name=f"{c.name}@server") for c in ctxs]
             sname = server_ctxs[rank].name
+            reencode = getattr(self.compressor, "server_compress", None)
             with self.stats.time("compress"):
-                y = self.server_memory.compensate(averaged_shard, sname)
-                server_payload, server_ctx = self.compressor.compress(y, sname)
-                self.server_memory.update(y, sname, self.compressor, server_payload, server_ctx)
+                if reencode is not None:  # the compressor's own rule (signum: the vote's sign)
+                    server_payload, _ = reencode(averaged_shard, sname)
+                else:
+                    y = self.server_memory.compensate(averaged_shard, sname)
+                    server_payload, server_ctx = self.compressor.compress(y, sname)
+                    self.server_memory.update(y, sname, self.compressor, server_payload, server_ctx)
         sent += payload_nbytes(server_payload)
         # 4. all-gather of the re-compressed shards; everyone decodes every shard
         gathered = self.engine.allgather(server_payload, f"{name}.ps.ag")

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from compbench.compressors.base import CompressorBase, Ctx, make_ctx
 from compbench.compressors.packing import decode_bits, pack_bits, packed_nbytes, unpack_bits
+from compbench.compressors.sparse import stable_seed
 
 
 class Signum(CompressorBase):
@@ -34,6 +35,16 @@ class Signum(CompressorBase):
         if m is None or m.shape != flat.shape or m.device != flat.device:
             m = self.momentum[name] = torch.zeros_like(flat)
         return [_momentum_sign(m, flat, self.beta)], make_ctx(x, name)
+
+    def server_compress(self, vote: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
+        """What a comm=ps server sends back: the sign of the vote it tallied, packed, with no
+        momentum of its own (the workers' momenta already smoothed it: a second one would lag the
+        update). A tie (vote 0, even world sizes) takes a random sign from a stream seeded by
+        (step, tensor name): 0 in expectation, as in the allgather vote, at one bit per element."""
+        flat = vote.reshape(-1)
+        gen = torch.Generator(device=flat.device).manual_seed(stable_seed(0, self.step, name))
+        coin = torch.rand(flat.shape, generator=gen, device=flat.device) < 0.5
+        return [pack_bits(torch.where(flat == 0, coin, flat < 0))], make_ctx(vote, name)
 
     def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
         one = torch.ones(1, dtype=torch.float32, device=payload[0].device)
