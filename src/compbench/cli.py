@@ -52,9 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.multirun:
             from compbench.sweep import run_sweep
 
-            return run_sweep(args.overrides)
-        return train(args.overrides, print_cfg=args.cfg)
-    return 0
+            code = run_sweep(args.overrides)
+        else:
+            code = train(args.overrides, print_cfg=args.cfg)
+    from compbench.launch import external_engine
+
+    if external_engine() is not None and not args.cfg:
+        from compbench.worker import exit_now
+
+        exit_now(code)  # a finished worker of horovodrun/torchrun: skip finalization (see exit_now)
+    return code
 
 
 def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = None) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from omegaconf import OmegaConf
 
@@ -25,5 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """End a worker process that has finished (results written, engine shut down) without the
+    interpreter's finalization: gloo work objects that outlive the process group can abort it
+    there (std::terminate, SIGABRT) and turn a finished job into a failed one."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
