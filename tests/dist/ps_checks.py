@@ -50,8 +50,11 @@ def main(engine_name: str) -> None:
     got, _ = PSComm(engine, build_compressor("none"), StepStats()).reduce_tensor(m, "m", NoMemory())
     want = torch.stack([rank_tensor(q).narrow(0, 0, 64 * 12).view(64, 12) for q in range(n)]).mean(0)
     assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
-    _, sent = PSComm(engine, build_compressor("atomo"), StepStats()).reduce_tensor(m, "m", NoMemory())
+    atomo = PSComm(engine, build_compressor("atomo"), StepStats())
+    _, sent = atomo.reduce_tensor(m, "m", NoMemory())
     assert sent < 4 * m.numel(), sent
+    # unbiased (rescaled) compressors get no server error feedback: it is not contractive for them
+    assert not atomo.server_feedback and not atomo.server_memory.state_dict().get("residuals")
     # signum: the server sends the vote's sign; where the ranks agree that is their common sign
     comp = build_compressor("signum")
     comp.begin_step(1, 0.0)

@@ -3,8 +3,9 @@
 Every rank is the server of 1/N of every tensor. A rank splits its (error-compensated) tensor into N
 contiguous shards and compresses each, with worker-side error feedback per shard; an all-to-all
 delivers shard j of every rank to rank j; the server decodes the N shards it received, averages
-them, adds its own server-side residual and re-compresses (server error feedback); an all-gather of
-the re-compressed shards gives every rank the whole averaged tensor, decoded shard by shard.
+them, adds its own server-side residual and re-compresses (server error feedback, for biased
+compressors only); an all-gather of the re-compressed shards gives every rank the whole averaged
+tensor, decoded shard by shard.
 Summable compressors (none, fp16, randk: same layout on every rank) skip the server's decode and
 re-compression: the server averages the payloads themselves, so the aggregate is exact.
 Compressed bytes cross the wire twice, each time 1/N of the tensor per peer, instead of N payloads
@@ -72,6 +73,10 @@ class PSComm:
         # Payloads that add element-wise (`summable`, without PowerSGD's two-round protocol) are
         # averaged by the server as they are, instead of decoded and compressed again.
         self.sums_payloads = compressor.summable and not hasattr(compressor, "compress_collective")
+        # Server error feedback only for biased compressors: an unbiased one rescales what it keeps
+        # (ATOMO by 1/p), is not contractive, and feeding its error back made ATOMO over ps
+        # diverge (14% on digits); unbiased, the server's re-encode needs no correction.
+        self.server_feedback = not getattr(compressor, "unbiased", False)
 
     def reduce_tensor(self, x: Tensor, name: str, memory) -> tuple[Tensor, int]:
         n, rank = self.engine.size, self.engine.rank
@@ -116,6 +121,8 @@ class PSComm:
             with self.stats.time("compress"):
                 if reencode is not None:  # the compressor's own rule (signum: the vote's sign)
                     server_payload, _ = reencode(averaged_shard, sname)
+                elif not self.server_feedback:
+                    server_payload, _ = self.compressor.compress(averaged_shard, sname)
                 else:
                     y = self.server_memory.compensate(averaged_shard, sname)
                     server_payload, server_ctx = self.compressor.compress(y, sname)
