@@ -112,27 +112,32 @@ class PSComm:
                 server_payload = [torch.stack([p[i].float() for p in received]).mean(0).to(t.dtype)
                                   for i, t in enumerate(like)]
         else:
-            with self.stats.time("decompress"):
-                averaged_shard = self.compressor.decompress_all(received, my_ctx)
             # The server's compressor state (momentum, residuals, seeds) is kept apart from the worker's.
             server_ctxs = [replace(c, name=f"{c.name}@server") for c in ctxs]
-            sname = server_ctxs[rank].name
-            reencode = getattr(self.compressor, "server_compress", None)
+            with self.stats.time("decompress"):
+                averaged_shard = self.compressor.decompress_all(received, my_ctx)
             with self.stats.time("compress"):
-                if reencode is not None:  # the compressor's own rule (signum: the vote's sign)
-                    server_payload, _ = reencode(averaged_shard, sname)
-                elif not self.server_feedback:
-                    server_payload, _ = self.compressor.compress(averaged_shard, sname)
-                else:
-                    y = self.server_memory.compensate(averaged_shard, sname)
-                    server_payload, server_ctx = self.compressor.compress(y, sname)
-                    self.server_memory.update(y, sname, self.compressor, server_payload, server_ctx)
+                server_payload = self._reencode(averaged_shard, server_ctxs[rank].name)
         sent += payload_nbytes(server_payload)
         # 4. all-gather of the re-compressed shards; everyone decodes every shard
         gathered = self.engine.allgather(server_payload, f"{name}.ps.ag")
         with self.stats.time("decompress"):
             shards = [self.compressor.decompress(gathered[j], server_ctxs[j]) for j in range(n)]
         return torch.cat([s.reshape(-1) for s in shards]).view(x.shape), sent
+
+    def _reencode(self, averaged: Tensor, name: str) -> list[Tensor]:
+        """The server's payload for the average of its shard: the compressor's own server rule
+        when it has one (signum: the vote's sign), else a compress, with server error feedback
+        for biased compressors."""
+        server_compress = getattr(self.compressor, "server_compress", None)
+        if server_compress is not None:
+            return server_compress(averaged, name)[0]
+        if not self.server_feedback:
+            return self.compressor.compress(averaged, name)[0]
+        y = self.server_memory.compensate(averaged, name)
+        payload, ctx = self.compressor.compress(y, name)
+        self.server_memory.update(y, name, self.compressor, payload, ctx)
+        return payload
 
     def state_dict(self) -> dict:
         return {"server_memory": self.server_memory.state_dict()}
