@@ -17,6 +17,7 @@ from compbench.compressors.packing import (
     unpack_uint,
 )
 from compbench.kernels import cuda_kernels_enabled
+from compbench.kernels.twins import bucket_norms, qsgd_scale
 
 # Codes are packed from uint8: sign + level must fit in 8 bits.
 MAX_LEVELS = 127
@@ -108,14 +109,8 @@ def _quantize(flat: Tensor, levels: int, bucket_size: int, noise: Tensor) -> tup
     adding s makes the value non-negative, so the truncating float -> uint8 cast is the floor.
     """
     head, tail = _buckets(flat, bucket_size)
-    parts = []
-    if head is not None:
-        parts.append(torch.linalg.vector_norm(head, dim=1))
-    if tail is not None:
-        parts.append(torch.linalg.vector_norm(tail).reshape(1))
-    norms = torch.cat(parts) if parts else flat.new_zeros(0)
-    # An all-zero bucket gets scale 0: every code is s (value 0).
-    scale = torch.where(norms > 0, levels / norms, torch.zeros_like(norms))
+    norms = bucket_norms(flat, bucket_size)
+    scale = qsgd_scale(norms, levels)  # an all-zero bucket gets scale 0: every code is s (value 0)
 
     noise.add_(float(levels))
     noise_head, noise_tail = _buckets(noise, bucket_size)
@@ -131,10 +126,10 @@ def _quantize(flat: Tensor, levels: int, bucket_size: int, noise: Tensor) -> tup
 def _quantize_cuda(flat: Tensor, levels: int, bucket_size: int, seed: int) -> tuple[Tensor, Tensor]:
     """`_quantize` as one RawKernel pass drawing U from the counter-based stream of `seed` (the
     bits of `twins.qsgd_codes`, not of numpy's generator: another stream, the same distribution)."""
-    from compbench.kernels import ops, twins
+    from compbench.kernels import ops
 
-    norms = twins.bucket_norms(flat, bucket_size)
-    return ops.qsgd_codes(flat, twins.qsgd_scale(norms, levels), levels, bucket_size, seed), norms
+    norms = bucket_norms(flat, bucket_size)
+    return ops.qsgd_codes(flat, qsgd_scale(norms, levels), levels, bucket_size, seed), norms
 
 
 def _dequantize(codes: Tensor, norms: Tensor, levels: int, bucket_size: int, out: Tensor | None) -> Tensor:
