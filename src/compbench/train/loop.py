@@ -19,7 +19,7 @@ from compbench.data.loader import ShardedLoader
 from compbench.train.build import build_compressor_and_selection, build_datasets, build_memory, build_model
 from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from compbench.train.metrics import PHASES, Recorder, StepStats, write_json_atomic
-from compbench.train.optim import build_optimizer, build_schedule
+from compbench.train.optim import build_optimizer, build_schedule, param_groups
 from compbench.train.pipeline import GradientPipeline
 
 
@@ -71,24 +71,15 @@ class Trainer:
             self.model = comm.wrap_model(self.model)
             self.scheduler = comm
         self.scheduler.setup(self.model)
-        self.optimizer = build_optimizer(self._param_groups(selection), **registry.plain(cfg.optim))
+        optim = registry.plain(cfg.optim)
+        groups = param_groups(self.model, self.memory.owns_momentum,
+                              lambda p: selection.compresses(p, selection.dense_steps), optim)
+        self.optimizer = build_optimizer(groups, **optim)
         self.epochs = cfg.epochs
         self.lr_schedule = build_schedule(self.optimizer, len(self.train_loader), self.epochs,
                                           **registry.plain(cfg.optim))
         self.recorder = Recorder(run_dir) if self.rank0 else None
         self.step = 0
-
-    def _param_groups(self, selection) -> list[dict[str, Any]]:
-        """With memory=dgc the momentum lives in the memory (momentum correction) for compressed
-        tensors: the optimizer must not apply it a second time, so they get momentum 0. Tensors that
-        always go dense keep the optimizer's momentum. The rule is per tensor: with scheduler=mergecomp
-        and compress_threshold > 0 a small tensor fused into a compressed group is an approximation."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if not getattr(self.memory, "owns_momentum", False):
-            return [{"params": params}]
-        compressed = [p for p in params if selection.compresses(p, selection.dense_steps)]
-        dense = [p for p in params if not selection.compresses(p, selection.dense_steps)]
-        return [{"params": dense}, {"params": compressed, "momentum": 0.0, "nesterov": False}]
 
     def fit(self) -> dict[str, Any] | None:
         cfg, t_start = self.cfg, time.perf_counter()

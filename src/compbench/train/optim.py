@@ -1,4 +1,5 @@
-"""Optimizers (SGD, Adam, AdamW) and learning-rate schedules with linear warm-up.
+"""Optimizers (SGD, Adam, AdamW), the trainer's parameter groups, and learning-rate schedules with
+linear warm-up.
 
 The learning rate is for the global batch: it is not scaled by the number of workers, so the same
 config trained on 1 worker with batch 2b or 2 workers with batch b takes the same steps.
@@ -7,13 +8,88 @@ config trained on 1 worker with batch 2b or 2 workers with batch b takes the sam
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 _SCHEDULE_KEYS = ("lr_schedule", "warmup_epochs", "lr_min_factor", "lr_step_epochs", "lr_gamma")
-_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+
+
+class SGD(torch.optim.SGD):
+    """torch's SGD plus one param-group option for memory=dgc, `dgc = {"weight_decay": wd,
+    "momentum": m, "nesterov": bool}`: DGC's SGD (Lin et al.; synxlin/deep-gradient-compression,
+    dgc/optim/sgd.py), whose momentum applies to the weight-decay term only, because the gradient
+    already carries its momentum (the memory's momentum correction, before compression):
+
+        m_wd = m * m_wd + wd * p          (first step: m_wd = wd * p)
+        p   -= lr * (grad + m_wd)         (nesterov: lr * (grad + wd * p + m * m_wd))
+
+    Such a group must have momentum 0 and weight_decay 0 for torch's part of the step: the decay
+    term (with its momentum, state `decay_buffer`) is added to `p.grad` first and torch's step
+    (fused kernel included) then applies p -= lr * grad. Groups without the option are torch's SGD.
+    """
+
+    def __init__(self, params: Iterable[Any], **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        for group in self.param_groups:
+            dgc = group.get("dgc")
+            assert not dgc or (group["momentum"] == 0 and group["weight_decay"] == 0), \
+                "a dgc group carries its momentum and weight decay in `dgc`"
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:  # the gradients the decay term is added to come from the closure
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            dgc = group.get("dgc")
+            if not dgc or not dgc["weight_decay"]:
+                continue
+            wd, m = float(dgc["weight_decay"]), float(dgc["momentum"])
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                decay = p.mul(wd)
+                if m:
+                    state = self.state[p]
+                    buf = state.get("decay_buffer")
+                    if buf is None:
+                        buf = state["decay_buffer"] = decay.clone()
+                    else:
+                        buf.mul_(m).add_(decay)
+                    decay = decay.add(buf, alpha=m) if dgc["nesterov"] else buf
+                # In place: the averaged gradient is the optimizer's input, read by nothing after the step.
+                p.grad.add_(decay)
+        super().step()
+        return loss
+
+
+_OPTIMIZERS = {"sgd": SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+
+
+def param_groups(model: nn.Module, memory_owns_momentum: bool,
+                 compressed: Callable[[Tensor], bool], optim: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trainer's parameter groups. With a memory that applies momentum itself (memory=dgc: momentum
+    correction before compression) the tensors it sees (`compressed`) get DGC's SGD: no momentum on the
+    gradient, momentum on the weight-decay term (see `SGD`); the others keep the optimizer's ordinary
+    update. Summed over both, momentum is linear: this equals DGC's reference, whose memory also applies
+    the momentum of dense tensors. The rule is per tensor: with scheduler=mergecomp and
+    compress_threshold > 0 a small tensor fused into a compressed group is an approximation."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not memory_owns_momentum:
+        return [{"params": params}]
+    if optim["name"] != "sgd":
+        raise ValueError(f"memory=dgc applies momentum itself, with DGC's SGD; optim={optim['name']} would "
+                         f"apply its own on top: use optim=sgd (or memory=residual)")
+    dgc = {"weight_decay": float(optim.get("weight_decay", 0.0)),
+           "momentum": float(optim.get("momentum", 0.0)), "nesterov": bool(optim.get("nesterov", False))}
+    return [{"params": [p for p in params if not compressed(p)]},
+            {"params": [p for p in params if compressed(p)], "momentum": 0.0, "nesterov": False,
+             "weight_decay": 0.0, "dgc": dgc}]
 
 
 def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any) -> torch.optim.Optimizer:
