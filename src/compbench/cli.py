@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
 
-from compbench.errors import report_user_error
+from compbench.errors import INTERRUPTED_EXIT, report_user_error
 
 _COMMANDS = ("train", "list", "launch", "bench", "plan", "report")
 _USAGE = ("usage: compbench {train,list,launch,bench,plan,report} [-m] [--cfg] [key=value ...]  "
@@ -25,8 +26,27 @@ _DELEGATED = {"launch": "compbench.cli:launch", "bench": "compbench.bench.main:m
               "plan": "compbench.plan.main:main", "report": "compbench.report.main:main"}
 
 
+# The exit status of a process a closed pipe stopped (128 + SIGPIPE), as `yes | head` reports it.
+_BROKEN_PIPE_EXIT = 141
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run one subcommand; Ctrl-C and a closed output pipe end it with one line at most."""
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        # Workers, when running, were stopped by the launcher (it reports them itself).
+        print("error: interrupted by Ctrl-C; stopped", file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
+    except BrokenPipeError:
+        # `compbench list | head`: the reader left. Point stdout at /dev/null so that the
+        # interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return _BROKEN_PIPE_EXIT
+
+
+def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="compbench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=_COMMANDS)
@@ -49,12 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     with report_user_error():
         if args.command == "list":
             return list_options(args.overrides)
+        overrides, sweep_dir = hydra_dirs(args.overrides, args.multirun)
         if args.multirun:
             from compbench.sweep import run_sweep
 
-            code = run_sweep(args.overrides)
+            code = run_sweep(overrides, sweep_dir)
         else:
-            code = train(args.overrides, print_cfg=args.cfg)
+            code = train(overrides, print_cfg=args.cfg)
     from compbench.launch import external_engine
 
     if external_engine() is not None and not args.cfg:
@@ -62,6 +83,31 @@ def main(argv: list[str] | None = None) -> int:
 
         exit_now(code)  # a finished worker of horovodrun/torchrun: skip finalization (see exit_now)
     return code
+
+
+def hydra_dirs(overrides: list[str], multirun: bool) -> tuple[list[str], str | None]:
+    """Honour Hydra's folder overrides: `hydra.run.dir=D` is `output_dir=D`, `hydra.sweep.dir=D`
+    the sweep's folder (-m). compbench composes with Hydra's compose API (no @hydra.main), so any
+    other `hydra.*` setting would be silently ignored: it is refused."""
+    rest, run_dir, sweep_dir = [], None, None
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key == "hydra.run.dir" and not multirun:
+            run_dir = value
+        elif key == "hydra.sweep.dir" and multirun:
+            sweep_dir = value
+        elif key.lstrip("+~").startswith(("hydra.", "hydra/")):
+            where = "hydra.sweep.dir=DIR with -m" if multirun else "output_dir=DIR (or hydra.run.dir=DIR)"
+            raise ValueError(f"{key} is not used by compbench (it composes configs without Hydra's app "
+                             f"runner); for the output folder pass {where}")
+        else:
+            rest.append(o)
+    if run_dir is not None:
+        given = [o.partition("=")[2] for o in rest if o.partition("=")[0] == "output_dir"]
+        if given and given[-1] != run_dir:
+            raise ValueError(f"hydra.run.dir={run_dir} and output_dir={given[-1]} differ; pass one of them")
+        rest.append(f"output_dir={run_dir}")
+    return rest, sweep_dir
 
 
 def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = None) -> int:
@@ -94,7 +140,9 @@ def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = 
         from compbench.rundir import record_failure
 
         record_failure(run_dir, cfg, message)
-        print(f"error: {message}; partial output kept in {run_dir}", file=sys.stderr)
+        # The worker's own line, once; where the partial output is goes to stdout.
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        print(f"compbench: failed; partial output kept in {run_dir}", flush=True)
         return code
     print(f"compbench: done. results: {run_dir / 'results.json'}  (tensorboard --logdir {run_dir.parent})")
     return 0

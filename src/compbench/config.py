@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from compbench import registry
+from compbench.checks import check_settings
 from compbench.compressors.base import check_ratio
 
 GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "engine", "optim", "net")
@@ -49,6 +50,7 @@ def compose(overrides: list[str], config_name: str = "train") -> DictConfig:
 
 def check(cfg: DictConfig) -> DictConfig:
     """Validate and normalize a composed train config; returns it (ratio shorthand applied)."""
+    check_settings(cfg)  # values, types, output folder (compbench.checks)
     picked = cfg.choices
     with open_dict(cfg):
         if cfg.ratio is not None:

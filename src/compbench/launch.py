@@ -6,6 +6,13 @@ rendezvous server (as horovodrun starts) or a torch.distributed file store (no p
 The parent watches them: when one dies, the others are stopped and the lost rank is named; Ctrl-C
 stops them all.
 
+Local jobs stay local: Horovod's rendezvous server listens on 127.0.0.1 only (horovod's own binds
+every interface, unauthenticated, and answers HEAD requests for files in the working directory).
+Workers die with the parent (PR_SET_PDEATHSIG), so a SIGKILLed launcher leaves no training
+orphans; its scratch folder (`$TMPDIR/compbench-*`, the torch file store) is removed by the next
+launch on this machine. A worker's `error:` line goes to a file the parent reads, so the user sees
+it once (not once per rank).
+
 Under horovodrun / torchrun the environment already describes the job and compbench runs the
 worker in-process instead: that is the multi-machine path.
 
@@ -16,14 +23,20 @@ ends, also on failure or Ctrl-C.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from compbench.errors import ERROR_FILE_ENV
 
 if TYPE_CHECKING:
     from compbench.netem import ShapedNamespace
@@ -41,12 +54,47 @@ def external_engine() -> str | None:
     return None
 
 
+class LoopbackRendezvous:
+    """Horovod's Gloo rendezvous (the key-value store every rank meets at), on 127.0.0.1 only.
+
+    horovod's RendezvousServer binds ('', port): every interface, no authentication, for the whole
+    run; from another machine one can read and write its keys, abort the job and (its handler is a
+    SimpleHTTPRequestHandler) probe files in the working directory with HEAD. Same handler and store
+    here, bound to the loopback on a port the kernel picks, with HEAD refused (Gloo's HTTP store uses
+    only GET, PUT and DELETE).
+    """
+
+    def __init__(self) -> None:
+        self._httpd = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        """Open the socket (call it inside a network namespace to listen there) and serve; the port."""
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        class Handler(RendezvousHandler):
+            def do_HEAD(self) -> None:  # noqa: N802 (http.server's naming)
+                self.send_error(405)
+
+        self._httpd = RendezvousHTTPServer(("127.0.0.1", 0), Handler, 0)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self._httpd.server_address[1]
+
+    def init(self, slots: list) -> None:
+        self._httpd.init(slots)
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+
 def _horovod_envs(np: int, netns: ShapedNamespace | None = None) -> tuple[list[dict[str, str]], object]:
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.gloo_run import create_slot_env_vars
-    from horovod.runner.http.http_server import RendezvousServer
 
-    server = RendezvousServer(False)
+    server = LoopbackRendezvous()
     # Workers in a shaped namespace reach 127.0.0.1 of that namespace: the server's socket must be
     # opened there (a socket belongs to the namespace it was created in).
     port = netns.call(server.start) if netns is not None else server.start()
@@ -73,6 +121,48 @@ def _torch_envs(np: int, store_dir: str) -> list[dict[str, str]]:
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _worker_preexec(parent: int) -> Callable[[], None]:
+    """Run in each worker between fork and exec: die with the launcher, answer Ctrl-C.
+
+    SIGKILL of the launcher cannot be caught, so the kernel must stop the workers
+    (PR_SET_PDEATHSIG; it survives exec). SIGINT is reset to its default: a launcher started in the
+    background (`cmd &`) ignores it and its children would inherit that, so stopping them with
+    SIGINT would wait out the grace period.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+_SCRATCH_PREFIX = "compbench-"
+_OWNER_FILE = "owner.pid"
+
+
+def _remove_stale_scratch() -> None:
+    """Remove scratch folders of launchers that died without cleaning up (SIGKILL): each holds
+    its owner's pid; a folder whose owner is gone and that belongs to this user is removed."""
+    root = Path(tempfile.gettempdir())
+    for d in root.glob(f"{_SCRATCH_PREFIX}*"):
+        try:
+            if d.stat().st_uid != os.getuid() or not (d / _OWNER_FILE).is_file():
+                continue
+            pid = int((d / _OWNER_FILE).read_text())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (OSError, ValueError):
+            continue  # another user's folder, a half-written pid file, a live owner
 
 
 def _stop(procs: list[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
@@ -120,7 +210,9 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
     """Run `argv` as `np` ranks of an `engine` job on this machine and watch them. With `netns`
     (a `compbench.netem.ShapedNamespace`) every rank runs inside it (`ip netns exec NAME argv`)."""
     server = None
-    with tempfile.TemporaryDirectory(prefix="compbench-") as store_dir:
+    _remove_stale_scratch()
+    with tempfile.TemporaryDirectory(prefix=_SCRATCH_PREFIX) as store_dir:
+        Path(store_dir, _OWNER_FILE).write_text(str(os.getpid()))
         if engine == "horovod":
             envs, server = _horovod_envs(np, netns)
         else:
@@ -134,12 +226,13 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
         # `kill` of the launcher stops the job like Ctrl-C does, instead of orphaning the workers.
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            for env in envs:
+            for rank, env in enumerate(envs):
                 # THP: a fresh 100 MB CPU tensor costs ~40 ms of page faults without, ~6 ms with.
                 full = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, **env, **extra,
-                        "OMP_NUM_THREADS": nthreads, "COMPBENCH_THREADS": nthreads}
-                procs.append(subprocess.Popen(cmd, env=full))
-            return _watch(procs)
+                        "OMP_NUM_THREADS": nthreads, "COMPBENCH_THREADS": nthreads,
+                        ERROR_FILE_ENV: str(Path(store_dir) / f"error.{rank}")}
+                procs.append(subprocess.Popen(cmd, env=full, preexec_fn=_worker_preexec(os.getpid())))
+            return _watch(procs, Path(store_dir))
         except KeyboardInterrupt:
             _stop(procs, signal.SIGINT)
             return 130, "interrupted: all workers stopped"
@@ -150,14 +243,25 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
                 server.stop()
 
 
-def _watch(procs: list[subprocess.Popen]) -> tuple[int, str]:
+def _watch(procs: list[subprocess.Popen], errors: Path) -> tuple[int, str]:
+    """Wait for the workers; on the first failure stop the rest. The message is the failed
+    worker's own `error:` text when it wrote one (see compbench.errors), else how it ended."""
     while True:
         codes = [p.poll() for p in procs]
         for rank, code in enumerate(codes):
             if code not in (None, 0):
                 _stop(procs)
-                # Exit code 2 is a user error the worker already explained on stderr.
-                return (2 if code == 2 else 1), f"worker rank {rank} {_describe(code)}; all workers stopped"
+                said = _read_error(errors / f"error.{rank}")
+                # Exit code 2 is a user error (a ValueError the worker explained).
+                return ((2 if code == 2 else 1),
+                        said or f"worker rank {rank} {_describe(code)}; all workers stopped")
         if all(c == 0 for c in codes):
             return 0, ""
         time.sleep(0.1)
+
+
+def _read_error(path: Path) -> str:
+    try:
+        return path.read_text().strip().splitlines()[0]
+    except (OSError, IndexError):
+        return ""

@@ -9,11 +9,23 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 
-def _fresh(base: Path) -> Path:
+def claim_fresh(base: Path) -> Path:
+    """Create and return `base`, or `base-1`, `base-2`, ... if taken. mkdir is the claim (atomic):
+    two runs or sweeps started in the same second, even by two processes, never share a folder."""
+    base.parent.mkdir(parents=True, exist_ok=True)
     path, n = base, 1
-    while path.exists():  # two runs in the same second get distinct folders
-        path, n = base.with_name(f"{base.name}-{n}"), n + 1
-    return path
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            path, n = base.with_name(f"{base.name}-{n}"), n + 1
+
+
+def now_dir(root: Path) -> Path:
+    """`root/YYYY-MM-DD/HH-MM-SS` (one clock reading: no date/time mismatch at midnight)."""
+    t = time.localtime()
+    return root / time.strftime("%Y-%m-%d", t) / time.strftime("%H-%M-%S", t)
 
 
 def _completed(path: Path) -> bool:
@@ -35,15 +47,19 @@ def resume_dir(cfg: DictConfig) -> str | None:
 
 def prepare_run_dir(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     out = resume_dir(cfg)
-    if out:
-        path = Path(out)
-        if _completed(path) and not cfg.resume:  # resuming continues (and then rewrites) its own run
-            raise ValueError(f"output_dir={path} already holds a finished run; choose another output_dir")
-    else:
-        path = _fresh(Path(cfg.outputs_root) / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))
-    (path / ".hydra").mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, path / ".hydra" / "config.yaml")
-    OmegaConf.save(OmegaConf.create(list(overrides or [])), path / ".hydra" / "overrides.yaml")
+    key = "output_dir" if out else "outputs_root"
+    path = Path(out) if out else now_dir(Path(cfg.outputs_root))
+    if out and _completed(path) and not cfg.resume:  # resuming continues (and then rewrites) its own run
+        raise ValueError(f"output_dir={path} already holds a finished run; choose another output_dir")
+    try:
+        if not out:
+            path = claim_fresh(path)
+        (path / ".hydra").mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, path / ".hydra" / "config.yaml")
+        OmegaConf.save(OmegaConf.create(list(overrides or [])), path / ".hydra" / "overrides.yaml")
+    except OSError as e:  # checked in compbench.checks; this is the disk filling up or a race
+        raise ValueError(f"{key}: cannot write the run folder {path} ({e.strerror}); "
+                         f"pass {key}=DIR with DIR a folder you can write") from None
     return path.resolve()
 
 

@@ -1,14 +1,15 @@
 """`compbench train -m a=1,2 b=x,y`: run every combination, one job after another.
 
-Each job starts its own workers in `outputs/multirun/DATE/TIME/<job>/`; a job that fails is recorded
-with its error and the sweep goes on; a one-screen summary closes the sweep.
+Each job starts its own workers in `outputs/multirun/DATE/TIME/<job>/` (or `hydra.sweep.dir=DIR`);
+a job that fails is recorded with its error and the sweep goes on; Ctrl-C stops the whole sweep
+(exit 130); a one-screen summary closes the sweep. Two sweeps started in the same second get
+distinct folders (`TIME-1`, ...).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import time
 from pathlib import Path
 
 
@@ -44,24 +45,47 @@ def plan_jobs(overrides: list[str]) -> list[list[str]]:
     return expand(axes)
 
 
-def run_sweep(overrides: list[str]) -> int:
+def run_sweep(overrides: list[str], sweep_dir: str | None = None) -> int:
+    """Run every job of the sweep in `sweep_dir` (default: a fresh outputs_root/multirun/DATE/TIME)."""
     from compbench import config
     from compbench.cli import train
+    from compbench.errors import INTERRUPTED_EXIT
 
     jobs = plan_jobs(overrides)
     # Check every job before running any: a typo in the last combination should not cost a sweep.
     cfgs = [config.check(config.compose(job)) for job in jobs]
-    sweep_dir = (Path(cfgs[0].outputs_root) / "multirun" / time.strftime("%Y-%m-%d")
-                 / time.strftime("%H-%M-%S"))
+    root = _claim_sweep_dir(sweep_dir, Path(cfgs[0].outputs_root))
     rows = []
     for i, job in enumerate(jobs):
-        job_dir = sweep_dir / str(i)
+        job_dir = root / str(i)
         print(f"[{i + 1}/{len(jobs)}] {' '.join(job)}", flush=True)
         code = train([*job, f"output_dir={job_dir}"])
         rows.append((i, " ".join(job), code, _summary(job_dir)))
+        if code == INTERRUPTED_EXIT:  # Ctrl-C stopped this job's workers: the user means the sweep
+            print(_table(rows))
+            print(f"sweep: interrupted after {i + 1} of {len(jobs)} jobs; {root}", flush=True)
+            return INTERRUPTED_EXIT
     print(_table(rows))
-    print(f"sweep: {sweep_dir}  (compbench report {sweep_dir})")
+    print(f"sweep: {root}  (compbench report {root})")
     return 0 if all(code == 0 for *_, code, _ in rows) else 1
+
+
+def _claim_sweep_dir(given: str | None, outputs_root: Path) -> Path:
+    """The sweep's own folder, created now: `hydra.sweep.dir=DIR` (new or empty), else a fresh
+    dated one. Jobs write only below it, so a summary never reads another sweep's results."""
+    from compbench.checks import check_creatable
+    from compbench.rundir import claim_fresh, now_dir
+
+    if given is None:
+        check_creatable("outputs_root", outputs_root)
+        return claim_fresh(now_dir(outputs_root / "multirun"))
+    path = Path(given)
+    check_creatable("hydra.sweep.dir", path)
+    if path.is_dir() and any(path.iterdir()):
+        raise ValueError(f"hydra.sweep.dir={path} is not empty (another sweep's jobs would mix with "
+                         f"this one's); pass a new folder")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _summary(job_dir: Path) -> dict:

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 
 def main(argv: list[str] | None = None) -> int:
-    from compbench.errors import report_user_error
+    from compbench.errors import report_user_error, say_error
     from compbench.train.loop import run_worker
 
     run_dir = Path((argv or sys.argv[1:])[0])
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C reaches every worker: stop quietly, the launcher reports it
         return 130
     except FloatingPointError as e:  # on_nonfinite=raise: the message names the tensor and the fix
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        say_error(str(e))
         return 3
     return 0
 

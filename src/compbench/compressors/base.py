@@ -108,7 +108,10 @@ def payload_nbytes(payload: list[Tensor]) -> int:
 
 
 def check_ratio(ratio: float, who: str) -> float:
-    if not (0 < float(ratio) <= 1):
+    # A list, a string or a bool from the command line (`ratio=[1,2]`, `ratio=abc`) is the user's
+    # typo, not a number to convert; NaN fails the interval test.
+    number = isinstance(ratio, int | float) and not isinstance(ratio, bool)
+    if not number or not (0 < float(ratio) <= 1):
         raise ValueError(f"{who}: ratio={ratio} is outside (0, 1]; pass e.g. ratio=1e-3")
     return float(ratio)
 

@@ -3,9 +3,13 @@ resized to image_size and repeated to 3 channels so every image model accepts it
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
+
+_SAMPLES = 1797  # sklearn.datasets.load_digits
 
 
 def digits(image_size: int = 32, test_fraction: float = 0.2, seed: int = 0, **_: object):
@@ -20,3 +24,8 @@ def digits(image_size: int = 32, test_fraction: float = 0.2, seed: int = 0, **_:
     # A fixed stratified split: the test set never depends on the world size or the run.
     tr, te = train_test_split(range(len(y)), test_size=test_fraction, random_state=seed, stratify=y.numpy())
     return TensorDataset(x[tr], y[tr]), TensorDataset(x[te], y[te])
+
+
+def train_size_of(test_fraction: float = 0.2, **_: object) -> int:
+    """Training samples, known without loading (train_test_split's rule: the test set is rounded up)."""
+    return _SAMPLES - math.ceil(test_fraction * _SAMPLES)

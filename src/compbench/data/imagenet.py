@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -13,6 +14,25 @@ def check_root(root: str | None) -> None:
             f"dataset=imagenet: dataset.root={root} must hold train/ and val/ class folders; "
             f"pass dataset.root=DIR"
         )
+    for split in ("train", "val"):
+        problem = _class_folder_problem(Path(root) / split)
+        if problem:
+            raise ValueError(f"dataset=imagenet: dataset.root={root}: {split}/ {problem}; "
+                             f"pass a root whose train/ and val/ hold one folder of images per class")
+
+
+def _class_folder_problem(split: Path) -> str | None:
+    """What ImageFolder would refuse, found with one directory scan per class (it stops at the
+    first image of each class: a full ImageNet tree costs ~1000 small scans, not 1.3M stats)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    classes = sorted((e for e in os.scandir(split) if e.is_dir()), key=lambda e: e.name)
+    if not classes:
+        return "has no class folders"
+    for c in classes:
+        if not any(f.lower().endswith(IMG_EXTENSIONS) for _, _, files in os.walk(c.path) for f in files):
+            return f"class folder {c.name}/ has no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)"
+    return None
 
 
 def imagenet(root: str | None = None, image_size: int = 224, **_: object):

@@ -12,21 +12,39 @@ Any mismatch is a ValueError naming the file and the model.
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 
+# What a damaged archive raises when an array is read (np.load opens the zip lazily): a bad CRC,
+# a truncated member, a bad zlib stream, a pickled object array (allow_pickle=False).
+_READ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError)
 
-def _open(path: str, model_name: str):
+
+def _unreadable(path: str, model_name: str, detail: object) -> ValueError:
+    return ValueError(f"model={model_name}: pretrained file {path} is not a readable .npz ({detail}); "
+                      f"pass an intact numpy.savez file or pretrained=null")
+
+
+def _open(path: str, model_name: str) -> dict[str, np.ndarray]:
+    """Every array of the file, read and type-checked here: a damaged or non-numeric file is the
+    user's input, refused in the parent's config check with one line."""
     if not Path(path).is_file():
         raise ValueError(f"model={model_name}: pretrained file {path} does not exist; "
                          f"pass a local .npz or pretrained=null")
     try:
-        return np.load(path)
-    except Exception as e:  # not an npz / corrupt: the user's file, not our bug
-        raise ValueError(f"model={model_name}: pretrained file {path} is not a readable .npz ({e})") from None
+        with np.load(path) as archive:
+            arrays = {k: archive[k] for k in archive.files}
+    except _READ_ERRORS as e:
+        raise _unreadable(path, model_name, f"{type(e).__name__}: {e}".splitlines()[0]) from None
+    for k, a in arrays.items():
+        if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
+            raise _unreadable(path, model_name, f"array {k} has dtype {a.dtype}, not numbers")
+    return arrays
 
 
 def _mismatch(path: str, model_name: str, detail: object) -> ValueError:
@@ -37,8 +55,7 @@ def _mismatch(path: str, model_name: str, detail: object) -> ValueError:
 
 
 def load_npz_state_dict(model: nn.Module, path: str, model_name: str) -> None:
-    arrays = _open(path, model_name)
-    state = {k: torch.from_numpy(arrays[k]) for k in arrays.files}
+    state = {k: torch.from_numpy(a) for k, a in _open(path, model_name).items()}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -49,7 +66,7 @@ def load_google_vit_npz(model: nn.Module, path: str, model_name: str) -> None:
     _open(path, model_name)
     try:
         model.load_pretrained(path)  # timm's npz loader (resamples position embeddings)
-    except (KeyError, RuntimeError, ValueError) as e:
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
         raise _mismatch(path, model_name, f"{type(e).__name__}: {e}".splitlines()[0]) from None
 
 
@@ -83,7 +100,7 @@ def load_google_mixer_npz(model: nn.Module, path: str, model_name: str) -> None:
     w = _open(path, model_name)
     with torch.no_grad():
         for gname, t, kind in _mixer_pairs(model):
-            if gname not in w.files:
+            if gname not in w:
                 raise _mismatch(path, model_name, f"missing {gname}")
             a = torch.from_numpy(w[gname])
             a = a.permute(3, 2, 0, 1) if kind == "conv" else a.T if kind == "dense" else a
@@ -92,7 +109,7 @@ def load_google_mixer_npz(model: nn.Module, path: str, model_name: str) -> None:
                                 f"{gname} has shape {tuple(a.shape)}, the model {tuple(t.shape)}")
             t.copy_(a)
         head = getattr(model, "head", None)
-        if (isinstance(head, nn.Linear) and "head/bias" in w.files
+        if (isinstance(head, nn.Linear) and "head/bias" in w and "head/kernel" in w
                 and w["head/bias"].shape[-1] == head.out_features):
             head.weight.copy_(torch.from_numpy(w["head/kernel"]).T)
             head.bias.copy_(torch.from_numpy(w["head/bias"]))

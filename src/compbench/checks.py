@@ -1,0 +1,206 @@
+"""Value checks of a composed train config, run once in the parent (`compbench.config.check`).
+
+Every setting a worker would otherwise trip over (a string where a number belongs, a negative
+learning rate, a batch larger than the data set, an output folder that cannot be created) is
+refused here with one line naming the key and the fix, before any folder or file exists. The
+combination checks (compressor x memory x comm x scheduler) live in `compbench.config`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+# `engine.np` above this many workers per core is refused: each worker is a full process with its
+# own copy of the model and of the engine's buffers; at 32 workers per core (np=64 on 2 cores) a
+# job took 9.7 GB, ran 167 s and died of a gloo timeout. Above one per core it only warns.
+MAX_WORKERS_PER_CORE = 4
+_LR_SCHEDULES = ("constant", "cosine", "step")
+_BACKENDS = ("auto", "gloo", "nccl")
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """Refuse bad values with a ValueError (one line: key, value, fix); warn where a value only hurts."""
+    _check_finite(cfg)
+    _check_run_settings(cfg)
+    _check_engine(cfg)
+    _check_optim(cfg)
+    _check_batch_fits_dataset(cfg)
+    _check_output_dir(cfg)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # `epochs=true` is not 1 epoch
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def require_int(key: str, v: Any, low: int, fix: str = "") -> None:
+    if not _is_int(v) or v < low:
+        raise ValueError(f"{key}={_show(v)} must be an integer >= {low}{'; ' + fix if fix else ''}")
+
+
+def require_number(key: str, v: Any, low: float, strict: bool = False, fix: str = "") -> None:
+    ok = _is_number(v) and math.isfinite(v) and (v > low if strict else v >= low)
+    if not ok:
+        bound = f"> {low:g}" if strict else f">= {low:g}"
+        raise ValueError(f"{key}={_show(v)} must be a finite number {bound}{'; ' + fix if fix else ''}")
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if OmegaConf.is_config(v):
+        return str(OmegaConf.to_container(v))
+    return str(v)
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{prefix}{i}.")
+    else:
+        yield prefix[:-1], node
+
+
+# -- checks ----------------------------------------------------------------------------------
+
+def _check_finite(cfg: DictConfig) -> None:
+    """No setting anywhere may be NaN or infinite (`optim.lr=nan`, `memory.beta=inf`): such a
+    run trains on garbage and publishes numbers that look like results."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    for key, v in _leaves(plain):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{key}={v} must be a finite number; pass a real value")
+
+
+def _check_run_settings(cfg: DictConfig) -> None:
+    for key in ("epochs", "batch_size", "eval_batch_size"):
+        require_int(key, cfg[key], 1)
+    if cfg.max_steps is not None:
+        require_int("max_steps", cfg.max_steps, 1, "or max_steps=null for no limit")
+    require_int("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, "0 checkpoints at epoch ends only")
+    require_int("seed", cfg.seed, 0)
+    require_int("num_workers", cfg.num_workers, 0)
+    if cfg.threads is not None:
+        require_int("threads", cfg.threads, 1, "or threads=null for cores / workers")
+    for key in ("eval", "checkpoint", "progress"):
+        if not isinstance(cfg[key], bool):
+            raise ValueError(f"{key}={_show(cfg[key])} must be true or false")
+
+
+def _check_engine(cfg: DictConfig) -> None:
+    np = cfg.engine.get("np", 1)
+    require_int("engine.np", np, 1, "it is the number of workers")
+    if "timeout_s" in cfg.engine:
+        require_number("engine.timeout_s", cfg.engine.timeout_s, 0, strict=True,
+                       fix="seconds a collective may wait, e.g. engine.timeout_s=300")
+    backend = cfg.engine.get("backend")
+    if backend is not None:
+        if backend not in _BACKENDS:
+            raise ValueError(f"engine.backend={backend} is unknown; use {', '.join(_BACKENDS)}")
+        if backend == "nccl":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("engine.backend=nccl needs CUDA GPUs and none is visible; "
+                                 "use engine.backend=gloo (or auto)")
+    from compbench.launch import external_engine
+
+    if external_engine() is None:  # under horovodrun / torchrun the launcher decides the ranks
+        _check_worker_count(np)
+
+
+def _check_worker_count(np: int) -> None:
+    cores = os.cpu_count() or 1
+    bound = MAX_WORKERS_PER_CORE * cores
+    if np > bound:
+        raise ValueError(f"engine.np={np} is more than {MAX_WORKERS_PER_CORE} workers per core on "
+                         f"{cores} cores (each is a process with its own model); use engine.np<={bound}, "
+                         f"or horovodrun/torchrun across machines")
+    if np > cores:
+        warnings.warn(f"engine.np={np} workers share {cores} cores: steps will be slow and timings "
+                      f"not representative", stacklevel=2)
+
+
+def _check_optim(cfg: DictConfig) -> None:
+    o = cfg.optim
+    name = o.get("name", "optim")
+    require_number("optim.lr", o.get("lr"), 0, strict=True, fix=f"e.g. optim.lr={_default_lr(name)}")
+    for key in ("momentum", "weight_decay", "warmup_epochs", "lr_min_factor"):
+        if key in o:
+            require_number(f"optim.{key}", o[key], 0)
+    if "lr_gamma" in o:
+        require_number("optim.lr_gamma", o.lr_gamma, 0, strict=True)
+    if "betas" in o:
+        betas = o.betas
+        if (not OmegaConf.is_list(betas) or len(betas) != 2
+                or not all(_is_number(b) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"optim.betas={_show(betas)} must be two numbers in [0, 1); "
+                             f"e.g. optim.betas=[0.9,0.999]")
+    if "lr_schedule" in o and o.lr_schedule not in _LR_SCHEDULES:
+        raise ValueError(f"optim.lr_schedule={o.lr_schedule} is unknown; use {', '.join(_LR_SCHEDULES)}")
+    steps = o.get("lr_step_epochs")
+    steps_ok = steps is None or (OmegaConf.is_list(steps) and all(_is_number(s) and s >= 0 for s in steps))
+    if not steps_ok:
+        raise ValueError(f"optim.lr_step_epochs={_show(steps)} must be a list of epochs >= 0, e.g. [30,60]")
+
+
+def _default_lr(name: str) -> str:
+    return "0.1" if name == "sgd" else "1e-3"
+
+
+def _check_batch_fits_dataset(cfg: DictConfig) -> None:
+    """Every worker needs at least one full batch of its shard (drop_last keeps step counts equal)."""
+    module = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0])
+    # Optional per-dataset hook: file-backed sets without a cheap size (ImageNet) leave it out and
+    # the worker checks after loading.
+    size_of = getattr(module, "train_size_of", None)
+    n = size_of(**OmegaConf.to_container(cfg.dataset, resolve=True)) if size_of is not None else None
+    np = cfg.engine.get("np", 1)
+    if n is not None and n // np < cfg.batch_size:
+        raise ValueError(f"batch_size={cfg.batch_size} x {np} workers exceeds the {n} training samples "
+                         f"(each worker needs one full batch); use batch_size<={max(1, n // np)}")
+
+
+def _check_output_dir(cfg: DictConfig) -> None:
+    """The run folder (output_dir, or one under outputs_root) must be creatable: try it for real in
+    its nearest existing parent (a scratch folder, removed at once), so /proc, /dev/null/x, a file
+    in the way or a read-only disk fail here and not with a traceback half-way through."""
+    from compbench.rundir import resume_dir
+
+    out = resume_dir(cfg)
+    key, path = ("output_dir", out) if out else ("outputs_root", cfg.outputs_root)
+    check_creatable(key, Path(str(path)))
+
+
+def check_creatable(key: str, path: Path) -> None:
+    """Refuse `key=path` unless `path` is a folder or one can be made there (nothing is left behind)."""
+    fix = f"pass {key}=DIR with DIR a folder you can write"
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{key}={path} exists and is not a folder; {fix}")
+    parent = path.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{key}={path}: {parent} is not a folder; {fix}")
+    try:
+        scratch = tempfile.mkdtemp(prefix=".compbench-check-", dir=parent)
+        os.rmdir(scratch)
+    except OSError as e:
+        raise ValueError(f"{key}={path}: cannot create folders in {parent} ({e.strerror}); {fix}") from None
