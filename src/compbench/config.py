@@ -33,19 +33,52 @@ def compose(overrides: list[str], config_name: str = "train") -> DictConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    def compose_with(extra: list[str]) -> DictConfig:
+        try:
+            with initialize_config_dir(version_base=None, config_dir=str(registry.conf_dir())):
+                return hydra_compose(config_name=config_name, overrides=[*overrides, *extra],
+                                     return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{first} (settings are listed by `compbench train --cfg`)") from None
+
     _check_group_choices(overrides)
-    try:
-        with initialize_config_dir(version_base=None, config_dir=str(registry.conf_dir())):
-            cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{first} (settings are listed by `compbench train --cfg`)") from None
+    cfg = compose_with([])
+    applied = _recipe_to_apply(cfg, overrides) if config_name == "train" else {}
+    if applied:
+        cfg = compose_with([f"{k}={v}" for k, v in applied.items()])
     # Keep which option each group took (reports and hparams use it); drop the rest of Hydra's node.
     picked = {g: cfg.hydra.runtime.choices[g] for g in GROUPS if g in cfg.hydra.runtime.choices}
     with open_dict(cfg):
         del cfg["hydra"]
         cfg.choices = picked
+        if config_name == "train":
+            cfg.recipe = applied
     return cfg
+
+
+def _recipe_to_apply(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
+    """The compressor's recipe (compbench.compat.recipe) less every key the user set: on the command
+    line, or in the experiment file (its keys and its `override /GROUP` defaults)."""
+    from compbench import compat
+
+    choices = cfg.hydra.runtime.choices
+    caps = registry.component_class("compressor", choices["compressor"]).caps
+    comm_traits = registry.component_class("comm", choices["comm"]).traits
+    wanted = compat.recipe(caps, choices["comm"], comm_traits, choices["optim"])
+    user = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    if choices.get("experiment"):
+        user |= _experiment_keys(choices["experiment"])
+    return {k: v for k, v in wanted.items() if k not in user}
+
+
+def _experiment_keys(name: str) -> set[str]:
+    node = registry.option_config("experiment", name)
+    keys = {k for k in node if k not in ("defaults", "sweep", "jobs")}
+    for entry in node.get("defaults", []):
+        for key in entry if isinstance(entry, dict) else []:
+            keys.add(key.removeprefix("override ").strip("/ "))
+    return keys
 
 
 def check(cfg: DictConfig) -> DictConfig:
@@ -84,22 +117,17 @@ def check(cfg: DictConfig) -> DictConfig:
     if cfg.on_nonfinite not in ("raise", "skip", "ignore"):
         raise ValueError(f"on_nonfinite={cfg.on_nonfinite} is unknown; use raise, skip or ignore")
 
-    compressor_cls = registry.component_class("compressor", picked["compressor"])
-    comm_cls = registry.locate(cfg.comm._target_)
-    if hasattr(comm_cls, "check"):  # engine-specific communicators (ring, ddp, horovod_optimizer)
-        comm_cls.check(picked["engine"], compressor=picked["compressor"], memory=picked["memory"],
-                       **{k: v for k, v in registry.plain(cfg.comm).items() if k != "_target_"})
-    if getattr(comm_cls, "requires_summable", False) and not compressor_cls.summable:
-        raise ValueError(f"compressor={picked['compressor']} {compressor_cls.why_not_summable}; "
-                         f"use comm=allgather or comm=ps")
-
-    # Building the light components validates their parameters (e.g. qsgd levels < 1).
+    # Building the light components validates their parameters (e.g. qsgd levels < 1); the built
+    # compressor's capabilities may follow them (randk's `scale` makes it unbiased).
+    from compbench import compat
     from compbench.train.build import build_compressor_and_selection, build_memory, build_model
 
     compressor, _ = build_compressor_and_selection(cfg)
-    if hasattr(comm_cls, "check_compressor"):
-        comm_cls.check_compressor(compressor)
-    build_memory(cfg, np)
+    comm_cls = registry.locate(cfg.comm._target_)
+    comm_cls.check_options(**{k: v for k, v in registry.plain(cfg.comm).items() if k != "_target_"})
+    memory = build_memory(cfg, np)
+    compat.check(picked, compressor.caps, memory.traits, comm_cls.traits,
+                 registry.locate(cfg.scheduler._target_).traits, registry.plain(cfg.optim))
     registry.build(cfg.scheduler)  # e.g. scheduler.groups=foo stops here, before any output exists
     _check_dataset(cfg)
     if cfg.model.get("pretrained"):

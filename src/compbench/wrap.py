@@ -17,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from compbench import registry
+from compbench import compat, registry
 from compbench.train.build import build_compressor_and_selection, build_memory
 from compbench.train.metrics import StepStats
 from compbench.train.pipeline import GradientPipeline
@@ -81,16 +81,21 @@ def wrap_compress_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, 
         "memory": registry.option_config("memory", memory),
     })
     comm_cls = registry.component_class("comm", comm)
-    compressor_cls = registry.component_class("compressor", compressor)
-    if comm_cls.requires_summable and not compressor_cls.summable:
-        raise ValueError(f"compressor={compressor} {compressor_cls.why_not_summable}; "
-                         f"use comm=allgather or comm=ps")
-    eng = registry.build(registry.option_config("engine", engine), drop=("np",))
+    if comm_cls.traits.baseline:
+        raise ValueError(f"comm={comm} is a baseline that synchronizes by itself; use comm=allgather, "
+                         "allreduce, ps or ring")
     comp, selection = build_compressor_and_selection(cfg)
+    mem = build_memory(cfg, 1)
+    optim_name = type(optimizer).__name__.lower()
+    momentum = optimizer.param_groups[0].get("momentum", 0.0)
+    choices = {"compressor": compressor, "memory": memory, "comm": comm, "scheduler": scheduler,
+               "engine": engine, "optim": optim_name}
+    compat.check(choices, comp.caps, mem.traits, comm_cls.traits,
+                 registry.component_class("scheduler", scheduler).traits, {"momentum": momentum})
+    if mem.traits.owns_momentum and momentum:
+        raise ValueError(f"memory={memory} applies momentum itself: build your optimizer with momentum=0")
+    eng = registry.build(registry.option_config("engine", engine), drop=("np",))
     mem = build_memory(cfg, eng.size)
-    if getattr(mem, "owns_momentum", False):
-        warnings.warn("memory=dgc applies momentum itself: build your optimizer with momentum=0",
-                      stacklevel=2)
     stats = StepStats()
     pipeline = GradientPipeline(eng, comp, mem,
                                 registry.build(registry.option_config("comm", comm), engine=eng,

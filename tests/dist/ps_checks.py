@@ -32,6 +32,12 @@ def expected_summable(name: str, world: int, step: int) -> torch.Tensor:
     return torch.cat(out)
 
 
+def reduce_now(comm, x: torch.Tensor, name: str, memory) -> tuple[torch.Tensor, int]:
+    """A communicator's averaged result for `x` and the bytes this rank sent for it."""
+    before = comm.stats.bytes_sent
+    return comm.reduce(x, name, memory).wait(), comm.stats.bytes_sent - before
+
+
 def main(engine_name: str) -> None:
     engine = registry.build(registry.option_config("engine", engine_name), drop=("np",))
     r, n = engine.rank, engine.size
@@ -40,25 +46,25 @@ def main(engine_name: str) -> None:
         comp.begin_step(3, 0.0)
         ps = PSComm(engine, comp, StepStats())
         assert ps.sums_payloads, name
-        got, sent = ps.reduce_tensor(rank_tensor(r), "w", NoMemory())
+        got, sent = reduce_now(ps, rank_tensor(r), "w", NoMemory())
         want = expected_summable(name, n, 3)
         err = (got.float() - want).abs().max().item()
         assert err <= tol * max(1.0, want.abs().max().item()), (name, err)
         assert sent > 0
     # a matrix is cut by rows: exact for none, and ATOMO still sees matrices (it sends 1-D dense)
     m = rank_tensor(r).narrow(0, 0, 64 * 12).view(64, 12)
-    got, _ = PSComm(engine, build_compressor("none"), StepStats()).reduce_tensor(m, "m", NoMemory())
+    got, _ = reduce_now(PSComm(engine, build_compressor("none"), StepStats()), m, "m", NoMemory())
     want = torch.stack([rank_tensor(q).narrow(0, 0, 64 * 12).view(64, 12) for q in range(n)]).mean(0)
     assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
     atomo = PSComm(engine, build_compressor("atomo"), StepStats())
-    _, sent = atomo.reduce_tensor(m, "m", NoMemory())
+    _, sent = reduce_now(atomo, m, "m", NoMemory())
     assert sent < 4 * m.numel(), sent
     # unbiased (rescaled) compressors get no server error feedback: it is not contractive for them
     assert not atomo.server_feedback and not atomo.server_memory.state_dict().get("residuals")
     # signum: the server sends the vote's sign; where the ranks agree that is their common sign
     comp = build_compressor("signum")
     comp.begin_step(1, 0.0)
-    got, _ = PSComm(engine, comp, StepStats()).reduce_tensor(rank_tensor(r), "s", NoMemory())
+    got, _ = reduce_now(PSComm(engine, comp, StepStats()), rank_tensor(r), "s", NoMemory())
     signs = torch.stack([rank_tensor(q).sign() for q in range(n)])
     agree = (signs == signs[0]).all(0)
     assert set(got.unique().tolist()) <= {-1.0, 1.0}
@@ -67,7 +73,7 @@ def main(engine_name: str) -> None:
     comp.begin_step(3, 0.0)
     ps = PSComm(engine, comp, StepStats())
     assert not ps.sums_payloads
-    got, _ = ps.reduce_tensor(rank_tensor(r), "w", NoMemory())
+    got, _ = reduce_now(ps, rank_tensor(r), "w", NoMemory())
     # each server keeps 10% of the averaged shard: at most 10% of the elements are non-zero
     assert got.shape == rank_tensor(r).shape and 0 < int((got != 0).sum()) <= 0.1 * got.numel() + n
     engine.shutdown()

@@ -7,32 +7,35 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from compbench import registry
+from compbench import config, registry
 from compbench.train.build import build_compressor_and_selection, build_memory
 from compbench.train.metrics import StepStats
 from compbench.train.pipeline import GradientPipeline
 
 
-def combos() -> list[tuple[str, str]]:
-    """Every compressor x communicator that runs on both engines (ring, ddp and horovod_optimizer
-    are engine-specific, and the baselines bypass the compression pipeline)."""
+def combos() -> list[tuple[str, str, str]]:
+    """Every compressor x communicator of the compression pipeline that compbench accepts on both
+    engines (the baselines bypass the pipeline), each with its recipe's memory."""
     out = []
     for name in registry.options("compressor"):
-        summable = registry.component_class("compressor", name).summable
         for comm in registry.options("comm"):
-            cls = registry.component_class("comm", comm)
-            if getattr(cls, "engines", None) or (getattr(cls, "requires_summable", False) and not summable):
+            if registry.component_class("comm", comm).traits.baseline:
                 continue
-            out.append((name, comm))
+            try:
+                cfgs = [config.check(config.compose([f"compressor={name}", f"comm={comm}", f"engine={e}"]))
+                        for e in ("horovod", "torch")]
+            except ValueError:
+                continue
+            out.append((name, comm, cfgs[0].choices["memory"]))
     return out
 
 
-def train(engine, compressor: str, comm: str) -> dict[str, torch.Tensor]:
+def train(engine, compressor: str, comm: str, memory: str) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     cfg = OmegaConf.create({
         "compressor": {**registry.option_config("compressor", compressor), "dense_steps": 0},
-        "memory": registry.option_config("memory", "residual"),
+        "memory": registry.option_config("memory", memory),
     })
     if "start_iter" in cfg.compressor:
         cfg.compressor.start_iter = 2
@@ -57,7 +60,7 @@ def train(engine, compressor: str, comm: str) -> dict[str, torch.Tensor]:
 
 def main(engine_name: str, out: str) -> None:
     engine = registry.build(registry.option_config("engine", engine_name), drop=("np",))
-    results = {f"{c}/{m}": train(engine, c, m) for c, m in combos()}
+    results = {f"{c}/{k}": train(engine, c, k, m) for c, k, m in combos()}
     if engine.rank == 0:
         torch.save(results, out)
     engine.shutdown()

@@ -81,7 +81,7 @@ def test_decompress_all_averages(name):
     torch.testing.assert_close(comp.decompress_all([pa, pb], ctx), expected)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if _make(n).unbiased])
+@pytest.mark.parametrize("name", [n for n in NAMES if _make(n).caps.unbiased])
 def test_unbiased_mean_within_4_standard_errors(name):
     comp = _make(name)
     x = _data((20, 30), 5)

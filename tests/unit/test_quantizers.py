@@ -173,7 +173,7 @@ def test_qsgd_zero_tensor_and_exact_levels():
 
 def test_terngrad_unbiased_without_clipping():
     comp = TernGrad(clip=False, seed=1)
-    assert comp.unbiased and not TernGrad().unbiased
+    assert comp.caps.unbiased and not TernGrad().caps.unbiased
     x = torch.randn(20, 30, generator=torch.Generator().manual_seed(11))
     _assert_unbiased(comp, x, trials=3000)
 

@@ -245,6 +245,44 @@ def test_gradient_accumulation_under_overlap_is_refused():
         model(x).sum().backward()
 
 
+class MarkBackward(torch.autograd.Function):
+    """Identity whose backward calls `mark()`: the moment back-propagation passes from fc2 to fc1."""
+
+    @staticmethod
+    def forward(ctx, x, mark):
+        ctx.mark = mark
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.mark()
+        return g, None
+
+
+class MarkedNet(Net):
+    def __init__(self, mark) -> None:
+        super().__init__()
+        self.mark = mark
+
+    def forward(self, x):
+        return self.fc2(MarkBackward.apply(torch.relu(self.fc1(x)), self.mark))
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_overlap_sends_early_gradients_while_backward_runs(overlap):
+    """Event-based (no clocks, so it holds on a loaded machine): overlapped, fc2's two collectives
+    have started when back-propagation reaches fc1; submitted after backward, none has."""
+    engine = WireEngine()
+    seen: list[list[str]] = []
+    model, x = MarkedNet(lambda: seen.append(list(engine.started))), torch.randn(4, 6)
+    sched, pipeline = Layerwise(overlap=overlap), make_pipeline(engine)
+    sched.setup(model)
+    step(model, sched, pipeline, x)
+    assert len(seen) == 1 and len(seen[0]) == (2 if overlap else 0), seen
+    assert len(engine.started) == 4  # and every gradient went out by the end of the step
+
+
+@pytest.mark.slow  # wall-clock assertions (tens of ms of slack): only meaningful on an idle machine
 def test_overlap_hides_communication_behind_backward():
     """fc2's gradients are ready first; back-propagation then sleeps 0.15 s before fc1's. Each
     collective takes 0.05 s on one wire. Overlapped, fc2's two go out during the sleep and only fc1's

@@ -182,8 +182,8 @@ def test_randk_draws_distinct_uniform_indices_through_the_dedupe_loop():
 
 
 def test_randk_scale_is_unbiased_and_flags_itself():
-    assert RandK(scale=True).unbiased and not RandK(scale=False).unbiased
-    assert build_compressor("randk").unbiased is False
+    assert RandK(scale=True).caps.unbiased and not RandK(scale=False).caps.unbiased
+    assert build_compressor("randk").caps.unbiased is False
     comp = RandK(ratio=0.05, scale=True)
     x = _randn(400, seed=3)
     trials = 1000

@@ -1,18 +1,7 @@
-"""Communicators: move payloads between ranks and return the averaged dense gradient."""
+"""Communicators: one file each (file name = config name = registry name), one protocol for all.
 
-from __future__ import annotations
-
-from typing import Protocol, runtime_checkable
-
-from torch import Tensor
-
-from compbench.compressors.base import Ctx
-from compbench.engines.base import Handle
-
-
-@runtime_checkable
-class Communicator(Protocol):
-    requires_summable: bool
-
-    def start(self, payload: list[Tensor], ctx: Ctx) -> Handle: ...
-    def wait(self, handle: Handle) -> Tensor: ...
+A gradient (or fused group) goes in with its memory; a handle to the averaged dense gradient comes
+out (`reduce`). The memory -> compress -> update step is `base.encode`, shared by every communicator.
+Adding a communicator = its file here + `conf/comm/NAME.yaml`; what it accepts is its `traits`,
+which the config check (compbench.compat) reads.
+"""

@@ -5,23 +5,20 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from compbench.compressors.base import Compressor, Ctx
-from compbench.engines.base import Engine, Handle
-from compbench.train.metrics import StepStats
+from compbench.comm.base import CommBase, encode
+from compbench.engines.base import Handle
+from compbench.memory.base import Memory
 
 
-class AllgatherComm:
-    requires_summable = False
-    blocking = False
+class AllgatherComm(CommBase):
+    def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
+        payload, ctx = encode(self.compressor, memory, grad, name, self.stats)
+        self.book_payload(payload)
+        gathered = self.engine.allgather_async(payload, name)
 
-    def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
-        self.engine, self.compressor, self.stats = engine, compressor, stats
+        def finish() -> Tensor:
+            payloads = gathered.wait()
+            with self.stats.time("decompress"):
+                return self.compressor.decompress_all(payloads, ctx)
 
-    def start(self, payload: list[Tensor], ctx: Ctx) -> Handle:
-        h = self.engine.allgather_async(payload, ctx.name)
-        return Handle(lambda: (ctx, h.wait()))
-
-    def wait(self, handle: Handle) -> Tensor:
-        ctx, payloads = handle.wait()
-        with self.stats.time("decompress"):
-            return self.compressor.decompress_all(payloads, ctx)
+        return Handle(finish)

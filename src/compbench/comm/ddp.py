@@ -24,36 +24,31 @@ from __future__ import annotations
 import inspect
 import math
 import time
-import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
+from compbench.comm.base import CommTraits
 from compbench.engines.base import Engine
 from compbench.train.metrics import StepStats
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
 
 
-def check(engine: str, compressor: str = "none", memory: str = "none", hook: str = "allreduce",
-          powersgd_rank: int = 1, start_powersgd_iter: int = 2, **_: Any) -> None:
-    """Config-time check (engine and options; compbench's compressor and memory are not used)."""
-    if engine != "torch":
-        raise ValueError(f"comm=ddp is torch DistributedDataParallel: use engine=torch (not engine={engine})")
+def check_options(hook: str = "allreduce", powersgd_rank: int = 1, start_powersgd_iter: int = 2,
+                  **_: Any) -> None:
+    """Config-time check of comm=ddp's own options (the engine and compbench's unused compressor,
+    memory and scheduler are checked by compbench.compat from `traits`)."""
     if hook not in HOOKS:
         raise ValueError(f"comm.hook={hook} is unknown; use one of: {', '.join(HOOKS)}")
     if hook == "bf16" and not torch.cuda.is_available():
         raise ValueError("comm.hook=bf16 (torch's bf16_compress_hook) needs CUDA + NCCL; use comm.hook=fp16")
-    if not isinstance(powersgd_rank, int) or powersgd_rank < 1:
+    if isinstance(powersgd_rank, bool) or not isinstance(powersgd_rank, int) or powersgd_rank < 1:
         raise ValueError(f"comm.powersgd_rank={powersgd_rank} must be an integer >= 1")
     if hook == "powersgd" and (not isinstance(start_powersgd_iter, int) or start_powersgd_iter < 2):
         raise ValueError(f"comm.start_powersgd_iter={start_powersgd_iter} must be >= 2 (torch's PowerSGD "
                          "hook needs two plain allreduce steps while DDP rebuilds its buckets)")
-    ignored = [f"{k}={v}" for k, v in (("compressor", compressor), ("memory", memory)) if v != "none"]
-    if ignored:
-        warnings.warn(f"{' and '.join(ignored)} ignored: comm=ddp sends what comm.hook={hook} sends",
-                      stacklevel=2)
 
 
 class _DDP(nn.parallel.DistributedDataParallel):
@@ -82,14 +77,14 @@ class DDPComm:
     """
 
     name = "ddp"
-    check = staticmethod(check)  # config-time: `config.check` calls it when present
-    engines = ("torch",)
+    traits = CommTraits(engines=("torch",), baseline=True)
+    check_options = staticmethod(check_options)
 
     def __init__(self, engine: Engine, compressor: Any, stats: StepStats, hook: str = "allreduce",
                  bucket_cap_mb: float = 25.0, broadcast_buffers: bool = True, powersgd_rank: int = 1,
                  start_powersgd_iter: int = 2, min_compression_rate: float = 2.0,
                  use_error_feedback: bool = True, warm_start: bool = True) -> None:
-        check(engine.name, hook=hook, powersgd_rank=powersgd_rank, start_powersgd_iter=start_powersgd_iter)
+        check_options(hook=hook, powersgd_rank=powersgd_rank, start_powersgd_iter=start_powersgd_iter)
         self.engine, self.stats, self.hook = engine, stats, hook
         self.bucket_cap_mb, self.broadcast_buffers = float(bucket_cap_mb), bool(broadcast_buffers)
         self.powersgd = dict(matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=start_powersgd_iter,

@@ -26,41 +26,34 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
+from compbench.comm.base import CommTraits
 from compbench.engines.base import Engine
 from compbench.train.metrics import StepStats
 
 COMPRESSIONS = ("none", "fp16")
 
 
-def check(engine: str, compressor: str = "none", memory: str = "none", compression: str = "none",
-          **_: Any) -> None:
-    """Config-time check (engine and options; compbench's compressor and memory are not used)."""
-    if engine != "horovod":
-        raise ValueError(f"comm=horovod_optimizer is Horovod's DistributedOptimizer and needs engine=horovod "
-                         f"(not engine={engine})")
+def check_options(compression: str = "none", **_: Any) -> None:
+    """Config-time check of comm=horovod_optimizer's own options (the engine and compbench's unused
+    compressor, memory and scheduler are checked by compbench.compat from `traits`)."""
     if compression not in COMPRESSIONS:
         raise ValueError(f"comm.compression={compression} is unknown; use one of: {', '.join(COMPRESSIONS)}")
-    ignored = [f"{k}={v}" for k, v in (("compressor", compressor), ("memory", memory)) if v != "none"]
-    if ignored:
-        warnings.warn(f"{' and '.join(ignored)} ignored: comm=horovod_optimizer sends what "
-                      f"hvd.Compression.{compression} sends", stacklevel=2)
 
 
 class HorovodOptimizerComm:
     """hvd.DistributedOptimizer's gradient exchange as the trainer's synchronizer (see the module)."""
 
     name = "horovod_optimizer"
-    check = staticmethod(check)  # config-time: `config.check` calls it when present
-    engines = ("horovod",)
+    traits = CommTraits(engines=("horovod",), baseline=True)
+    check_options = staticmethod(check_options)
 
     def __init__(self, engine: Engine, compressor: Any, stats: StepStats, compression: str = "none") -> None:
-        check(engine.name, compression=compression)
+        check_options(compression=compression)
         self.engine, self.stats, self.compression = engine, stats, compression
 
     # -- the trainer's seam --------------------------------------------------------------------

@@ -19,8 +19,12 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from compbench.comm.base import CommBase, CommTraits, encode
 from compbench.compressors.base import Compressor, payload_nbytes
-from compbench.engines.base import Engine
+from compbench.engines import wire
+from compbench.engines.base import Engine, Handle
+from compbench.memory.base import Memory
+from compbench.memory.none import NoMemory
 from compbench.memory.residual import ResidualMemory
 from compbench.train.metrics import StepStats
 
@@ -48,62 +52,45 @@ def shards_of(x: Tensor, parts: int) -> list[Tensor]:
     return [flat[a:b] for a, b in shard_bounds(flat.numel(), parts)]
 
 
-def _to_bytes(payload: list[Tensor]) -> Tensor:
-    return (torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in payload]) if payload
-            else torch.empty(0, dtype=torch.uint8))
-
-
-def _from_bytes(buf: Tensor, numels: list[int], like: list[Tensor]) -> list[Tensor]:
-    out, pos = [], 0
-    for n, t in zip(numels, like, strict=True):
-        nbytes = n * t.element_size()
-        # clone first: a slice at an odd byte offset cannot be reinterpreted as a wider dtype
-        out.append(buf[pos : pos + nbytes].clone().view(t.dtype))
-        pos += nbytes
-    return out
-
-
-class PSComm:
-    requires_summable = False
-    blocking = True
+class PSComm(CommBase):
+    traits = CommTraits(blocking=True)
 
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
-        self.engine, self.compressor, self.stats = engine, compressor, stats
+        super().__init__(engine, compressor, stats)
         self.server_memory = ResidualMemory()
-        # Payloads that add element-wise (`summable`, without PowerSGD's two-round protocol) are
-        # averaged by the server as they are, instead of decoded and compressed again.
-        self.sums_payloads = compressor.summable and not hasattr(compressor, "compress_collective")
+        # Payloads that add element-wise (`summable`) are averaged by the server as they are,
+        # instead of decoded and compressed again.
+        self.sums_payloads = compressor.caps.summable
         # Server error feedback only for biased compressors: an unbiased one rescales what it keeps
         # (ATOMO by 1/p), is not contractive, and feeding its error back made ATOMO over ps
         # diverge (14% on digits); unbiased, the server's re-encode needs no correction.
-        self.server_feedback = not getattr(compressor, "unbiased", False)
+        self.server_feedback = not compressor.caps.unbiased
 
-    def reduce_tensor(self, x: Tensor, name: str, memory) -> tuple[Tensor, int]:
+    def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
+        averaged, sent = self._reduce(grad, name, memory)
+        self.book(sent)
+        return Handle.done(averaged)
+
+    def _reduce(self, x: Tensor, name: str, memory: Memory) -> tuple[Tensor, int]:
         n, rank = self.engine.size, self.engine.rank
         shard_names = [f"{name}#ps{j}" for j in range(n)]
         # 1. worker: compensate and compress each shard (shard j is for server j)
-        payloads, ctxs = [], []
-        with self.stats.time("compress"):
-            for part, sname in zip(shards_of(x, n), shard_names, strict=True):
-                shard = memory.compensate(part, sname)
-                payload, ctx = self.compressor.compress(shard, sname)
-                memory.update(shard, sname, self.compressor, payload, ctx)
-                payloads.append(payload)
-                ctxs.append(ctx)
+        encoded = [encode(self.compressor, memory, part, sname, self.stats)
+                   for part, sname in zip(shards_of(x, n), shard_names, strict=True)]
+        payloads, ctxs = [p for p, _ in encoded], [c for _, c in encoded]
         # 2. all-to-all: per-tensor element counts first, then the bytes
         counts = torch.tensor([[t.numel() for t in p] for p in payloads], dtype=torch.int64)
         recv_counts, _ = self.engine.alltoall(counts.view(-1), [counts.shape[1]] * n, f"{name}.ps.n")
-        blobs = [_to_bytes(p) for p in payloads]
+        blobs = [wire.to_bytes(p) for p in payloads]
         recv, _ = self.engine.alltoall(torch.cat(blobs), [len(b) for b in blobs], f"{name}.ps.a2a")
         sent = sum(len(b) for b in blobs)
         # 3. server: decode the N shards received for my part, average, re-compress with server EF
         my_ctx, like = ctxs[rank], payloads[rank]
-        per_peer = recv_counts.view(n, -1).tolist()
         received, pos = [], 0
-        for counts_j in per_peer:
-            nbytes = sum(c * t.element_size() for c, t in zip(counts_j, like, strict=True))
-            received.append(_from_bytes(recv[pos : pos + nbytes], counts_j, like))
-            pos += nbytes
+        for counts_j in recv_counts.view(n, -1).tolist():
+            specs = [(c, t.dtype) for c, t in zip(counts_j, like, strict=True)]
+            received.append(wire.from_bytes(recv[pos : pos + wire.nbytes(specs)], specs))
+            pos += wire.nbytes(specs)
         if self.sums_payloads:
             # Same layout on every rank (randk's shared indices, fp16, none): the average of the
             # payloads IS the payload of the average; nothing is lost to a second compression.
@@ -116,8 +103,7 @@ class PSComm:
             server_ctxs = [replace(c, name=f"{c.name}@server") for c in ctxs]
             with self.stats.time("decompress"):
                 averaged_shard = self.compressor.decompress_all(received, my_ctx)
-            with self.stats.time("compress"):
-                server_payload = self._reencode(averaged_shard, server_ctxs[rank].name)
+            server_payload = self._reencode(averaged_shard, server_ctxs[rank].name)
         sent += payload_nbytes(server_payload)
         # 4. all-gather of the re-compressed shards; everyone decodes every shard
         gathered = self.engine.allgather(server_payload, f"{name}.ps.ag")
@@ -129,24 +115,14 @@ class PSComm:
         """The server's payload for the average of its shard: the compressor's own server rule
         when it has one (signum: the vote's sign), else a compress, with server error feedback
         for biased compressors."""
-        server_compress = getattr(self.compressor, "server_compress", None)
-        if server_compress is not None:
-            return server_compress(averaged, name)[0]
-        if not self.server_feedback:
-            return self.compressor.compress(averaged, name)[0]
-        y = self.server_memory.compensate(averaged, name)
-        payload, ctx = self.compressor.compress(y, name)
-        self.server_memory.update(y, name, self.compressor, payload, ctx)
-        return payload
+        if self.compressor.caps.combine == "vote":
+            with self.stats.time("compress"):
+                return self.compressor.server_compress(averaged, name)[0]  # type: ignore[attr-defined]
+        memory = self.server_memory if self.server_feedback else NoMemory()
+        return encode(self.compressor, memory, averaged, name, self.stats)[0]
 
     def state_dict(self) -> dict:
         return {"server_memory": self.server_memory.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.server_memory.load_state_dict(state.get("server_memory", {}))
-
-    def start(self, payload, ctx):  # the pipeline uses reduce_tensor (blocking) for this communicator
-        raise NotImplementedError("comm=ps reduces whole tensors: use reduce_tensor")
-
-    def wait(self, handle):
-        raise NotImplementedError("comm=ps reduces whole tensors: use reduce_tensor")

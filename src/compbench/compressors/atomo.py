@@ -8,7 +8,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
 from compbench.compressors.lowrank import (
     cpu_generator,
     dense_payload,
@@ -98,8 +98,7 @@ class Atomo(CompressorBase):
     """
 
     name = "atomo"
-    summable = False
-    unbiased = True
+    caps = Capabilities(unbiased=True, min_dims=2)
 
     def __init__(self, svd_rank: float = 3, seed: int = 0) -> None:
         if isinstance(svd_rank, bool) or not isinstance(svd_rank, (int, float)) or not svd_rank > 0:

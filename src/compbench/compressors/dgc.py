@@ -6,6 +6,8 @@ The momentum correction, factor masking and local clipping live in memory=dgc (m
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -80,6 +82,9 @@ class DGC(SparseCompressor):
     """
 
     name = "dgc"
+    # DGC's recipe is its momentum correction (memory=dgc), with the optimizer's usual momentum on
+    # the tensors that stay dense and on the weight-decay term.
+    caps = replace(SparseCompressor.caps, recipe=MappingProxyType({"memory": "dgc"}))
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
 from compbench.compressors.buffers import acc_dtype, check_out
 from compbench.compressors.packing import scratch
 
@@ -16,7 +16,7 @@ class FP16(CompressorBase):
     """Half-precision cast. `dtype=bfloat16` keeps fp32's range at a coarser mantissa."""
 
     name = "fp16"
-    summable = True
+    caps = Capabilities(summable=True)
 
     def __init__(self, dtype: str = "float16") -> None:
         if dtype not in _DTYPES:

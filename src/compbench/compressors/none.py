@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
 
 
 class NoCompression(CompressorBase):
     """Sends the fp32 tensor as is: 4n bytes."""
 
     name = "none"
-    summable = True
-    unbiased = True
+    caps = Capabilities(summable=True, unbiased=True, lossless=True)
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         return [x.reshape(-1)], make_ctx(x, name)

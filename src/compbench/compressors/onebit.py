@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Ctx, make_ctx
+from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, Ctx, make_ctx
 from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import PackedCodeCompressor, decode_bits, pack_bits, packed_nbytes
 
@@ -23,7 +23,7 @@ class OneBit(PackedCodeCompressor):
     """
 
     name = "onebit"
-    summable = False
+    caps = Capabilities(recipe=ERROR_FEEDBACK_RECIPE)
 
     def __init__(self) -> None:
         self._work = Scratch()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
 from compbench.compressors.lowrank import cpu_generator, dense_payload, matrix_shape, stable_seed
 
 Reduce = Callable[[Tensor], Tensor]
@@ -82,8 +83,9 @@ class PowerSGD(CompressorBase):
     """
 
     name = "powersgd"
-    summable = True
-    unbiased = False
+    # Over allgather/ps its local payloads are not summable; pair them with memory=residual.
+    caps = Capabilities(collective=True, min_dims=2, recipe=MappingProxyType({"memory": "residual"}),
+                        why_not_summable="sends local low-rank factors that cannot be summed")
 
     def __init__(
         self, rank: int = 1, start_iter: int = 10, min_compression_rate: float = 2.0, seed: int = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Ctx, make_ctx
+from compbench.compressors.base import Capabilities, Ctx, make_ctx
 from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
     PackedCodeCompressor,
@@ -48,8 +48,7 @@ class QSGD(PackedCodeCompressor):
     """
 
     name = "qsgd"
-    summable = False
-    unbiased = True
+    caps = Capabilities(unbiased=True)
 
     def __init__(self, levels: int = MAX_LEVELS, bucket_size: int = 512, seed: int = 0) -> None:
         if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= MAX_LEVELS:

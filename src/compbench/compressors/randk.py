@@ -3,11 +3,13 @@ so only the values travel (4k bytes) and payloads may be allreduced (summable)."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Ctx, check_ratio, make_ctx
+from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, Ctx, check_ratio, make_ctx
 from compbench.compressors.sparse import SparseCompressor, make_generator
 
 
@@ -48,7 +50,7 @@ class RandK(SparseCompressor):
     """
 
     name = "randk"
-    summable = True
+    caps = Capabilities(summable=True, sparse=True, shared_indices=True, recipe=ERROR_FEEDBACK_RECIPE)
 
     def __init__(self, ratio: float = 0.01, scale: bool = False, seed: int = 0) -> None:
         super().__init__()
@@ -56,7 +58,7 @@ class RandK(SparseCompressor):
         if not isinstance(seed, int):
             raise ValueError(f"compressor=randk: seed={seed!r} is not an integer; pass e.g. seed=0")
         self.scale = bool(scale)
-        self.unbiased = self.scale
+        self.caps = replace(RandK.caps, unbiased=self.scale)
         self.seed = seed
 
     def indices(self, numel: int, name: str, device: torch.device | str = "cpu") -> Tensor:

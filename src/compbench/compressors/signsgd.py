@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx, make_ctx
+from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, make_ctx
 from compbench.compressors.buffers import check_out
 from compbench.compressors.packing import average_decoded, decode_bits, pack_signs, packed_nbytes
 
@@ -19,7 +19,7 @@ class SignSGD(CompressorBase):
     """
 
     name = "signsgd"
-    summable = False
+    caps = Capabilities(recipe=ERROR_FEEDBACK_RECIPE)
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         packed, scale = _sign_scale(x.reshape(-1).float())

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx, num_selected
+from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, num_selected
 from compbench.compressors.buffers import acc_dtype, check_out
 from compbench.kernels import cuda_kernels_enabled
 
@@ -287,8 +287,8 @@ def sparse_decode_all(payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None
 class SparseCompressor(CompressorBase):
     """Base of the [values, indices] sparsifiers: decode, fused decode, sent indices, workspace."""
 
-    summable = False
-    why_not_summable = "sends rank-dependent indices"
+    caps = Capabilities(sparse=True, recipe=ERROR_FEEDBACK_RECIPE,
+                        why_not_summable="sends rank-dependent indices")
     ratio: float = 0.01
 
     def __init__(self) -> None:

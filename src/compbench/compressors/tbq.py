@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Ctx, make_ctx
+from compbench.compressors.base import Capabilities, Ctx, make_ctx
 from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
     PackedCodeCompressor,
@@ -35,7 +36,8 @@ class TBQ(PackedCodeCompressor):
     """
 
     name = "tbq"
-    summable = False
+    caps = Capabilities(owns=frozenset({"error_feedback"}),
+                        recipe=MappingProxyType({"memory": "none", "optim.momentum": 0.0, "optim.lr": 0.3}))
 
     def __init__(self, tau: float = 0.01) -> None:
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (math.isfinite(tau) and tau > 0):

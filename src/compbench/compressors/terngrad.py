@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Ctx, make_ctx
+from compbench.compressors.base import Capabilities, Ctx, make_ctx
 from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import (
     PackedCodeCompressor,
@@ -37,7 +39,7 @@ class TernGrad(PackedCodeCompressor):
     """
 
     name = "terngrad"
-    summable = False
+    caps = Capabilities(unbiased=True)
 
     def __init__(self, clip: bool = True, clip_sigma: float = 2.5, seed: int = 0) -> None:
         if not isinstance(clip, bool):
@@ -51,7 +53,7 @@ class TernGrad(PackedCodeCompressor):
         self.clip = clip
         self.clip_sigma = float(clip_sigma)
         self.seed = seed
-        self.unbiased = not clip
+        self.caps = replace(TernGrad.caps, unbiased=not clip)
         self._noise = Scratch()
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:

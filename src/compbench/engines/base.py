@@ -12,6 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
+from compbench.engines import wire
+
 
 class Handle:
     """An operation in flight; `wait()` finishes it once and caches the result."""
@@ -22,6 +24,13 @@ class Handle:
         self._finish = finish
         self._done = False
         self._result: Any = None
+
+    @classmethod
+    def done(cls, result: Any) -> Handle:
+        """A handle of work that already finished (blocking communicators)."""
+        handle = cls(lambda: result)
+        handle.wait()
+        return handle
 
     def wait(self) -> Any:
         if not self._done:
@@ -43,6 +52,7 @@ class Engine(Protocol):
     def alltoall(self, t: Tensor, splits: list[int], name: str) -> tuple[Tensor, list[int]]: ...
     def broadcast_(self, t: Tensor, root: int = 0, name: str = "bcast") -> Tensor: ...
     def broadcast_object(self, obj: Any, root: int = 0) -> Any: ...
+    def shift(self, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]: ...
     def barrier(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -55,3 +65,18 @@ class EngineBase:
 
     def allgather(self, tensors: list[Tensor], name: str) -> list[list[Tensor]]:
         return self.allgather_async(tensors, name).wait()  # type: ignore[attr-defined]
+
+    def shift(self, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]:
+        """Send `payload` to rank `dst` and receive rank `src`'s; every rank calls it together (a
+        ring hop). Two all-to-alls in which only `dst` gets data: a header, then the bytes.
+        Engines with point-to-point sends override it."""
+        size = self.size  # type: ignore[attr-defined]
+        only = [0] * size
+        only[dst] = wire.HEADER_LEN
+        head, _ = self.alltoall(wire.header(payload), only, f"{name}.head")  # type: ignore[attr-defined]
+        specs = wire.parse_header(head)
+        blob = wire.to_bytes(payload)
+        only[dst] = blob.numel()
+        received, _ = self.alltoall(blob, only, f"{name}.blob")  # type: ignore[attr-defined]
+        assert received.numel() == wire.nbytes(specs), (src, received.numel())
+        return wire.from_bytes(received, specs)

@@ -10,7 +10,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from compbench.engines import wire
 from compbench.engines.base import EngineBase, Handle
+
+_TAG_HEADER, _TAG_BLOB = 11, 12
 
 
 class TorchEngine(EngineBase):
@@ -86,6 +89,25 @@ class TorchEngine(EngineBase):
         box = [obj]
         dist.broadcast_object_list(box, src=root)
         return box[0]
+
+    def shift(self, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]:
+        """A ring hop with point-to-point sends: a fixed-length header, then the bytes."""
+        device = payload[0].device if payload else torch.device("cpu")
+        head_out = wire.header(payload).to(device)
+        blob_out = wire.to_bytes(payload, device)
+        head_in = torch.empty_like(head_out)
+        pending = [dist.isend(head_out, dst, tag=_TAG_HEADER)]
+        recv_head = dist.irecv(head_in, src, tag=_TAG_HEADER)
+        if blob_out.numel():
+            pending.append(dist.isend(blob_out, dst, tag=_TAG_BLOB))
+        recv_head.wait()
+        specs = wire.parse_header(head_in.cpu())
+        blob_in = torch.empty(wire.nbytes(specs), dtype=torch.uint8, device=device)
+        if blob_in.numel():
+            dist.irecv(blob_in, src, tag=_TAG_BLOB).wait()
+        for work in pending:
+            work.wait()
+        return wire.from_bytes(blob_in, specs)
 
     def barrier(self) -> None:
         dist.barrier()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
@@ -9,8 +10,25 @@ from torch import Tensor
 from compbench.compressors.base import Compressor, Ctx
 
 
+@dataclass(frozen=True)
+class MemoryTraits:
+    """What a memory is, declared once per class; the config check (compbench.compat) reads it.
+
+    feeds_back: keeps what the compressor dropped and adds it back next step.
+    owns_momentum: applies SGD momentum itself to the tensors it compensates (DGC's momentum
+      correction), so the optimizer must not apply it to them again: it needs optim=sgd.
+    needs_sparse: works on the indices a sparsifier sent (`Capabilities.sparse`).
+    """
+
+    feeds_back: bool = False
+    owns_momentum: bool = False
+    needs_sparse: bool = False
+
+
 @runtime_checkable
 class Memory(Protocol):
+    traits: MemoryTraits
+
     def compensate(self, g: Tensor, name: str) -> Tensor: ...
     def update(self, x: Tensor, name: str, compressor: Compressor, payload: list[Tensor],
                ctx: Ctx) -> None: ...

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from compbench.compressors.base import Compressor, Ctx
+from compbench.memory.base import MemoryTraits
 
 
 class DGCMemory:
@@ -32,6 +33,7 @@ class DGCMemory:
     1-D and uncompressed tensors past the memory (dense, with the optimizer's usual update).
     """
 
+    traits = MemoryTraits(feeds_back=True, owns_momentum=True, needs_sparse=True)
     owns_momentum = True
 
     def __init__(

@@ -5,10 +5,13 @@ from __future__ import annotations
 from torch import Tensor
 
 from compbench.compressors.base import Compressor, Ctx
+from compbench.memory.base import MemoryTraits
 
 
 class NoMemory:
     """Passes the gradient through unchanged."""
+
+    traits = MemoryTraits()
 
     # The optimizer applies momentum as usual (only memory=dgc takes momentum over).
     owns_momentum = False

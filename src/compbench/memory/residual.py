@@ -10,10 +10,13 @@ import torch
 from torch import Tensor
 
 from compbench.compressors.base import Compressor, Ctx
+from compbench.memory.base import MemoryTraits
 
 
 class ResidualMemory:
     """Error feedback with configurable decay `beta` and gradient scale `gamma`."""
+
+    traits = MemoryTraits(feeds_back=True)
 
     owns_momentum = False
 

@@ -23,7 +23,7 @@ WHATIF_GBPS = (1, 10, 25, 100)
 def load_runs(root: Path) -> list[dict[str, Any]]:
     rows = []
     for path in sorted(root.rglob("results.json"), key=lambda p: (len(p.parts), str(p))):
-        data = json.loads(path.read_text())
+        data = _read_results(path)
         s, cfg = data.get("summary", {}), data.get("config", {})
         choices = cfg.get("choices", {})
         row: dict[str, Any] = {
@@ -44,6 +44,19 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
             row["_results"] = data
         rows.append(row)
     return rows
+
+
+def _read_results(path: Path) -> dict[str, Any]:
+    """A results.json as compbench writes it: a JSON object (older files may hold bare NaN, which
+    json reads as float nan; newer ones write null). Anything else names the file."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not readable JSON ({e}); remove it or pass another directory") from None
+    if not isinstance(data, dict) or not isinstance(data.get("summary", {}), dict):
+        raise ValueError(f"{path} is not a compbench results.json (an object with config and summary); "
+                         f"remove it or pass another directory")
+    return data
 
 
 def _fmt(v: Any) -> str:

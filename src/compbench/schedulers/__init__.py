@@ -7,5 +7,27 @@ A scheduler has four methods, called by the trainer (and by `wrap_compress_optim
 - `synchronize(pipeline)`: each step, after back-propagation: submit what is left, then
   `pipeline.collect()` and write the averaged gradients into `p.grad`;
 - `summary() -> dict`: what it decided (written to results.json).
-Every rank must submit the same groups in the same order.
+Every rank must submit the same groups in the same order; `state_dict`/`load_state_dict` carry
+what it decided across a resume. What it accepts is its `traits`, read by the config check
+(compbench.compat). Adding a scheduler = its file here + `conf/scheduler/NAME.yaml`.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerTraits:
+    """What a scheduler does to the gradients, declared once per class.
+
+    fuses: sends several tensors as one flat buffer (a matrix compressor would see a 1-D tensor).
+    partitions: cuts gradients into flat partitions (likewise).
+    comms: the communicators it is made for (None: any).
+    momentum_memory: works with a memory that owns the momentum (memory=dgc).
+    """
+
+    fuses: bool = False
+    partitions: bool = False
+    comms: tuple[str, ...] | None = None
+    momentum_memory: bool = True

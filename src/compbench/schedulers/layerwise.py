@@ -11,6 +11,7 @@ import time
 
 from torch import nn
 
+from compbench.schedulers import SchedulerTraits
 from compbench.schedulers.fusion import Group, build_groups
 from compbench.train.pipeline import GradientPipeline
 
@@ -30,6 +31,7 @@ class Layerwise:
     """
 
     name = "layerwise"
+    traits = SchedulerTraits()
 
     def __init__(self, overlap: bool = True) -> None:
         self.overlap = bool(overlap)

@@ -15,6 +15,7 @@ import math
 import statistics
 import warnings
 
+from compbench.schedulers import SchedulerTraits
 from compbench.schedulers.fusion import balanced_cuts, regroup_state, split
 from compbench.schedulers.layerwise import Layerwise
 from compbench.train.pipeline import GradientPipeline
@@ -122,6 +123,7 @@ class MergeComp(Layerwise):
                              f"search_steps={search_steps} >= trial_steps={trial_steps}")
         self.requested, self.max_groups = groups, int(max_groups)
         self.trial_steps, self.search_steps, self.confirm = int(trial_steps), int(search_steps), int(confirm)
+    traits = SchedulerTraits(fuses=True)
 
     def setup(self, model) -> None:
         super().setup(model)
@@ -209,3 +211,9 @@ def _label(c: Candidate) -> str:
     groups, skew = c
     name = "layerwise" if groups == 0 else f"{groups} group{'s' if groups > 1 else ''}"
     return name if skew == 1.0 else f"{name} skew {skew:g}"
+def _candidate(c: list | tuple) -> Candidate:
+    """A candidate read back from plain data ([groups, skew])."""
+    groups, skew = c
+    return int(groups), float(skew)
+
+

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from torch import nn
 from compbench.comm.ps import shard_bounds
 from compbench.plan.cost import PlanLine, plan_gradients, read_plan, summarize
 from compbench.plan.fit import PROBE_SIZES, fit_primitives, net_lines, probe_engine
+from compbench.schedulers import SchedulerTraits
 from compbench.train.pipeline import GradientPipeline
 
 
@@ -49,6 +51,8 @@ class SeCoPa:
     """Follows a SeCoPa plan: dense, or compressed in K partitions, per gradient."""
 
     name = "secopa"
+    # The optimizer's momentum split of memory=dgc does not follow the plan's partitions yet.
+    traits = SchedulerTraits(partitions=True, comms=("ps", "ring"), momentum_memory=False)
 
     def __init__(self, plan: str | None = None, gbps: float | None = None, latency_us: float = 25.0,
                  probe_sizes: list[int] | tuple[int, ...] = PROBE_SIZES, probe_reps: int = 5) -> None:
@@ -106,22 +110,23 @@ class SeCoPa:
                 "lines": [f"{ln.name},{ln.numel},{'y' if ln.compress else 'n'},{ln.k}" for ln in lines]}
 
     def state_dict(self) -> dict:
-        """The plan in force, so that a resumed run keeps it instead of planning again."""
-        return {"lines": list((self.lines or {}).values()), "info": self.info}
+        """The plan in force (None before the first step), so that a resumed run keeps it instead of
+        planning again (a plan made at startup depends on timings). Plain data: each line a dict."""
+        lines = None if self.lines is None else [asdict(ln) for ln in self.lines.values()]
+        return {"lines": lines, "info": json.loads(json.dumps(self.info))}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("lines"):
-            self.lines = {ln.name: ln for ln in state["lines"]}
-            self.info = state.get("info", {})
+        if state["lines"] is None:
+            return  # saved before the first step: plan then, as a new run would
+        self.lines = {d["name"]: PlanLine(str(d["name"]), int(d["numel"]), bool(d["compress"]), int(d["k"]))
+                      for d in state["lines"]}
+        self.info = state["info"]
 
     # -- the plan, the same on every rank -------------------------------------------------------
 
     def _agree_on_plan(self, pipeline: GradientPipeline) -> dict[str, PlanLine]:
         engine = pipeline.engine
         topology = topology_of(pipeline.comm)
-        if getattr(pipeline.memory, "owns_momentum", False):
-            raise ValueError("scheduler=secopa with memory=dgc: the optimizer's momentum split does not "
-                             "follow the plan yet; use memory=residual")
         sel = pipeline.selection
         grads = [(n, p.numel(), sel.compresses(p, sel.dense_steps)) for n, p in reversed(self.params)]
         # Collective, every rank: the engine probe when the network is to be measured.

@@ -65,9 +65,10 @@ class Trainer:
         # pipeline then refuses non-finite groups itself so no NaN enters error-feedback memory.
         self.pipeline.guard_nonfinite = cfg.on_nonfinite == "skip"
         self.scheduler = registry.build(cfg.scheduler)
-        if hasattr(comm, "wrap_model"):
-            # Baselines (comm=ddp, comm=horovod_optimizer) synchronize gradients their own way: they
-            # wrap the model and stand in for the scheduler; compbench's pipeline is not used.
+        if comm.traits.baseline:
+            # The synchronization mode, chosen here only: baselines (comm=ddp, comm=horovod_optimizer)
+            # synchronize gradients their own way; they wrap the model and stand in for the
+            # scheduler, and compbench's pipeline is not used (compbench.compat refuses settings of it).
             self.model = comm.wrap_model(self.model)
             self.scheduler = comm
         self.scheduler.setup(self.model)

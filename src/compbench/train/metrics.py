@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -79,11 +80,23 @@ class Recorder:
         self.writer.close()
 
 
+def strict_json(value: Any) -> Any:
+    """`value` with every NaN / infinite float replaced by None: json.dump would write bare NaN
+    and Infinity, which are not JSON (jq, JavaScript and strict parsers refuse the file)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write then rename: a reader never sees a half-written file."""
+    """Write then rename: a reader never sees a half-written file. Strict JSON (non-finite: null)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, default=str)
+        json.dump(strict_json(data), f, indent=2, default=str, allow_nan=False)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

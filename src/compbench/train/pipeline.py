@@ -18,9 +18,8 @@ import time
 import torch
 from torch import Tensor
 
-from compbench.comm.allreduce import AllreduceComm
-from compbench.compressors.base import Compressor, make_ctx, payload_nbytes
-from compbench.compressors.none import NoCompression
+from compbench.comm.base import Communicator
+from compbench.compressors.base import Compressor
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
 from compbench.train.metrics import StepStats
@@ -28,28 +27,27 @@ from compbench.train.selection import Selection
 
 
 class GradientPipeline:
-    def __init__(self, engine: Engine, compressor: Compressor, memory: Memory, comm, selection: Selection,
-                 stats: StepStats) -> None:
+    def __init__(self, engine: Engine, compressor: Compressor, memory: Memory, comm: Communicator,
+                 selection: Selection, stats: StepStats) -> None:
         self.engine, self.compressor, self.memory, self.comm = engine, compressor, memory, comm
         self.selection, self.stats = selection, stats
-        self.dense = AllreduceComm(engine, NoCompression(), stats)
         self.step = 0
         self.in_backward = False  # set by overlapping schedulers: communication started now is hidden
         # on_nonfinite=skip with an overlapping scheduler: groups are compressed from backward hooks,
         # before the trainer's finiteness check; a NaN would enter the error-feedback memory for good.
         self.guard_nonfinite = False
-        self._pending: list[tuple[str, object, Handle]] = []
+        self._pending: list[tuple[str, Handle]] = []
 
     def begin_step(self, step: int, epoch: float) -> None:
         self.step = step
-        self.compressor.begin_step(step, epoch)  # type: ignore[attr-defined]
+        self.compressor.begin_step(step, epoch)
 
     @property
     def can_overlap(self) -> bool:
-        """False for communicators that block for the whole exchange (comm=ps, PowerSGD's two
+        """False for communicators that block for the whole exchange (comm=ps, ring, PowerSGD's two
         allreduces): called from a backward hook they would stall back-propagation, so schedulers
         submit after it instead."""
-        return not getattr(self.comm, "blocking", False)
+        return not self.comm.blocking
 
     def compresses(self, grad: Tensor, fused: bool = False) -> bool:
         """The selection rules at this step. A fused group's members passed `min_dims` one by one
@@ -66,37 +64,24 @@ class GradientPipeline:
         compress = not dense and self.compresses(grad, fused)
         if compress and self.guard_nonfinite and not bool(torch.isfinite(grad).all()):
             grad = torch.zeros_like(grad)  # the trainer skips this step anyway; keep the memory finite
-        if self.comm.blocking and compress:
-            t0, marks = time.perf_counter(), self._marks()
-            averaged, sent = self.comm.reduce_tensor(grad, name, self.memory)
-            self._book_comm(t0, marks, exposed=not self.in_backward)
-            self.stats.bytes_sent += sent
-            self.stats.calls_compressed += 1
-            self._pending.append((name, _Done(), Handle(lambda: averaged)))
-            return
-        if not compress:
-            payload, ctx = [grad.reshape(-1)], make_ctx(grad, name)
-            comm = self.dense
-            self.stats.add_dense_allreduce(payload_nbytes(payload), calls=1)
-        else:
-            with self.stats.time("compress"):
-                x = self.memory.compensate(grad, name)
-                payload, ctx = self.compressor.compress(x, name)
-                self.memory.update(x, name, self.compressor, payload, ctx)
-            comm = self.comm
-            self.stats.bytes_sent += payload_nbytes(payload)
-            self.stats.calls_compressed += 1
         t0, marks = time.perf_counter(), self._marks()
-        self._pending.append((name, comm, comm.start(payload, ctx)))
+        handle = self.comm.reduce(grad, name, self.memory) if compress else self._dense(grad, name)
+        self._pending.append((name, handle))
         self._book_comm(t0, marks, exposed=not self.in_backward)
+
+    def _dense(self, grad: Tensor, name: str) -> Handle:
+        """The uncompressed path: an fp32 allreduce of the gradient, averaged."""
+        self.stats.add_dense_allreduce(grad.numel() * grad.element_size(), calls=1)
+        averaged = self.engine.allreduce_async(grad.reshape(-1), name)
+        return Handle(lambda: averaged.wait().view(grad.shape))
 
     def collect(self) -> list[tuple[str, Tensor]]:
         """Wait for every submitted group (in submission order); call after back-propagation."""
         self.in_backward = False
         out = []
-        for name, comm, handle in self._pending:
+        for name, handle in self._pending:
             t0, marks = time.perf_counter(), self._marks()
-            out.append((name, comm.wait(handle)))
+            out.append((name, handle.wait()))
             self._book_comm(t0, marks, exposed=True)
         self._pending.clear()
         return out
@@ -113,11 +98,3 @@ class GradientPipeline:
         self.stats.add_ms("comm", elapsed - compress - decode)
         if exposed:
             self.stats.add_ms("comm_exposed", elapsed - compress)
-
-
-class _Done:
-    """A communicator stand-in for work that already finished."""
-
-    @staticmethod
-    def wait(handle: Handle) -> Tensor:
-        return handle.wait()

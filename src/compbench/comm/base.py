@@ -1,0 +1,92 @@
+"""The communicator seam: traits as data, the protocol, and the one encode step they all share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from compbench.compressors.base import Compressor, Ctx, payload_nbytes
+from compbench.engines.base import Engine, Handle
+from compbench.memory.base import Memory
+from compbench.train.metrics import StepStats
+
+
+@dataclass(frozen=True)
+class CommTraits:
+    """What a communicator accepts, declared once per class; the config check reads only this.
+
+    engines: the engines it runs on.
+    needs_summable: payloads are summed by an allreduce: only `Capabilities.summable` compressors,
+      or `collective` ones (their own allreduce protocol).
+    blocking: `reduce` finishes the whole exchange before it returns (decode and re-encode at every
+      server or hop), so nothing overlaps back-propagation.
+    reencodes_sums: decodes partial sums, adds and re-encodes them (a ring): only compressors whose
+      ranks combine by the mean, without a collective protocol of their own.
+    baseline: synchronizes by itself (DDP's hooks, Horovod's DistributedOptimizer): wraps the model
+      and stands in for the scheduler; compbench's compressor, memory and scheduler are not used.
+    """
+
+    engines: tuple[str, ...] = ("horovod", "torch")
+    needs_summable: bool = False
+    blocking: bool = False
+    reencodes_sums: bool = False
+    baseline: bool = False
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    traits: ClassVar[CommTraits]
+    blocking: bool  # this instance's `reduce` finishes the exchange before returning
+
+    def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
+        """Start averaging `grad` over all ranks; `handle.wait()` is the averaged dense tensor
+        (grad's shape). Every rank calls it with the same names in the same order."""
+        ...
+
+    @staticmethod
+    def check_options(**options: object) -> None: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def encode(compressor: Compressor, memory: Memory, x: Tensor, name: str, stats: StepStats,
+           partial: Tensor | None = None) -> tuple[list[Tensor], Ctx]:
+    """The one memory -> compress -> update step: compensate `x` (plus a `partial` sum received
+    from a peer, for a ring hop), compress it, let the memory keep what the compressor dropped."""
+    with stats.time("compress"):
+        y = memory.compensate(x, name)
+        if partial is not None:
+            y = y + partial.reshape(y.shape)
+        payload, ctx = compressor.compress(y, name)
+        memory.update(y, name, compressor, payload, ctx)
+    return payload, ctx
+
+
+class CommBase:
+    """Shared construction, byte booking and (empty) state of the compressed communicators."""
+
+    traits: ClassVar[CommTraits] = CommTraits()
+
+    def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
+        self.engine, self.compressor, self.stats = engine, compressor, stats
+        self.blocking = self.traits.blocking
+
+    @staticmethod
+    def check_options(**options: object) -> None:
+        """Config-time check of the communicator's own options (`conf/comm/NAME.yaml` keys)."""
+
+    def book(self, nbytes: int) -> None:
+        """Book one compressed exchange that put `nbytes` of this rank's payloads on the wire."""
+        self.stats.bytes_sent += nbytes
+        self.stats.calls_compressed += 1
+
+    def book_payload(self, payload: list[Tensor]) -> None:
+        self.book(payload_nbytes(payload))
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

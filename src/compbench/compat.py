@@ -1,0 +1,127 @@
+"""Which combinations work: every compressor x memory x comm x scheduler x engine x optimizer
+question, answered in one place from the records the components declare (`Capabilities`,
+`MemoryTraits`, `CommTraits`, `SchedulerTraits`), at compose time, before anything is written.
+
+A combination either does what its settings say or is refused with one line that names a valid
+alternative. Recipes (a compressor's known-good memory and optimizer settings) are applied here too,
+unless the user set the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from compbench.comm.base import CommTraits
+from compbench.compressors.base import Capabilities
+from compbench.memory.base import MemoryTraits
+from compbench.schedulers import SchedulerTraits
+
+# Optimizer keys of a recipe were tuned with plain SGD; other optimizers keep their own settings.
+RECIPE_OPTIMIZER = "sgd"
+
+
+def recipe(caps: Capabilities, comm: str, comm_traits: CommTraits, optim: str) -> dict[str, Any]:
+    """The settings a compressor runs with by default over `comm` with `optim` (key -> value)."""
+    out = dict(caps.recipe)
+    if _runs_collective(caps, comm_traits):
+        out["memory"] = "none"  # the collective keeps its own error feedback
+    if optim != RECIPE_OPTIMIZER:
+        out = {k: v for k, v in out.items() if not k.startswith("optim.")}
+    if comm_traits.baseline:
+        out = {}  # the baseline synchronizes by itself; nothing of compbench's runs
+    return out
+
+
+def _runs_collective(caps: Capabilities, comm_traits: CommTraits) -> bool:
+    return caps.collective and comm_traits.needs_summable
+
+
+def check(choices: Mapping[str, str], caps: Capabilities, memory: MemoryTraits, comm: CommTraits,
+          scheduler: SchedulerTraits, optim: Mapping[str, Any]) -> None:
+    """ValueError (one line, naming an alternative) unless the combination works as configured.
+
+    `choices` are the options picked per group (compressor, memory, comm, scheduler, engine, optim);
+    `optim` the optimizer's settings."""
+    c, m, k, s, e = (choices[g] for g in ("compressor", "memory", "comm", "scheduler", "engine"))
+    if e not in comm.engines:
+        raise ValueError(f"comm={k} runs on engine={' or engine='.join(comm.engines)}, not engine={e}; "
+                         f"add engine={comm.engines[0]}")
+    if comm.baseline:
+        _check_baseline(k, c, m, s)
+        return
+    _check_comm(c, k, caps, comm)
+    _check_memory(c, m, k, caps, memory, comm)
+    _check_optimizer(c, m, caps, memory, choices["optim"], optim)
+    _check_scheduler(c, m, k, s, caps, memory, scheduler)
+
+
+def _check_baseline(comm: str, compressor: str, memory: str, scheduler: str) -> None:
+    unused = [f"{g}={v}" for g, v, default in (("compressor", compressor, "none"), ("memory", memory, "none"),
+                                                ("scheduler", scheduler, "layerwise")) if v != default]
+    if unused:
+        raise ValueError(f"comm={comm} synchronizes by itself, so {' and '.join(unused)} would not be "
+                         f"used; drop {unused[0].split('=')[0]}= (or use comm=allgather to run compbench's "
+                         "pipeline)")
+
+
+def _check_comm(c: str, k: str, caps: Capabilities, comm: CommTraits) -> None:
+    if comm.needs_summable and not (caps.summable or caps.collective):
+        raise ValueError(f"compressor={c} {caps.why_not_summable}; use comm=allgather or comm=ps")
+    if comm.reencodes_sums and caps.collective:
+        raise ValueError(f"compressor={c} runs its own allreduce protocol and cannot re-encode partial sums "
+                         f"in comm={k}; use comm=allreduce")
+    if comm.reencodes_sums and caps.combine != "mean":
+        raise ValueError(f"compressor={c} combines ranks by {caps.combine}, so comm={k} cannot add partial "
+                         "sums; use comm=allgather or comm=ps")
+
+
+def _check_memory(c: str, m: str, k: str, caps: Capabilities, memory: MemoryTraits, comm: CommTraits) -> None:
+    if m == "none":
+        return
+    if _runs_collective(caps, comm):
+        raise ValueError(f"compressor={c} over comm={k} keeps its own error feedback, so memory={m} would "
+                         "not be used; use memory=none (or comm=allgather with memory=residual)")
+    for state, what in (("error_feedback", "its own error feedback"), ("momentum", "its own momentum")):
+        if state in caps.owns:
+            raise ValueError(f"compressor={c} keeps {what}; memory={m} would compensate what it already "
+                             f"does; use memory=none")
+    if caps.lossless:
+        raise ValueError(f"compressor={c} is lossless: memory={m} would have nothing to keep; "
+                         "use memory=none")
+    if memory.needs_sparse and not caps.sparse:
+        raise ValueError(f"memory={m} masks its momentum at the indices a sparsifier sent, and "
+                         f"compressor={c} sends no indices; use memory=residual (or compressor=topk, dgc, "
+                         "dragonn, graddrop)")
+
+
+def _check_optimizer(c: str, m: str, caps: Capabilities, memory: MemoryTraits, optim_name: str,
+                     optim: Mapping[str, Any]) -> None:
+    owner = f"memory={m}" if memory.owns_momentum else f"compressor={c}" if "momentum" in caps.owns else None
+    if owner is None:
+        return
+    if optim_name != RECIPE_OPTIMIZER:
+        other = " (or memory=residual)" if memory.owns_momentum else ""
+        raise ValueError(f"{owner} applies SGD momentum itself, which optim={optim_name} would not leave to "
+                         f"it; use optim=sgd{other}")
+    if "momentum" in caps.owns and float(optim.get("momentum", 0.0)) != 0.0:
+        raise ValueError(f"{owner} applies momentum itself, so optim.momentum={optim['momentum']} would "
+                         "apply it twice; pass optim.momentum=0")
+
+
+def _check_scheduler(c: str, m: str, k: str, s: str, caps: Capabilities, memory: MemoryTraits,
+                     scheduler: SchedulerTraits) -> None:
+    if scheduler.comms is not None and k not in scheduler.comms:
+        raise ValueError(f"scheduler={s} plans for {_either('comm', scheduler.comms)}, not comm={k}; "
+                         f"add comm={scheduler.comms[0]}")
+    if caps.min_dims >= 2 and (scheduler.fuses or scheduler.partitions):
+        cut = "fuses gradients into flat buffers" if scheduler.fuses else "cuts them into flat partitions"
+        raise ValueError(f"compressor={c} compresses matrices and scheduler={s} {cut}, which it would "
+                         "send dense; use scheduler=layerwise")
+    if memory.owns_momentum and not scheduler.momentum_memory:
+        raise ValueError(f"scheduler={s} does not split the optimizer's momentum by its plan, which "
+                         f"memory={m} needs; use memory=residual")
+
+
+def _either(group: str, values: Iterable[str]) -> str:
+    return " or ".join(f"{group}={v}" for v in values)
