@@ -33,7 +33,7 @@ def results(run_dir: Path) -> dict:
 
 
 def params(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
 
 
 def event_tags(run_dir: Path) -> set[str]:

@@ -102,14 +102,6 @@ def check(cfg: DictConfig) -> DictConfig:
         if not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ValueError(f"{key}={cfg[key]} must be an integer >= 1")
 
-    if cfg.resume == "auto" and not cfg.output_dir:
-        raise ValueError("resume=auto continues the run in output_dir; pass output_dir=DIR too")
-    if cfg.resume and cfg.resume != "auto":
-        from pathlib import Path
-
-        from compbench.train.checkpoint import find_checkpoint
-
-        find_checkpoint(cfg.resume, Path("."))
     if cfg.net.get("emulate_gbps") is not None or cfg.net.get("emulate_latency_us"):
         from compbench.netem import check as check_shaped_link
 
@@ -132,6 +124,9 @@ def check(cfg: DictConfig) -> DictConfig:
     _check_dataset(cfg)
     if cfg.model.get("pretrained"):
         build_model(cfg)  # loads the file: a missing or mismatched checkpoint fails here, not in a worker
+    from compbench.train.checkpoint import check_resume
+
+    check_resume(cfg)  # last: the checkpoint's run is compared with this one as normalized above
     return cfg
 
 

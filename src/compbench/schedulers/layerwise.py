@@ -131,6 +131,20 @@ class Layerwise:
     def summary(self) -> dict:
         return {"name": self.name, "groups": len(self.runs), "overlap": self.overlapping}
 
+    def state_dict(self) -> dict:
+        """The recorded submission order, the grouping and the step count, as plain data: a resumed
+        run submits in the same order without recording it again."""
+        return {"order": list(self.order), "order_recorded": self.order_recorded,
+                "runs": [list(run) for run in self.runs], "steps": self.steps, "dense_step": self.dense_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        """After `setup`: the groups are rebuilt from the restored runs when the next step starts."""
+        self.order = [int(i) for i in state["order"]]
+        self.order_recorded = bool(state["order_recorded"])
+        self.steps = int(state["steps"])
+        self.dense_step = bool(state["dense_step"])
+        self.set_runs([[int(i) for i in run] for run in state["runs"]])
+
     @property
     def overlapping(self) -> bool:
         """Whether groups are submitted during back-propagation (not with a blocking communicator)."""

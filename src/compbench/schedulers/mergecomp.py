@@ -100,6 +100,19 @@ class PartitionSearch:
             return None
         return [further]
 
+    def state_dict(self) -> dict:
+        """The walk so far as plain data (candidates as [groups, skew] lists)."""
+        return {"queue": [list(c) for c in self.queue], "stage": self.stage, "trials": self.trials,
+                "samples": [[g, s, list(ms)] for (g, s), ms in self.samples.items()],
+                "finalists": None if self.finalists is None else [list(c) for c in self.finalists]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.queue = [_candidate(c) for c in state["queue"]]
+        self.stage, self.trials = int(state["stage"]), int(state["trials"])
+        self.samples = {_candidate((g, s)): [float(x) for x in ms] for g, s, ms in state["samples"]}
+        finalists = state["finalists"]
+        self.finalists = None if finalists is None else [_candidate(c) for c in finalists]
+
 
 class MergeComp(Layerwise):
     """MergeComp's fused groups over the overlap machinery of `Layerwise` (see the module docstring).
@@ -110,6 +123,7 @@ class MergeComp(Layerwise):
     """
 
     name = "mergecomp"
+    traits = SchedulerTraits(fuses=True)
 
     def __init__(self, groups: int | str = 4, overlap: bool = True, max_groups: int = 16,
                  trial_steps: int = 4, search_steps: int = 60, confirm: int = 2) -> None:
@@ -123,7 +137,6 @@ class MergeComp(Layerwise):
                              f"search_steps={search_steps} >= trial_steps={trial_steps}")
         self.requested, self.max_groups = groups, int(max_groups)
         self.trial_steps, self.search_steps, self.confirm = int(trial_steps), int(search_steps), int(confirm)
-    traits = SchedulerTraits(fuses=True)
 
     def setup(self, model) -> None:
         super().setup(model)
@@ -184,6 +197,30 @@ class MergeComp(Layerwise):
         else:
             self._use(pipeline, nxt)
 
+    def state_dict(self) -> dict:
+        """Layerwise's order and grouping, plus the grouping's candidate, whether the dense first step
+        is still to come, and the `groups=auto` search (the walk, the current trial's times, the steps
+        spent): a resumed run neither repeats its dense step nor its search. Plain data only."""
+        return {**super().state_dict(), "current": list(self.current), "trial": list(self.trial),
+                "search_used": self.search_used, "search_end_step": self.search_end_step,
+                "tried": [[g, s, list(ms)] for (g, s), ms in self.tried.items()],
+                "search": None if self.search is None else self.search.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.current = _candidate(state["current"])
+        self.trial = [float(x) for x in state["trial"]]
+        self.search_used = int(state["search_used"])
+        end = state["search_end_step"]
+        self.search_end_step = None if end is None else int(end)
+        self.tried = {_candidate((g, s)): [float(x) for x in ms] for g, s, ms in state["tried"]}
+        self.search = None
+        if state["search"] is not None:
+            self.search = PartitionSearch(len(self.params), self.max_groups,
+                                          self.search_steps // self.trial_steps, self.confirm)
+            self.search.load_state_dict(state["search"])
+            self.tried = self.search.samples  # one record, as in on_order_recorded
+
     def _print_choice(self) -> None:
         tried = ", ".join(f"{_label(c)} {statistics.median(ms):.1f}" for c, ms in sorted(self.tried.items()))
         print(f"scheduler=mergecomp: groups=auto chose {_label(self.current)} after {self.search_used} steps "
@@ -207,13 +244,13 @@ class MergeComp(Layerwise):
         }
 
 
-def _label(c: Candidate) -> str:
-    groups, skew = c
-    name = "layerwise" if groups == 0 else f"{groups} group{'s' if groups > 1 else ''}"
-    return name if skew == 1.0 else f"{name} skew {skew:g}"
 def _candidate(c: list | tuple) -> Candidate:
     """A candidate read back from plain data ([groups, skew])."""
     groups, skew = c
     return int(groups), float(skew)
 
 
+def _label(c: Candidate) -> str:
+    groups, skew = c
+    name = "layerwise" if groups == 0 else f"{groups} group{'s' if groups > 1 else ''}"
+    return name if skew == 1.0 else f"{name} skew {skew:g}"

@@ -1,67 +1,124 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically by rank 0.
 
-Model, optimizer and LR schedule are the same on every rank; error-feedback memories, compressor
-state (momentum, residuals, warm starts), communicator state and RNG states are per rank, so they are
-gathered to rank 0 through the engine (only rank 0 writes files). The file is written to a temporary
-name and renamed: a crash mid-write leaves the previous checkpoint intact.
-`position` is where training continues: (epoch, index of the next batch in that epoch).
+Model, optimizer, LR schedule and scheduler are the same on every rank; error-feedback memories,
+compressor state (momentum, residuals, warm starts), communicator state (the ps server's memory) and
+RNG states are per rank, so they are gathered to rank 0 through the engine (only rank 0 writes files).
+Every stateful part saves and loads through its own `state_dict` / `load_state_dict`.
+The file is written to a temporary name and renamed: a crash mid-write leaves the previous checkpoint
+intact. `position` is where training continues: (epoch, index of the next batch in that epoch).
+
+A checkpoint holds tensors and plain data only (dicts, lists, str, numbers, bool, None) and is read
+with `torch.load(weights_only=True)`: a crafted file cannot run code. `check_resume` (called by the
+config check, in the parent, before any folder is written) refuses a checkpoint that is unreadable, or
+that another run wrote: see `math_settings` for what must match.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 FILE = "checkpoint.pt"
+FORMAT = 2  # 2: holds the run's config; plain data only
+
+# The groups whose choice and parameters change a run's arithmetic (`net` only models or shapes the
+# network: a SeCoPa plan made from it is saved with the scheduler's state).
+_MATH_GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "engine", "optim")
+# Group parameters that may change on resume: the weights come from the checkpoint, not from
+# `pretrained`; the same data may move (`root`); the world size is compared as the number of workers
+# that wrote the file (also right under an external launcher); a timeout is not arithmetic.
+_FREE = {"model.pretrained", "dataset.root", "engine.np", "engine.timeout_s"}
+_MATH_TOP = ("seed", "batch_size")
 
 
-def _rank_state(trainer: Any) -> dict[str, Any]:
-    comm = trainer.pipeline.comm
-    return {
-        "memory": trainer.memory.state_dict(),
-        "compressor": trainer.compressor.state_dict(),
-        "comm": comm.state_dict() if hasattr(comm, "state_dict") else {},
-        "torch_rng": torch.get_rng_state(),
-    }
+def math_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a run (its config as plain data) that a resumed run must share, as
+    `{override key: value}`, group choices first.
+
+    Compared: the choice of model, dataset, compressor, memory, comm, scheduler, engine and optim;
+    every parameter of those groups (the model's width, the compressor's ratio, the memory's beta,
+    the optimizer's lr, momentum, weight decay and schedule, the scheduler's groups or plan, ...)
+    except model.pretrained, dataset.root, engine.np and engine.timeout_s; seed; batch_size; and,
+    separately, the number of workers.
+    Free to differ: epochs (to extend a run: a cosine or step schedule then follows the new length),
+    max_steps, eval, eval_batch_size, checkpoint, checkpoint_every_steps, resume, output_dir,
+    outputs_root, progress, num_workers, threads, on_nonfinite (e.g. skip past a NaN), net.*, sweep
+    settings, and the `ratio` shorthand (compared as compressor.ratio).
+    """
+    choices = config.get("choices") or {}
+    out: dict[str, Any] = {g: choices.get(g) for g in _MATH_GROUPS}
+    for group in _MATH_GROUPS:
+        for key, value in _flatten(config.get(group) or {}, group):
+            if key not in _FREE and not key.endswith("._target_"):
+                out[key] = value
+    out.update({k: config.get(k) for k in _MATH_TOP})
+    return out
 
 
-def _gather_to_all(engine: Any, obj: Any) -> list[Any]:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    blob = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-    return [torch.load(io.BytesIO(p[0].numpy().tobytes()), weights_only=False)
-            for p in engine.allgather([blob], "ckpt.gather")]
+def _flatten(d: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += _flatten(v, f"{prefix}.{k}")
+        else:
+            out.append((f"{prefix}.{k}", v))
+    return out
 
 
-def save_checkpoint(trainer: Any, epoch: int, batch: int) -> None:
-    """Collective: every rank calls it at the same point; rank 0 writes."""
-    if not trainer.cfg.checkpoint:
-        return
-    per_rank = _gather_to_all(trainer.engine, _rank_state(trainer))
-    if not trainer.rank0:
-        return
-    state = {
-        "position": {"epoch": epoch, "batch": batch},
-        "step": trainer.step,
-        "world_size": trainer.engine.size,
-        "compressor_name": trainer.cfg.choices["compressor"],
-        "model": trainer.model.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
-        "lr_schedule": trainer.lr_schedule.state_dict(),
-        # e.g. SeCoPa's plan: planned again on resume it could decide differently
-        "scheduler": trainer.scheduler.state_dict() if hasattr(trainer.scheduler, "state_dict") else {},
-        "per_rank": per_rank,
-    }
-    path = trainer.run_dir / FILE
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _show(v: Any) -> str:
+    """A value as it is written on the command line."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_show(x) for x in v) + "]"
+    return str(v)
+
+
+def run_config(cfg: DictConfig) -> dict[str, Any]:
+    """The run's config as plain data (what a checkpoint stores)."""
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+
+def read_checkpoint(path: Path, who: str, map_location: str | None = "cpu") -> dict[str, Any]:
+    """Load a checkpoint (tensors and plain data only; on the CPU unless `map_location` is None: then
+    where it was saved); ValueError naming `who` (e.g. `resume=DIR`) for a file that is unsafe,
+    truncated, or not a compbench checkpoint."""
+    try:
+        with warnings.catch_warnings():  # e.g. torch's note on a foreign pickle protocol
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "global" in str(e).lower():  # the weights-only unpickler met a class or function to import
+            raise ValueError(f"{who}: {path} holds objects other than tensors and plain data (loading it "
+                             f"could run code); refusing it: start a new run") from None
+        raise ValueError(f"{who}: {path} is not a checkpoint of tensors and plain data (corrupt, or a "
+                         f"pickle that could run code); pass another checkpoint or start a new run") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as e:
+        raise ValueError(f"{who}: {path} is truncated or corrupt ({_first_line(e)}); pass another "
+                         f"checkpoint or start a new run") from None
+    if not isinstance(state, dict) or "model" not in state or "position" not in state:
+        raise ValueError(f"{who}: {path} is not a compbench checkpoint; pass a run directory or its {FILE}")
+    if state.get("format") != FORMAT or not isinstance(state.get("config"), dict):
+        raise ValueError(f"{who}: {path} was written by an older compbench (it does not record its run's "
+                         f"settings); start a new run")
+    return state
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 def find_checkpoint(resume: str, run_dir: Path) -> Path | None:
@@ -77,25 +134,119 @@ def find_checkpoint(resume: str, run_dir: Path) -> Path | None:
     return path
 
 
+def world_size(cfg: DictConfig) -> int:
+    """The number of workers this run will have: engine.np, or the external launcher's job size."""
+    from compbench.launch import external_engine
+
+    joined = external_engine()
+    if joined == "horovod" and os.environ.get("HOROVOD_SIZE"):
+        return int(os.environ["HOROVOD_SIZE"])
+    if joined == "torch":
+        return int(os.environ["WORLD_SIZE"])
+    return int(cfg.engine.get("np", 1))
+
+
+def check_resume(cfg: DictConfig) -> None:
+    """Refuse, before anything is written, a `resume=` checkpoint this run cannot continue exactly:
+    missing, unreadable or unsafe, or written by a run whose arithmetic differs (`math_settings`).
+    `resume=auto` is checked when this run's folder already holds a checkpoint."""
+    if not cfg.resume:
+        return
+    if cfg.resume == "auto":
+        if not cfg.output_dir:
+            raise ValueError("resume=auto continues the run in output_dir; pass output_dir=DIR too")
+        path = find_checkpoint("auto", Path(cfg.output_dir))
+        if path is None:
+            return  # nothing to continue yet: the run starts from scratch
+        who = f"resume=auto ({path})"
+    else:
+        path = find_checkpoint(cfg.resume, Path("."))
+        who = f"resume={cfg.resume}"
+    assert path is not None
+    state = read_checkpoint(path, who)
+    check_same_run(state, run_config(cfg), world_size(cfg), who)
+
+
+def check_same_run(state: dict[str, Any], config: dict[str, Any], world: int, who: str) -> None:
+    """ValueError naming the first setting in which the checkpoint's run differs from this one."""
+    if state.get("world_size") != world:
+        raise ValueError(f"{who} was written by {state.get('world_size')} workers; resume with "
+                         f"engine.np={state.get('world_size')} (or start a new run)")
+    then, now = math_settings(state["config"]), math_settings(config)
+    for key in [*then, *(k for k in now if k not in then)]:
+        if key not in then:
+            raise ValueError(f"{who} was written without {key}; start a new run")
+        if key not in now or now[key] != then[key]:
+            setting = f"{key}={_show(then[key])}"
+            raise ValueError(f"{who} was written with {setting}; resume with {setting} (or start a new run)")
+
+
+# -- writing and restoring (in the workers) ------------------------------------------------------
+
+
+def _rank_state(trainer: Any) -> dict[str, Any]:
+    return {
+        "memory": trainer.memory.state_dict(),
+        "compressor": trainer.compressor.state_dict(),
+        "comm": trainer.pipeline.comm.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
+
+
+def _gather_to_all(engine: Any, obj: Any) -> list[Any]:
+    """Every rank's `obj` (tensors and plain data), on every rank: serialized, all-gathered as bytes,
+    and read back with weights_only (a peer's bytes are data, never code)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    blob = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    return [torch.load(io.BytesIO(p[0].numpy().tobytes()), weights_only=True)
+            for p in engine.allgather([blob], "ckpt.gather")]
+
+
+def save_checkpoint(trainer: Any, epoch: int, batch: int) -> None:
+    """Collective: every rank calls it at the same point; rank 0 writes."""
+    if not trainer.cfg.checkpoint:
+        return
+    per_rank = _gather_to_all(trainer.engine, _rank_state(trainer))
+    if not trainer.rank0:
+        return
+    state = {
+        "format": FORMAT,
+        "config": run_config(trainer.cfg),
+        "position": {"epoch": epoch, "batch": batch},
+        "step": trainer.step,
+        "world_size": trainer.engine.size,
+        "model": trainer.model.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "lr_schedule": trainer.lr_schedule.state_dict(),
+        # e.g. SeCoPa's plan, MergeComp's grouping and search: decided again on resume they could differ
+        "scheduler": trainer.scheduler.state_dict(),
+        "per_rank": per_rank,
+    }
+    path = trainer.run_dir / FILE
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def load_checkpoint(trainer: Any, path: Path) -> tuple[int, int]:
-    """Restore everything saved; returns the position (epoch, batch) to continue from."""
-    state = torch.load(path, weights_only=False)
+    """Restore everything saved; returns the position (epoch, batch) to continue from. The parent's
+    config check (`check_resume`) has already refused a checkpoint of another run; the world size is
+    checked again here, where it is known for sure."""
+    state = read_checkpoint(path, f"resume={trainer.cfg.resume}", map_location=None)
     if state["world_size"] != trainer.engine.size:
         raise ValueError(f"{path} was written by {state['world_size']} workers; "
                          f"resume with engine.np={state['world_size']}")
-    if state["compressor_name"] != trainer.cfg.choices["compressor"]:
-        raise ValueError(f"{path} was written with compressor={state['compressor_name']}; "
-                         f"resume with the same compressor")
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.lr_schedule.load_state_dict(state["lr_schedule"])
-    if state.get("scheduler") and hasattr(trainer.scheduler, "load_state_dict"):
-        trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
     mine = state["per_rank"][trainer.engine.rank]
     trainer.memory.load_state_dict(mine["memory"])
     trainer.compressor.load_state_dict(mine["compressor"])
-    if hasattr(trainer.pipeline.comm, "load_state_dict"):
-        trainer.pipeline.comm.load_state_dict(mine["comm"])
+    trainer.pipeline.comm.load_state_dict(mine["comm"])
     torch.set_rng_state(mine["torch_rng"])
     trainer.step = state["step"]
     return state["position"]["epoch"], state["position"]["batch"]
