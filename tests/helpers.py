@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,26 @@ def encode_statistics(comp, x: torch.Tensor, trials: int) -> tuple[torch.Tensor,
         total_sq += d * d
     mean = total / trials
     return mean, ((total_sq / trials - mean * mean).clamp_min(0) / trials).sqrt()
+
+
+def default_sigint() -> None:
+    """preexec_fn for a child that must answer Ctrl-C: a suite started in the background
+    (`make test &`) runs with SIGINT ignored, and a child would inherit that (Python then installs
+    no KeyboardInterrupt handler); the tests must not depend on how the suite was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_compbench(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.Popen:
+    """`compbench ARGS` in the background, in its own process group (a terminal's Ctrl-C reaches the
+    whole group: os.killpg(proc.pid, SIGINT)), with a default SIGINT."""
+    return subprocess.Popen([sys.executable, "-m", "compbench", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_sigint, env={**os.environ, **(env or {})})
+
+
+def catches_sigint(pid: int) -> bool:
+    """Whether process `pid` has installed a SIGINT handler yet (Python does so at start-up)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False

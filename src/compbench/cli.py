@@ -33,7 +33,9 @@ _BROKEN_PIPE_EXIT = 141
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; Ctrl-C and a closed output pipe end it with one line at most."""
     try:
-        return _main(list(sys.argv[1:] if argv is None else argv))
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe cannot be caught
+        return code
     except KeyboardInterrupt:
         # Workers, when running, were stopped by the launcher (it reports them itself).
         print("error: interrupted by Ctrl-C; stopped", file=sys.stderr, flush=True)
@@ -135,10 +137,6 @@ def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = 
     run_dir = run_dir or prepare_run_dir(cfg, overrides)
     print(f"compbench: {cfg.engine.np} worker(s) on engine={cfg.choices['engine']}, output in {run_dir}",
           flush=True)
-    if cfg.recipe:
-        settings = " ".join(f"{k}={v}" for k, v in cfg.recipe.items())
-        print(f"compbench: from compressor={cfg.choices['compressor']}'s recipe: {settings} "
-              "(set a key to choose otherwise)", flush=True)
     code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
     if code != 0:
         from compbench.rundir import record_failure
