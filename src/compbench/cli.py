@@ -137,6 +137,10 @@ def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = 
     run_dir = run_dir or prepare_run_dir(cfg, overrides)
     print(f"compbench: {cfg.engine.np} worker(s) on engine={cfg.choices['engine']}, output in {run_dir}",
           flush=True)
+    if cfg.recipe:
+        settings = " ".join(f"{k}={v}" for k, v in cfg.recipe.items())
+        print(f"compbench: from compressor={cfg.choices['compressor']}'s recipe: {settings} "
+              "(set a key to choose otherwise)", flush=True)
     code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
     if code != 0:
         from compbench.rundir import record_failure

@@ -118,6 +118,9 @@ def _check_scheduler(c: str, m: str, k: str, s: str, caps: Capabilities, memory:
         cut = "fuses gradients into flat buffers" if scheduler.fuses else "cuts them into flat partitions"
         raise ValueError(f"compressor={c} compresses matrices and scheduler={s} {cut}, which it would "
                          "send dense; use scheduler=layerwise")
+    if scheduler.plans and caps.lossless:
+        raise ValueError(f"scheduler={s} plans which gradients to compress, and compressor={c} compresses "
+                         "nothing; use scheduler=layerwise (or a compressor, e.g. compressor=topk)")
     if memory.owns_momentum and not scheduler.momentum_memory:
         raise ValueError(f"scheduler={s} does not split the optimizer's momentum by its plan, which "
                          f"memory={m} needs; use memory=residual")

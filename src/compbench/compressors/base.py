@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -71,7 +70,7 @@ class Capabilities:
     sparse: bool = False
     shared_indices: bool = False
     lossless: bool = False
-    recipe: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention (deep-copyable)
     why_not_summable: str = "sends rank-dependent payloads that cannot be summed element-wise"
 
 
@@ -79,7 +78,7 @@ class Capabilities:
 # aggregate of error-compensated gradients is what DGC's momentum correction exists for: on digits
 # (6 epochs, allgather) topk reached 80.0% with momentum 0.9, 97.8% with momentum 0 at lr 0.1 and
 # 98.9% at lr 0.3; dragonn 67.8% -> 97.8%, graddrop 68.6% -> 97.8%, randk 17.8% -> 70.3%.
-ERROR_FEEDBACK_RECIPE = MappingProxyType({"memory": "residual", "optim.momentum": 0.0, "optim.lr": 0.3})
+ERROR_FEEDBACK_RECIPE = {"memory": "residual", "optim.momentum": 0.0, "optim.lr": 0.3}
 
 
 @runtime_checkable

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -84,7 +83,7 @@ class DGC(SparseCompressor):
     name = "dgc"
     # DGC's recipe is its momentum correction (memory=dgc), with the optimizer's usual momentum on
     # the tensors that stay dense and on the weight-decay term.
-    caps = replace(SparseCompressor.caps, recipe=MappingProxyType({"memory": "dgc"}))
+    caps = replace(SparseCompressor.caps, recipe={"memory": "dgc"})
 
     def __init__(
         self,

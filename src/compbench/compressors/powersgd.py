@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -84,7 +83,7 @@ class PowerSGD(CompressorBase):
 
     name = "powersgd"
     # Over allgather/ps its local payloads are not summable; pair them with memory=residual.
-    caps = Capabilities(collective=True, min_dims=2, recipe=MappingProxyType({"memory": "residual"}),
+    caps = Capabilities(collective=True, min_dims=2, recipe={"memory": "residual"},
                         why_not_summable="sends local low-rank factors that cannot be summed")
 
     def __init__(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import torch
 from torch import Tensor
 
@@ -25,7 +23,7 @@ class Signum(CompressorBase):
     name = "signum"
     # Bernstein et al. use lr 1e-4..1e-3; on digits lr 0.1 diverged (10.0%), 1e-3 reached 99.4%.
     caps = Capabilities(combine="vote", owns=frozenset({"momentum"}),
-                        recipe=MappingProxyType({"memory": "none", "optim.momentum": 0.0, "optim.lr": 1e-3}))
+                        recipe={"memory": "none", "optim.momentum": 0.0, "optim.lr": 1e-3})
 
     def __init__(self, beta: float = 0.9) -> None:
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 1:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -37,7 +36,7 @@ class TBQ(PackedCodeCompressor):
 
     name = "tbq"
     caps = Capabilities(owns=frozenset({"error_feedback"}),
-                        recipe=MappingProxyType({"memory": "none", "optim.momentum": 0.0, "optim.lr": 0.3}))
+                        recipe={"memory": "none", "optim.momentum": 0.0, "optim.lr": 0.3})
 
     def __init__(self, tau: float = 0.01) -> None:
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (math.isfinite(tau) and tau > 0):

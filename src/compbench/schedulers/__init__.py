@@ -23,11 +23,13 @@ class SchedulerTraits:
 
     fuses: sends several tensors as one flat buffer (a matrix compressor would see a 1-D tensor).
     partitions: cuts gradients into flat partitions (likewise).
+    plans: decides per gradient whether compressing it pays, from a cost model.
     comms: the communicators it is made for (None: any).
     momentum_memory: works with a memory that owns the momentum (memory=dgc).
     """
 
     fuses: bool = False
     partitions: bool = False
+    plans: bool = False
     comms: tuple[str, ...] | None = None
     momentum_memory: bool = True

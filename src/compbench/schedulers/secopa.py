@@ -52,7 +52,7 @@ class SeCoPa:
 
     name = "secopa"
     # The optimizer's momentum split of memory=dgc does not follow the plan's partitions yet.
-    traits = SchedulerTraits(partitions=True, comms=("ps", "ring"), momentum_memory=False)
+    traits = SchedulerTraits(partitions=True, plans=True, comms=("ps", "ring"), momentum_memory=False)
 
     def __init__(self, plan: str | None = None, gbps: float | None = None, latency_us: float = 25.0,
                  probe_sizes: list[int] | tuple[int, ...] = PROBE_SIZES, probe_reps: int = 5) -> None:

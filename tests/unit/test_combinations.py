@@ -1,0 +1,118 @@
+"""Every compressor x memory x comm x scheduler x engine either is refused by the config check (one
+line that names a valid alternative) or trains 3 steps: finite loss, every parameter updated, and
+every chosen component used. Ranks are threads of this process (tests/threaded_engine.py), so the
+whole matrix runs in the fast tier; the real engines run the same pipeline in tests/dist.
+
+Composing with Hydra costs ~0.4 s, so each compressor x comm is composed once (with its recipe) and
+the memory, scheduler and engine nodes are swapped in by hand, as Hydra would compose them. The
+baselines (comm=ddp, comm=horovod_optimizer) synchronize with a real process group: here they are
+only checked for refusals; tests/integration/test_baselines.py trains them."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from compbench import config, registry
+from compbench.train.loop import Trainer
+from tests.helpers import TINY
+from tests.threaded_engine import ThreadWorld
+
+STEPS = 3
+ENGINES = ("horovod", "torch")
+# A refusal names what to do instead.
+ALTERNATIVE = re.compile(r"\b(use|add|pass|drop) \S+=")
+# Small, quick runs: 2 ranks x 2 steps per epoch, no files but results.json and TensorBoard.
+SMALL = [*TINY, "batch_size=32", f"max_steps={STEPS}", "eval=false", "checkpoint=false",
+         "scheduler.gbps=0.001"]  # secopa plans from this slow link (no engine probe): it compresses
+
+
+def _compose(compressor: str, comm: str):
+    extra = ["compressor.start_iter=2"] if compressor == "powersgd" else []  # compressed by step 2
+    return config.compose([*SMALL[:-1], f"compressor={compressor}", f"comm={comm}", "memory=none", *extra])
+
+
+def _variant(base, memory: str, scheduler: str, engine: str):
+    cfg = base.copy()
+    with open_dict(cfg):
+        cfg.memory = registry.option_config("memory", memory)
+        cfg.scheduler = registry.option_config("scheduler", scheduler)
+        cfg.engine = registry.option_config("engine", engine)
+        if scheduler == "secopa":
+            cfg.scheduler.gbps = 0.001
+        cfg.choices.update(memory=memory, scheduler=scheduler, engine=engine)
+    return cfg
+
+
+def _train(cfg, run_dir) -> None:
+    """3 steps on 2 thread ranks; checks loss, parameter updates and the components used."""
+
+    def rank(engine):
+        trainer = Trainer(cfg, engine, run_dir)
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        calls = {"compress": 0, "compensate": 0, "reduce": 0, "synchronize": 0}
+        _count(trainer.compressor, "compress_collective" if _collective(trainer) else "compress", calls,
+               "compress")
+        _count(trainer.memory, "compensate", calls)
+        _count(trainer.pipeline.comm, "reduce", calls)
+        _count(trainer.scheduler, "synchronize", calls)
+        trainer.fit()
+        after = dict(trainer.model.named_parameters())
+        return before, after, calls, trainer.recorder.history["train/loss"] if trainer.recorder else None
+
+    results = ThreadWorld(2).run(rank, name=cfg.choices["engine"])
+    for before, after, calls, losses in results:
+        stale = [n for n, p in after.items() if torch.equal(p.detach(), before[n])]
+        assert not stale, f"parameters not updated: {stale}"
+        assert calls["synchronize"] == STEPS and calls["reduce"] > 0 and calls["compress"] > 0, calls
+        if cfg.choices["memory"] != "none":
+            assert calls["compensate"] > 0, calls
+        if losses is not None:
+            assert len(losses) == STEPS and all(math.isfinite(v) for v in losses), losses
+
+
+def _collective(trainer) -> bool:
+    return trainer.compressor.caps.collective and trainer.pipeline.comm.traits.needs_summable
+
+
+def _count(obj, method: str, calls: dict, key: str | None = None) -> None:
+    inner = getattr(obj, method)
+
+    def counted(*args, **kwargs):
+        calls[key or method] += 1
+        return inner(*args, **kwargs)
+
+    setattr(obj, method, counted)
+
+
+@pytest.mark.parametrize("compressor", registry.options("compressor"))
+def test_every_combination_is_refused_or_trains(compressor, tmp_path):
+    ran = refused = 0
+    for comm in registry.options("comm"):
+        baseline = registry.component_class("comm", comm).traits.baseline
+        base = _compose(compressor, comm)
+        for memory in registry.options("memory"):
+            for scheduler in registry.options("scheduler"):
+                accepted = []
+                for engine in ENGINES:
+                    combo = f"compressor={compressor} memory={memory} comm={comm} scheduler={scheduler} " \
+                            f"engine={engine}"
+                    try:
+                        cfg = config.check(_variant(base, memory, scheduler, engine))
+                    except ValueError as e:
+                        message = str(e)
+                        assert "\n" not in message and ALTERNATIVE.search(message), (combo, message)
+                        refused += 1
+                        continue
+                    accepted.append(cfg)
+                if accepted and not baseline:  # the engine changes nothing in-process: run one
+                    try:
+                        _train(accepted[0], tmp_path / f"{comm}-{memory}-{scheduler}")
+                    except Exception as e:
+                        raise AssertionError(f"{combo}: {type(e).__name__}: {e}") from e
+                    ran += 1
+    assert ran > 0 and refused > 0, (ran, refused)
