@@ -4,12 +4,14 @@
     python scripts/compressor_table.py --engines torch --epochs 2    # does everything train on torch?
     python scripts/compressor_table.py --engines horovod --compressors dgc,dragonn --extra ratio=1e-3
 
-Each compressor runs with its usual memory (residual error feedback for the biased ones, dgc for
-dgc, none for the unbiased ones and for those that keep their own state) and its usual optimizer
-settings (`recipe`). Communicators are those of the compression pipeline (allreduce, allgather, ps,
-ring) that `compbench train` accepts for the pair: the same config check as the CLI. Finished runs
-are reused (delete outputs/compressor_table to start over). The table (final accuracy, bytes per
-step, effective compression ratio) is written to outputs/compressor_table/table-ENGINES-EPOCHSep.md.
+Each compressor runs with its recipe (its `Capabilities.recipe`, what `compbench train` applies
+by default: residual error feedback with momentum 0 and lr 0.3 for the biased sparsifiers and
+sign compressors, dgc's momentum correction for dgc, signum's lr 1e-3, none for the unbiased
+ones and for those that keep their own state). Communicators are those of the compression
+pipeline (allreduce, allgather, ps, ring) that `compbench train` accepts for the pair: the same
+config check as the CLI. Finished runs are reused (delete outputs/compressor_table to start
+over). The table (final accuracy, bytes per step, effective compression ratio) is written to
+outputs/compressor_table/table-ENGINES-EPOCHSep.md.
 """
 
 from __future__ import annotations
@@ -18,43 +20,19 @@ import argparse
 import json
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 from compbench import config, registry
 
-# Memory each compressor is normally run with. PowerSGD and ATOMO over allgather/ps use their local
-# encode, which has no internal error feedback: residual memory then (powersgd's yaml says so).
-USUAL_MEMORY = {
-    "none": "none", "fp16": "none", "qsgd": "none", "terngrad": "none", "atomo": "none",
-    "signum": "none", "tbq": "none", "dgc": "dgc", "powersgd": "none",
-}
-# Optimizer settings that differ from conf/optim/sgd.yaml (lr 0.1, momentum 0.9):
-# - residual error feedback (and tbq's own residual): momentum 0 and lr 0.3. Momentum applied to
-#   the sparse aggregate of error-compensated gradients is what DGC's momentum correction exists
-#   for: on digits (6 epochs) topk reached 80.0% with momentum 0.9, 97.8% with momentum 0 at lr
-#   0.1 and 98.9% at lr 0.3; dragonn 67.8% -> 97.8%, graddrop 68.6% -> 97.8%, randk 17.8% -> 70.3%.
-# - signum owns its momentum and sends +-1 per element: no optimizer momentum and lr 1e-3
-#   (Bernstein et al. use 1e-4..1e-3); lr 0.1 diverged (10.0%), 1e-3 reached 99.4%.
-RESIDUAL_OPTIM = ["optim.momentum=0", "optim.lr=0.3"]
-SIGNUM_OPTIM = ["optim.momentum=0", "optim.lr=1e-3"]
 COMPRESSION_COMMS = ("allreduce", "allgather", "ps", "ring")
 OUT = Path("outputs/compressor_table")
 
 
-def memory_for(compressor: str, comm: str) -> str:
-    if compressor == "powersgd" and comm != "allreduce":
-        return "residual"
-    return USUAL_MEMORY.get(compressor, "residual")
-
-
 def recipe(compressor: str, comm: str) -> list[str]:
-    """The overrides of a table run besides compressor, comm and engine."""
-    memory = memory_for(compressor, comm)
-    optim = SIGNUM_OPTIM if compressor == "signum" else []
-    if (memory == "residual" and compressor != "powersgd") or compressor == "tbq":
-        optim = RESIDUAL_OPTIM
-    return [f"memory={memory}", *optim]
+    """The recipe `compbench train` applies to this pair (each compressor's `Capabilities.recipe`,
+    compbench.compat.recipe), spelled out as overrides so the table's runs say what they used."""
+    cfg = config.compose([f"compressor={compressor}", f"comm={comm}"])
+    return [f"{k}={v}" for k, v in cfg.recipe.items()]
 
 
 def valid_comms(compressor: str, engine: str) -> list[str]:
@@ -63,9 +41,7 @@ def valid_comms(compressor: str, engine: str) -> list[str]:
     for comm in COMPRESSION_COMMS:
         overrides = [f"compressor={compressor}", f"comm={comm}", f"engine={engine}"]
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                config.check(config.compose(overrides + recipe(compressor, comm)))
+            config.check(config.compose(overrides))
         except ValueError:
             continue
         ok.append(comm)
