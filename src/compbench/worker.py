@@ -7,16 +7,18 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from omegaconf import OmegaConf
-
 
 def main(argv: list[str] | None = None) -> int:
     from compbench.errors import report_user_error, say_error
-    from compbench.train.loop import run_worker
 
-    run_dir = Path((argv or sys.argv[1:])[0])
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     try:
+        # Imports inside the guard: Ctrl-C often lands while torch is still being imported.
+        from omegaconf import OmegaConf
+
+        from compbench.train.loop import run_worker
+
+        run_dir = Path((argv or sys.argv[1:])[0])
+        cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
         with report_user_error():
             run_worker(cfg, run_dir)
     except KeyboardInterrupt:  # Ctrl-C reaches every worker: stop quietly, the launcher reports it

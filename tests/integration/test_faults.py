@@ -11,7 +11,7 @@ import psutil
 import pytest
 import torch
 
-from tests.helpers import TINY, compbench, train
+from tests.helpers import TINY, compbench, start_compbench, train
 
 pytestmark = pytest.mark.dist
 STEPS_PER_EPOCH = 8  # TINY: 256 samples / (2 ranks x batch 16)
@@ -105,19 +105,63 @@ def test_nonfinite_gradient_raise_names_the_tensor(tmp_path):
     assert "skipped step 0: non-finite gradient" in skip.stdout
 
 
-def test_ctrl_c_stops_every_worker(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "compbench", "train", "epochs=20", "progress=false",
-                             f"output_dir={tmp_path / 'run'}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _wait_for_workers(proc: subprocess.Popen, n: int = 2) -> list[psutil.Process]:
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
-    while len(_workers(parent)) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline
+    while len(_workers(parent)) < n:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
-    workers = list(_workers(parent).values())
+    return list(_workers(parent).values())
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    # start_compbench gives the job a default SIGINT: the suite may run in the background (`make
+    # test &`), where SIGINT is ignored and a child would inherit that.
+    proc = start_compbench("train", "epochs=20", "progress=false", f"output_dir={tmp_path / 'run'}")
+    workers = _wait_for_workers(proc)
     time.sleep(3)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     proc.communicate(timeout=60)
     assert proc.returncode == 130
     gone, alive = psutil.wait_procs(workers, timeout=15)
     assert not alive
+
+
+def test_ctrl_c_stops_the_whole_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = start_compbench("train", "-m", *TINY, "epochs=50", "seed=0,1,2", f"hydra.sweep.dir={sweep}")
+    workers = _wait_for_workers(proc)  # job 0 is training
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted after 1 of 3 jobs" in out and "Traceback" not in err
+    assert sorted(p.name for p in sweep.iterdir()) == ["0"]  # jobs 1 and 2 never started
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive
+
+
+def test_sigkill_of_the_launcher_takes_its_workers_and_the_next_launch_cleans_up(tmp_path, monkeypatch):
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    proc = start_compbench("train", *TINY, "engine=torch", "epochs=50", f"output_dir={tmp_path / 'run'}",
+                           env={"TMPDIR": str(scratch_root)})
+    parent, deadline = psutil.Process(proc.pid), time.monotonic() + 120
+    while len(workers := [c for c in parent.children(recursive=True)
+                          if "compbench.worker" in " ".join(c.cmdline())]) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    scratch = list(scratch_root.glob("compbench-*"))
+    assert len(scratch) == 1  # the torch file store, with its owner's pid
+    proc.kill()
+    proc.communicate(timeout=30)
+    _, alive = psutil.wait_procs(workers, timeout=15)  # PR_SET_PDEATHSIG: no orphans left training
+    assert not alive
+    assert scratch[0].exists()  # SIGKILL gives no chance to clean up: the next launch does it
+    import tempfile
+
+    from compbench.launch import run_processes
+
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
+    assert run_processes([sys.executable, "-c", "pass"], "torch", 1)[0] == 0
+    assert list(scratch_root.glob("compbench-*")) == []
