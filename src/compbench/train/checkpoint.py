@@ -184,11 +184,17 @@ def check_same_run(state: dict[str, Any], config: dict[str, Any], world: int, wh
 # -- writing and restoring (in the workers) ------------------------------------------------------
 
 
+def _baseline(trainer: Any) -> bool:
+    """A baseline synchronization mode (comm=ddp, comm=horovod_optimizer) stands in for communicator
+    and scheduler and keeps no state of its own: the model and the optimizer are all there is."""
+    return trainer.pipeline.comm.traits.baseline
+
+
 def _rank_state(trainer: Any) -> dict[str, Any]:
     return {
         "memory": trainer.memory.state_dict(),
         "compressor": trainer.compressor.state_dict(),
-        "comm": trainer.pipeline.comm.state_dict(),
+        "comm": {} if _baseline(trainer) else trainer.pipeline.comm.state_dict(),
         "torch_rng": torch.get_rng_state(),
     }
 
@@ -220,7 +226,7 @@ def save_checkpoint(trainer: Any, epoch: int, batch: int) -> None:
         "optimizer": trainer.optimizer.state_dict(),
         "lr_schedule": trainer.lr_schedule.state_dict(),
         # e.g. SeCoPa's plan, MergeComp's grouping and search: decided again on resume they could differ
-        "scheduler": trainer.scheduler.state_dict(),
+        "scheduler": {} if _baseline(trainer) else trainer.scheduler.state_dict(),
         "per_rank": per_rank,
     }
     path = trainer.run_dir / FILE
@@ -242,11 +248,12 @@ def load_checkpoint(trainer: Any, path: Path) -> tuple[int, int]:
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.lr_schedule.load_state_dict(state["lr_schedule"])
-    trainer.scheduler.load_state_dict(state["scheduler"])
     mine = state["per_rank"][trainer.engine.rank]
+    if not _baseline(trainer):
+        trainer.scheduler.load_state_dict(state["scheduler"])
+        trainer.pipeline.comm.load_state_dict(mine["comm"])
     trainer.memory.load_state_dict(mine["memory"])
     trainer.compressor.load_state_dict(mine["compressor"])
-    trainer.pipeline.comm.load_state_dict(mine["comm"])
     torch.set_rng_state(mine["torch_rng"])
     trainer.step = state["step"]
     return state["position"]["epoch"], state["position"]["batch"]
