@@ -142,3 +142,37 @@ def test_math_settings_leave_out_what_may_change():
     for kept in ("model", "model.hidden", "compressor.ratio", "memory", "memory.momentum", "optim.lr", "seed",
                  "batch_size", "engine", "scheduler", "comm"):
         assert kept in keys
+
+
+def test_scheduler_state_is_plain_data_and_continues_the_same(tmp_path):
+    from compbench.plan.cost import PlanLine
+    from compbench.schedulers.mergecomp import PartitionSearch
+    from compbench.schedulers.secopa import SeCoPa
+
+    search = PartitionSearch(num_tensors=6, max_groups=16, max_trials=8)
+    for ms in ([3.0, 2.0], [1.0, 1.5], [2.5, 2.5]):
+        search.report(search.next(), ms)
+    secopa = SeCoPa()
+    lines = [PlanLine("fc.weight", 12, True, 2), PlanLine("fc.bias", 3, False, 1)]
+    secopa.lines = {ln.name: ln for ln in lines}
+    secopa.info = {"topology": "ps", "predicted_ms": {"plan": 1.5}, "pair": (1, 2)}
+    path = tmp_path / "state.pt"
+    torch.save({"search": search.state_dict(), "secopa": secopa.state_dict()}, path)
+    state = torch.load(path, weights_only=True)
+
+    again = PartitionSearch(num_tensors=6, max_groups=16, max_trials=8)
+    again.load_state_dict(state["search"])
+    assert again.samples == search.samples and again.trials == search.trials == 3
+    for ms in ([0.5, 0.5], [4.0, 4.0], [1.0, 1.0], [2.0, 2.0], [3.0, 3.0]):  # the rest of the walk, alike
+        a, b = search.next(), again.next()
+        assert a == b
+        if a is None:
+            break
+        search.report(a, ms)
+        again.report(b, ms)
+    other = SeCoPa()
+    other.load_state_dict(state["secopa"])
+    assert other.lines == secopa.lines and other.info["pair"] == [1, 2]
+    fresh = SeCoPa()
+    fresh.load_state_dict(SeCoPa().state_dict())  # saved before the first step: plans at its first step
+    assert fresh.lines is None
