@@ -7,26 +7,35 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from compbench import config, registry
+from compbench import compat, registry
+from compbench.compressors import build_compressor
 from compbench.train.build import build_compressor_and_selection, build_memory
 from compbench.train.metrics import StepStats
 from compbench.train.pipeline import GradientPipeline
 
 
 def combos() -> list[tuple[str, str, str]]:
-    """Every compressor x communicator of the compression pipeline that compbench accepts on both
-    engines (the baselines bypass the pipeline), each with its recipe's memory."""
+    """Every compressor x communicator of the compression pipeline that compbench's config check
+    (compbench.compat) accepts on both engines, each with its recipe's memory (the baselines bypass
+    the pipeline). The records are read directly: composing 128 configs with Hydra takes a minute."""
     out = []
+    layerwise = registry.component_class("scheduler", "layerwise").traits
     for name in registry.options("compressor"):
+        caps = build_compressor(name).caps
         for comm in registry.options("comm"):
-            if registry.component_class("comm", comm).traits.baseline:
+            traits = registry.component_class("comm", comm).traits
+            if traits.baseline:
                 continue
+            memory = compat.recipe(caps, comm, traits, "sgd").get("memory", "none")
             try:
-                cfgs = [config.check(config.compose([f"compressor={name}", f"comm={comm}", f"engine={e}"]))
-                        for e in ("horovod", "torch")]
+                for engine in ("horovod", "torch"):
+                    choices = {"compressor": name, "memory": memory, "comm": comm, "scheduler": "layerwise",
+                               "engine": engine, "optim": "sgd"}
+                    compat.check(choices, caps, registry.component_class("memory", memory).traits, traits,
+                                 layerwise, {"momentum": 0.0})
             except ValueError:
                 continue
-            out.append((name, comm, cfgs[0].choices["memory"]))
+            out.append((name, comm, memory))
     return out
 
 

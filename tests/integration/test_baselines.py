@@ -66,18 +66,20 @@ def test_ddp_powersgd_records_its_wire_bytes(tmp_path):
 
 
 def test_baseline_checks_name_the_fix():
-    with pytest.raises(ValueError, match="use engine=torch"):
-        ddp.check("horovod")
-    with pytest.raises(ValueError, match="needs engine=horovod"):
-        horovod_optimizer.check("torch")
+    from compbench import config
+
+    for overrides, fix in ((["comm=ddp", "engine=horovod"], "add engine=torch"),
+                           (["comm=horovod_optimizer", "engine=torch"], "add engine=horovod"),
+                           (["comm=ddp", "engine=torch", "compressor=dgc"], "drop compressor="),
+                           (["comm=ddp", "engine=torch", "scheduler=mergecomp"], "drop scheduler=")):
+        with pytest.raises(ValueError, match=fix):
+            config.check(config.compose([*COMMON, *overrides]))
     with pytest.raises(ValueError, match="comm.hook=topk is unknown"):
-        ddp.check("torch", hook="topk")
+        ddp.check_options(hook="topk")
     with pytest.raises(ValueError, match="start_powersgd_iter=1 must be >= 2"):
-        ddp.check("torch", hook="powersgd", start_powersgd_iter=1)
+        ddp.check_options(hook="powersgd", start_powersgd_iter=1)
     with pytest.raises(ValueError, match="comm.compression=bf16 is unknown"):
-        horovod_optimizer.check("horovod", compression="bf16")
+        horovod_optimizer.check_options(compression="bf16")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="use comm.hook=fp16"):
-            ddp.check("torch", hook="bf16")
-    with pytest.warns(UserWarning, match="compressor=dgc ignored"):
-        ddp.check("torch", compressor="dgc")
+            ddp.check_options(hook="bf16")

@@ -439,16 +439,15 @@ def test_dgc_memory_invariant_unsent_keep_sent_zeroed():
         torch.testing.assert_close(after, before - comp.decompress(payload, ctx))
 
 
-def test_dgc_memory_dense_compressor_payload_stays_intact():
-    # A compressor without sent_indices: masked where the decoded payload is nonzero; a payload that
-    # is a view of v (compressor=none) must not be zeroed before it is sent.
+def test_dgc_memory_payload_stays_intact():
+    # Every element sent (ratio 1): v and u are zeroed everywhere, the payload's values are not.
     mem = DGCMemory(momentum=0.0)
-    comp = build_compressor("none")
-    g = torch.tensor([[1.0, 0.0], [3.0, 4.0]])
+    comp = TopK(ratio=1.0)
+    g = torch.tensor([[1.0, -2.0], [3.0, 4.0]])
     v = mem.compensate(g, "w")
     payload, ctx = comp.compress(v, "w")
     mem.update(v, "w", comp, payload, ctx)
-    torch.testing.assert_close(payload[0], torch.tensor([1.0, 0.0, 3.0, 4.0]))
+    torch.testing.assert_close(comp.decompress(payload, ctx), g)
     assert (mem.velocities["w"] == 0).all()
 
 

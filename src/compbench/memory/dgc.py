@@ -19,8 +19,8 @@ class DGCMemory:
 
     `compensate` returns v (the memory's own buffer; compressors must not modify it), which is what
     gets compressed. `update` applies momentum factor masking: u (if `momentum_masking`) and v are
-    zeroed at the SENT indices, taken from the compressor's `sent_indices` when it is a sparsifier,
-    else from the nonzeros of the decoded payload. Invariant: after update, v keeps its value at every
+    zeroed at the SENT indices, taken from the compressor's `sent_indices` (a sparsifier's: the
+    memory declares `needs_sparse`). Invariant: after update, v keeps its value at every
     unsent entry and is 0 at every sent one.
 
     Optional local gradient clipping (`gradient_clipping` = max norm): each gradient is clipped to
@@ -90,17 +90,12 @@ class DGCMemory:
         if any(t.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() for t in payload):
             # A dense payload that is a view of v must stay intact until it is sent: mask a copy.
             v = self.velocities[name] = v.clone()
-        getter = getattr(compressor, "sent_indices", None)
-        if getter is not None:
-            sent = getter(payload, ctx).to(v.device)
-            v.view(-1).index_fill_(0, sent, 0)
-            if self.momentum_masking:
-                self.momentums[name].view(-1).index_fill_(0, sent, 0)
-        else:
-            keep = compressor.decompress(payload, ctx).eq(0).to(v.dtype)
-            v.mul_(keep)
-            if self.momentum_masking:
-                self.momentums[name].mul_(keep)
+        # `needs_sparse`: the config check pairs this memory with sparsifiers only, which name
+        # what they sent.
+        sent = compressor.sent_indices(payload, ctx).to(v.device)  # type: ignore[attr-defined]
+        v.view(-1).index_fill_(0, sent, 0)
+        if self.momentum_masking:
+            self.momentums[name].view(-1).index_fill_(0, sent, 0)
 
     def state_dict(self) -> dict:
         return {

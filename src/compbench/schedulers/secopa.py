@@ -168,7 +168,7 @@ class SeCoPa:
         if extra:
             raise ValueError(f"plan {path} names {extra[0]}, which this model does not have; "
                              "write a plan for this model")
-        _warn_if_other_setting(path, topology, getattr(compressor, "name", "?"), world)
+        _warn_if_other_setting(path, topology, compressor.name, world)
         return [plan[n] for n, _, _ in grads]
 
     def _plan(self, grads: list[tuple[str, int, bool]], topology: str, pipeline: GradientPipeline,
