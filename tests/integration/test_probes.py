@@ -171,6 +171,16 @@ def test_hydra_run_dir_is_the_output_dir(tmp_path):
     assert f"output_dir: {tmp_path / 'here'}" in proc.stdout
 
 
+def test_sweep_into_a_used_folder_is_refused(tmp_path):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "0").mkdir()  # another sweep's job
+    proc = compbench("train", "-m", *TINY, "seed=0,1", f"hydra.sweep.dir={used}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert f"hydra.sweep.dir={used} is not empty" in _one_error_line(proc.stderr)
+    assert [p.name for p in used.iterdir()] == ["0"]
+
+
 def test_worker_error_is_printed_once(tmp_path):
     """ImageNet's size is only known once the workers load it: the check stays in the workers, and
     the user sees the failing worker's own line once (not once per rank)."""
