@@ -83,7 +83,12 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 def _check_finite(cfg: DictConfig) -> None:
     """No setting anywhere may be NaN or infinite (`optim.lr=nan`, `memory.beta=inf`): such a
     run trains on garbage and publishes numbers that look like results."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:  # e.g. output_dir=${nope}: the user's interpolation
+        raise ValueError(f"{str(e).splitlines()[0]}; fix the ${{...}} in that setting") from None
     for key, v in _leaves(plain):
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"{key}={v} must be a finite number; pass a real value")
