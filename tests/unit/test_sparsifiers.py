@@ -396,7 +396,7 @@ def _run_two_steps(mem: DGCMemory):
 
 def test_dgc_memory_momentum_correction_and_masking():
     mem = DGCMemory(momentum=0.5)
-    assert mem.owns_momentum is True
+    assert mem.traits.owns_momentum is True
     v1, v2 = _run_two_steps(mem)
     torch.testing.assert_close(v1, torch.tensor([1.0, 2.0, 3.0, 4.0]))  # u = g, v = u
     # Masked at index 3: u = [1, 2, 3, 0]; u = 0.5u + g2 = [1.5, 2, 2.5, 1]; v = [1, 2, 3, 0] + u.

@@ -27,14 +27,13 @@ class DGCMemory:
     norm gradient_clipping / sqrt(world_size) before it is accumulated (`world_size` is filled in by
     the trainer).
 
-    `owns_momentum = True`: momentum is applied here, so the trainer gives the tensors this memory
+    `traits.owns_momentum`: momentum is applied here, so the trainer gives the tensors this memory
     sees DGC's SGD (`compbench.train.optim.SGD`'s `dgc` group: no momentum on the gradient, momentum
     on the weight-decay term only; optim=sgd's momentum, weight_decay and nesterov). The trainer sends
     1-D and uncompressed tensors past the memory (dense, with the optimizer's usual update).
     """
 
     traits = MemoryTraits(feeds_back=True, owns_momentum=True, needs_sparse=True)
-    owns_momentum = True
 
     def __init__(
         self,

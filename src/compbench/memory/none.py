@@ -11,10 +11,7 @@ from compbench.memory.base import MemoryTraits
 class NoMemory:
     """Passes the gradient through unchanged."""
 
-    traits = MemoryTraits()
-
-    # The optimizer applies momentum as usual (only memory=dgc takes momentum over).
-    owns_momentum = False
+    traits = MemoryTraits()  # the optimizer applies momentum as usual (only memory=dgc takes it over)
 
     def compensate(self, g: Tensor, name: str) -> Tensor:
         return g

@@ -18,8 +18,6 @@ class ResidualMemory:
 
     traits = MemoryTraits(feeds_back=True)
 
-    owns_momentum = False
-
     def __init__(self, beta: float = 1.0, gamma: float = 1.0) -> None:
         self.beta = float(beta)
         self.gamma = float(gamma)

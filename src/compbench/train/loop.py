@@ -73,7 +73,7 @@ class Trainer:
             self.scheduler = comm
         self.scheduler.setup(self.model)
         optim = registry.plain(cfg.optim)
-        groups = param_groups(self.model, self.memory.owns_momentum,
+        groups = param_groups(self.model, self.memory.traits.owns_momentum,
                               lambda p: selection.compresses(p, selection.dense_steps), optim)
         self.optimizer = build_optimizer(groups, **optim)
         self.epochs = cfg.epochs
