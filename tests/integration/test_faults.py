@@ -18,7 +18,7 @@ STEPS_PER_EPOCH = 8  # TINY: 256 samples / (2 ranks x batch 16)
 
 
 def _ckpt(run: Path) -> dict:
-    return torch.load(run / "checkpoint.pt", weights_only=False)
+    return torch.load(run / "checkpoint.pt", weights_only=True)
 
 
 @pytest.mark.parametrize("setup",
