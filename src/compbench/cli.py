@@ -150,8 +150,7 @@ def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = 
         print(f"error: {message}", file=sys.stderr, flush=True)
         print(f"compbench: failed; partial output kept in {run_dir}", flush=True)
         return code
-    print(f"compbench: done. results: {run_dir / 'results.json'}  (tensorboard --logdir {run_dir.parent})")
-    return 0
+    return 0  # rank 0 ended with the run's summary and paths (compbench.train.metrics.format_summary)
 
 
 def launch(argv: list[str]) -> int:

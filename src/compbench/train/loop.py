@@ -18,7 +18,18 @@ from compbench import registry
 from compbench.data.loader import ShardedLoader
 from compbench.train.build import build_compressor_and_selection, build_datasets, build_memory, build_model
 from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
-from compbench.train.metrics import PHASES, Recorder, StepStats, write_json_atomic
+from compbench.train.metrics import (
+    PHASES,
+    SPLIT,
+    SUMMARY,
+    WARMUP_STEPS,
+    Recorder,
+    StepStats,
+    format_summary,
+    run_hparams,
+    split_ms,
+    write_json_atomic,
+)
 from compbench.train.optim import build_optimizer, build_schedule, param_groups
 from compbench.train.pipeline import GradientPipeline
 
@@ -79,7 +90,7 @@ class Trainer:
         self.epochs = cfg.epochs
         self.lr_schedule = build_schedule(self.optimizer, len(self.train_loader), self.epochs,
                                           **registry.plain(cfg.optim))
-        self.recorder = Recorder(run_dir) if self.rank0 else None
+        self.recorder = Recorder(run_dir, run_hparams(cfg, engine.size)) if self.rank0 else None
         self.step = 0
 
     def fit(self) -> dict[str, Any] | None:
@@ -180,6 +191,7 @@ class Trainer:
         r.scalar("train/lr", self.optimizer.param_groups[0]["lr"], st)
         for phase in PHASES:
             r.scalar(f"time/{phase}_ms", s.ms[phase], st)
+        r.scalar("time/other_ms", s.ms["step"] - sum(s.ms[p] for p in SPLIT), st)
         r.scalar("comm/bytes_sent", s.bytes_sent, st)
         r.scalar("comm/bytes_dense", s.bytes_dense, st)
         r.scalar("comm/ratio_effective", s.bytes_dense / max(1, s.bytes_sent), st)
@@ -208,7 +220,7 @@ class Trainer:
         if self.recorder is None:
             return None
         r = self.recorder
-        skip = min(5, max(0, len(r.history["time/step_ms"]) - 1))  # first steps include warm-up costs
+        skip = min(WARMUP_STEPS, max(0, len(r.history["time/step_ms"]) - 1))  # first steps include warm-up
         sent, dense = r.median("comm/bytes_sent", skip), r.median("comm/bytes_dense", skip)
         summary = {
             "status": "completed",
@@ -219,6 +231,7 @@ class Trainer:
             "final_loss": r.history["train/loss"][-1] if r.history["train/loss"] else float("nan"),
             "throughput": r.median("train/throughput", skip),
             **{f"{p}_ms": r.median(f"time/{p}_ms", skip) for p in PHASES},
+            "other_ms": None,
             "bytes_sent_per_step": sent,
             "bytes_dense_per_step": dense,
             "ratio_effective": (dense / sent) if sent else None,
@@ -226,15 +239,16 @@ class Trainer:
             "compressed_calls_per_step": r.median("comm/calls_compressed", skip),
             "dense_calls_per_step": r.median("comm/calls_dense", skip),
         }
-        hp = {**self.cfg.choices, "ratio": self.cfg.compressor.get("ratio", 1.0),
-              "world_size": self.engine.size}
-        metrics = {"acc1": acc1, "throughput": summary["throughput"]}
-        r.hparams(hp, {k: v for k, v in metrics.items() if v is not None and math.isfinite(v)})
-        r.close()
+        split = split_ms(summary)
+        summary["other_ms"] = split["other"] if split else None
+        r.finish()
         results = {"config": OmegaConf.to_container(self.cfg, resolve=True),
                    "environment": environment(self.engine),
-                   "hparams": hp, "summary": summary, "scheduler": self.scheduler.summary()}
+                   "hparams": run_hparams(self.cfg, self.engine.size), "summary": summary,
+                   "summary_method": {k: SUMMARY[k] for k in summary if k in SUMMARY},
+                   "scheduler": self.scheduler.summary()}
         write_json_atomic(self.run_dir / "results.json", results)
+        print(format_summary(results, self.run_dir), flush=True)
         return results
 
 

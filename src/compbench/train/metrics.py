@@ -1,4 +1,9 @@
-"""Per-step timings and byte counts, and the TensorBoard / results.json recorder (rank 0)."""
+"""Per-step timings and byte counts, and the TensorBoard / results.json recorder (rank 0).
+
+`TAGS` is the one table of what a run records: every scalar tag with its unit and a one-line
+description (written into the tag's TensorBoard metadata, shown by the Scalars dashboard's info
+icon); `SUMMARY` says how each figure of results.json's summary is taken.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,51 @@ from typing import Any
 # comm_exposed: communication (and decoding) the step waited for after back-propagation ended,
 # i.e. the part not hidden behind compute.
 PHASES = ("compute", "compress", "comm", "comm_exposed", "decompress", "optimizer", "step")
+# The disjoint parts of a step (comm_exposed is a part of comm + decompress): with `other`, the
+# time none of them accounts for (finiteness check, scheduler copies, lr schedule), they add up
+# to the step.
+SPLIT = ("compute", "compress", "comm", "decompress", "optimizer")
+WARMUP_STEPS = 5  # summary medians skip these first steps (allocations, first collectives)
+
+TAGS: dict[str, tuple[str, str]] = {
+    "train/loss": ("nats", "cross-entropy of rank 0's batch at this step"),
+    "train/throughput": ("samples/s", "samples trained per second, all workers: global batch / step time"),
+    "train/lr": ("lr", "learning rate of the first parameter group, as scheduled for the next step"),
+    "eval/acc1": ("%", "top-1 accuracy on the whole test set (all workers) at the end of each epoch"),
+    "time/compute_ms": ("ms", "forward and backward, less compression and communication run inside backward"),
+    "time/compress_ms": ("ms", "error-feedback memory and encoding of the compressed tensors"),
+    "time/comm_ms": ("ms", "starting and waiting for collectives, less encoding and decoding inside them"),
+    "time/comm_exposed_ms": ("ms", "communication and decoding waited for after backward (not hidden)"),
+    "time/decompress_ms": ("ms", "decoding received payloads into the averaged dense gradient"),
+    "time/optimizer_ms": ("ms", "optimizer step and learning-rate schedule"),
+    "time/other_ms": ("ms", "step - (compute + compress + comm + decompress + optimizer): checks, copies"),
+    "time/step_ms": ("ms", "wall time of the whole training step on rank 0"),
+    "comm/bytes_sent": ("bytes", "bytes one worker handed to the engine this step (exact tensor sizes)"),
+    "comm/bytes_dense": ("bytes", "fp32 bytes of the same gradients uncompressed, per worker and step"),
+    "comm/ratio_effective": ("x", "bytes_dense / bytes_sent: how many times smaller the step's traffic is"),
+    "comm/bytes_allreduce": ("bytes", "part of bytes_sent that went uncompressed through the fp32 allreduce"),
+    "comm/calls_compressed": ("calls", "collectives started per step for compressed tensors"),
+    "comm/calls_dense": ("calls", "collectives started per step for tensors sent dense"),
+}
+
+_MEDIAN = f"median of {{tag}} after {WARMUP_STEPS} warm-up steps ({{unit}})"
+SUMMARY: dict[str, str] = {
+    "steps": "optimizer steps taken (skipped non-finite steps included)",
+    "train_time_s": "wall time of the training loop on rank 0, evaluation included (s)",
+    "final_acc1": "eval/acc1 after the last epoch (%)",
+    "best_acc1": "highest eval/acc1 of any epoch (%)",
+    "final_loss": "train/loss at the last step (nats)",
+    "throughput": _MEDIAN.format(tag="train/throughput", unit="samples/s"),
+    **{f"{p}_ms": _MEDIAN.format(tag=f"time/{p}_ms", unit="ms") for p in PHASES},
+    "other_ms": "step_ms minus the medians of compute, compress, comm, decompress and optimizer (ms): "
+                "the split adds up to step_ms",
+    "bytes_sent_per_step": _MEDIAN.format(tag="comm/bytes_sent", unit="bytes per worker"),
+    "bytes_dense_per_step": _MEDIAN.format(tag="comm/bytes_dense", unit="bytes per worker"),
+    "ratio_effective": "bytes_dense_per_step / bytes_sent_per_step (x)",
+    "bytes_allreduce_per_step": _MEDIAN.format(tag="comm/bytes_allreduce", unit="bytes per worker"),
+    "compressed_calls_per_step": _MEDIAN.format(tag="comm/calls_compressed", unit="calls"),
+    "dense_calls_per_step": _MEDIAN.format(tag="comm/calls_dense", unit="calls"),
+}
 
 
 class StepStats:
@@ -53,23 +103,44 @@ class StepStats:
 
 
 class Recorder:
-    """Rank 0's TensorBoard writer plus the running history that becomes results.json."""
+    """Rank 0's TensorBoard writer plus the running history that becomes results.json.
 
-    def __init__(self, run_dir: Path) -> None:
+    One event file per run, in `run_dir/tb`: the scalars and the HParams session records (start
+    now, end at `finish`) together, so TensorBoard shows one run per job and the HParams
+    dashboard's "Show metrics" draws that run's own curves. No experiment summary is written:
+    TensorBoard then finds which hyperparameters differ between runs and shows those first."""
+
+    def __init__(self, run_dir: Path, hparams: Mapping[str, Any]) -> None:
         from tensorboardX import SummaryWriter
 
         self.run_dir = run_dir
         self.writer = SummaryWriter(str(run_dir / "tb"))
         self.history: dict[str, list[float]] = defaultdict(list)
+        self._described: set[str] = set()
+        self._add(session_start(hparams))
 
     def scalar(self, tag: str, value: float, step: int, keep: bool = True) -> None:
-        self.writer.add_scalar(tag, value, step)
+        if tag in self._described:
+            self.writer.add_scalar(tag, value, step)
+        else:  # TensorBoard keeps a tag's metadata from its first value: describe it once
+            unit, about = TAGS[tag]
+            self.writer.add_scalar(tag, value, step, display_name=f"{tag} ({unit})",
+                                   summary_description=f"{about}. Unit: {unit}.")
+            self._described.add(tag)
         if keep:
             self.history[tag].append(float(value))
 
-    def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
-        clean = {k: (v if isinstance(v, int | float | str | bool) else str(v)) for k, v in hparams.items()}
-        self.writer.add_hparams(clean, {f"hparam/{k}": v for k, v in metrics.items()}, name="hparams")
+    def finish(self) -> None:
+        """The HParams session end record (status: success), then close the event file."""
+        self._add(session_end())
+        self.writer.close()
+
+    def _add(self, summary_bytes: bytes) -> None:
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        # tensorboard builds the hparams plugin's records, tensorboardX writes them: the two
+        # packages share the wire format, not the Python classes.
+        self.writer.file_writer.add_summary(Summary.FromString(summary_bytes))
 
     def median(self, tag: str, skip: int = 0) -> float | None:
         values = self.history.get(tag, [])
@@ -78,6 +149,106 @@ class Recorder:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def session_start(hparams: Mapping[str, Any]) -> bytes:
+    """The HParams plugin's session start record. Integers go as text: the HParams table prints
+    every number with five significant digits (world_size 2 would read 2.0000); floats stay
+    numbers (ratio gets a numeric axis and filter), None is left out."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    info = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
+    for k, v in hparams.items():
+        if isinstance(v, bool):
+            info.hparams[k].bool_value = v
+        elif isinstance(v, int):
+            info.hparams[k].string_value = str(v)
+        elif isinstance(v, float):
+            info.hparams[k].number_value = v
+        elif v is not None:
+            info.hparams[k].string_value = str(v)
+    return _hparams_record("session_start_info", plugin_data_pb2.HParamsPluginData(session_start_info=info))
+
+
+def session_end() -> bytes:
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+
+    info = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
+    return _hparams_record("session_end_info", plugin_data_pb2.HParamsPluginData(session_end_info=info))
+
+
+def _hparams_record(kind: str, data: Any) -> bytes:
+    """A serialized Summary with one hparams plugin value, as tensorboard's summary_v2 builds it
+    (tensorboard.plugins.hparams.summary would import TensorFlow)."""
+    from tensorboard.compat.proto import summary_pb2
+    from tensorboard.plugins.hparams import metadata
+
+    tag = {"session_start_info": metadata.SESSION_START_INFO_TAG,
+           "session_end_info": metadata.SESSION_END_INFO_TAG}[kind]
+    summary = summary_pb2.Summary()
+    summary.value.add(tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR)
+    return summary.SerializeToString()
+
+
+def run_hparams(cfg: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+    """What a run's HParams row shows: compressor and ratio first, then the other choices and the
+    usual sweep knobs. `net` is only a model for plans (left out) unless it shapes this job."""
+    choices, comp = cfg["choices"], cfg["compressor"]
+    hp: dict[str, Any] = {"compressor": choices["compressor"], "ratio": comp.get("ratio", 1.0)}
+    hp.update({g: choices[g] for g in ("memory", "comm", "scheduler", "model", "dataset", "engine", "optim")})
+    hp.update(world_size=world_size, lr=cfg["optim"].get("lr"), batch_size=cfg["batch_size"],
+              epochs=cfg["epochs"], seed=cfg["seed"])
+    if cfg["net"].get("emulate_gbps") is not None:
+        hp["net.emulate_gbps"] = cfg["net"]["emulate_gbps"]
+    if "experiment" in choices:
+        hp["experiment"] = choices["experiment"]
+    return hp
+
+
+def split_ms(summary: Mapping[str, Any]) -> dict[str, float] | None:
+    """The step-time split of a summary, `other` included (step minus the phases): adds up to
+    step_ms. None when the step time is unknown."""
+    step = summary.get("step_ms")
+    if step is None:
+        return None
+    parts = {p: float(summary.get(f"{p}_ms") or 0.0) for p in SPLIT}
+    parts["other"] = float(step) - sum(parts.values())
+    return parts
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
+    """The one-screen summary a run ends with (rank 0): the result, then where everything is."""
+    s, hp = results["summary"], results["hparams"]
+
+    def num(v: float | None, fmt: str) -> str:
+        return format(v, fmt) if v is not None and math.isfinite(v) else "-"
+
+    ratio = f"ratio={hp['ratio']} " if hp.get("ratio") is not None else ""
+    lines = [f"compbench: done. compressor={hp['compressor']} {ratio}comm={hp['comm']} "
+             f"memory={hp['memory']} on {hp['world_size']} worker(s), {s['steps']} steps "
+             f"in {num(s['train_time_s'], '.1f')} s",
+             f"  accuracy     final {num(s['final_acc1'], '.2f')} %   best {num(s['best_acc1'], '.2f')} %",
+             f"  throughput   {num(s['throughput'], ',.0f')} samples/s "
+             f"(median after {WARMUP_STEPS} warm-up steps, all workers)",
+             f"  bytes/step   {_bytes(s['bytes_sent_per_step'])} sent of {_bytes(s['bytes_dense_per_step'])} "
+             f"dense per worker: effective ratio {num(s['ratio_effective'], '.1f')}x"]
+    split = split_ms(s)
+    if split is not None:
+        parts = " + ".join(f"{p} {v:.1f}" for p, v in split.items())
+        lines.append(f"  step time    {s['step_ms']:.1f} ms = {parts}")
+    lines += [f"  run folder   {run_dir}",
+              f"  results      {run_dir / 'results.json'}",
+              f"  tensorboard  {run_dir / 'tb'}  (tensorboard --logdir {run_dir.parent})"]
+    return "\n".join(lines)
 
 
 def strict_json(value: Any) -> Any:
