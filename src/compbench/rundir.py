@@ -1,9 +1,14 @@
-"""Run directories: `outputs/YYYY-MM-DD/HH-MM-SS[-N]` (or `output_dir=`), with the composed config
-under `.hydra/` as Hydra writes it. Created only after the config passed every check."""
+"""Run directories: `outputs/YYYY-MM-DD/HH-MM-SS_<main choices>[-N]` (or `output_dir=`), with the
+composed config under `.hydra/` as Hydra writes it. Created only after the config passed every check.
+Sweep jobs are named by the overrides that differ between them (`job_names`, Hydra's
+override_dirname convention), so TensorBoard's run names say which run is which."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import time
+from collections import Counter
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -22,10 +27,52 @@ def claim_fresh(base: Path) -> Path:
             path, n = base.with_name(f"{base.name}-{n}"), n + 1
 
 
-def now_dir(root: Path) -> Path:
-    """`root/YYYY-MM-DD/HH-MM-SS` (one clock reading: no date/time mismatch at midnight)."""
+def now_dir(root: Path, label: str = "") -> Path:
+    """`root/YYYY-MM-DD/HH-MM-SS[_label]` (one clock reading: no date/time mismatch at midnight)."""
     t = time.localtime()
-    return root / time.strftime("%Y-%m-%d", t) / time.strftime("%H-%M-%S", t)
+    name = time.strftime("%H-%M-%S", t) + (f"_{label}" if label else "")
+    return root / time.strftime("%Y-%m-%d", t) / name
+
+
+# Longest folder name we make (file systems allow 255 bytes); longer ones end in a hash.
+_MAX_NAME = 160
+
+
+def safe_name(name: str) -> str:
+    """`name` as one folder name: every character but letters, digits and `._,=+-[]@%` becomes
+    `_` (a `/` in a value would make a nested folder); very long names are cut and end in a hash
+    of the whole, so distinct names stay distinct."""
+    safe = re.sub(r"[^A-Za-z0-9._,=+\-\[\]@%]", "_", name)
+    if len(safe) > _MAX_NAME:
+        safe = f"{safe[:_MAX_NAME - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return safe
+
+
+def run_label(cfg: DictConfig) -> str:
+    """The main choices of a single run, for its folder: `dgc-0.001_allgather_resnet20`."""
+    ratio = cfg.compressor.get("ratio")
+    compressor = cfg.choices["compressor"] + (f"-{ratio}" if ratio is not None else "")
+    return safe_name("_".join([compressor, cfg.choices["comm"], cfg.choices["model"]]))
+
+
+def split_overrides(jobs: list[list[str]]) -> tuple[list[list[str]], list[str]]:
+    """Each job's overrides whose value differs between the jobs (sorted by key), and the ones
+    every job shares. A single job (nothing differs) keeps all its overrides as its own."""
+    parsed = [dict(o.partition("=")[::2] for o in job) for job in jobs]
+    keys = sorted({k for job in parsed for k in job})
+    differ = [k for k in keys if len(jobs) == 1 or len({job.get(k) for job in parsed}) > 1]
+    common = [f"{k}={parsed[0][k]}" for k in keys if k not in differ]
+    return [[f"{k}={job[k]}" for k in differ if k in job] for job in parsed], common
+
+
+def job_names(jobs: list[list[str]]) -> list[str]:
+    """One folder name per sweep job, Hydra's override_dirname convention: the job's overrides
+    whose value differs between jobs, `key=value` sorted by key and joined by commas
+    (`compressor=dgc,ratio=0.01`). Names that would collide (duplicate jobs, or equal once made
+    safe) get the job's index in front."""
+    names = [safe_name(",".join(own) or "job") for own in split_overrides(jobs)[0]]
+    seen = Counter(names)
+    return [f"{i}_{n}" if seen[n] > 1 else n for i, n in enumerate(names)]
 
 
 def _completed(path: Path) -> bool:
@@ -48,7 +95,7 @@ def resume_dir(cfg: DictConfig) -> str | None:
 def prepare_run_dir(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     out = resume_dir(cfg)
     key = "output_dir" if out else "outputs_root"
-    path = Path(out) if out else now_dir(Path(cfg.outputs_root))
+    path = Path(out) if out else now_dir(Path(cfg.outputs_root), run_label(cfg))
     if out and _completed(path) and not cfg.resume:  # resuming continues (and then rewrites) its own run
         raise ValueError(f"output_dir={path} already holds a finished run; choose another output_dir")
     try:

@@ -1,6 +1,7 @@
 """`compbench train -m a=1,2 b=x,y`: run every combination, one job after another.
 
-Each job starts its own workers in `outputs/multirun/DATE/TIME/<job>/` (or `hydra.sweep.dir=DIR`);
+Each job starts its own workers in `outputs/multirun/DATE/TIME/<job>/` (or `hydra.sweep.dir=DIR`),
+<job> being the overrides that differ between the jobs (`compressor=dgc,ratio=0.01`);
 a job that fails is recorded with its error and the sweep goes on; Ctrl-C stops the whole sweep
 (exit 130); a one-screen summary closes the sweep. Two sweeps started in the same second get
 distinct folders (`TIME-1`, ...).
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
+import shutil
+import textwrap
 from pathlib import Path
 
 
@@ -50,22 +54,24 @@ def run_sweep(overrides: list[str], sweep_dir: str | None = None) -> int:
     from compbench import config
     from compbench.cli import train
     from compbench.errors import INTERRUPTED_EXIT
+    from compbench.rundir import job_names, split_overrides
 
     jobs = plan_jobs(overrides)
     # Check every job before running any: a typo in the last combination should not cost a sweep.
     cfgs = [config.check(config.compose(job)) for job in jobs]
     root = _claim_sweep_dir(sweep_dir, Path(cfgs[0].outputs_root))
+    own, common = split_overrides(jobs)
     rows = []
-    for i, job in enumerate(jobs):
-        job_dir = root / str(i)
+    for i, (job, name) in enumerate(zip(jobs, job_names(jobs), strict=True)):
+        job_dir = root / name
         print(f"[{i + 1}/{len(jobs)}] {' '.join(job)}", flush=True)
-        code = train([*job, f"output_dir={job_dir}"])
-        rows.append((i, " ".join(job), code, _summary(job_dir)))
+        code = train([*job, f"output_dir={hydra_quoted(str(job_dir))}"])
+        rows.append((i + 1, " ".join(own[i]), code, _summary(job_dir)))
         if code == INTERRUPTED_EXIT:  # Ctrl-C stopped this job's workers: the user means the sweep
-            print(_table(rows))
+            print(_table(rows, common))
             print(f"sweep: interrupted after {i + 1} of {len(jobs)} jobs; {root}", flush=True)
             return INTERRUPTED_EXIT
-    print(_table(rows))
+    print(_table(rows, common))
     print(f"sweep: {root}  (compbench report {root})")
     return 0 if all(code == 0 for *_, code, _ in rows) else 1
 
@@ -95,13 +101,31 @@ def _summary(job_dir: Path) -> dict:
         return {"status": "failed", "error": "no results.json"}
 
 
-def _table(rows) -> str:
-    lines = [f"{'job':>3}  {'overrides':<48} {'status':<9} {'acc1':>6} {'samples/s':>9} {'ratio':>7}"]
+def hydra_quoted(value: str) -> str:
+    """`value` as a quoted Hydra override value: job folders hold `=` and `,`, which Hydra would
+    otherwise read as a sweep. A backslash escapes a quote and the backslashes before one."""
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    trailing = len(value) - len(value.rstrip("\\"))
+    return "'" + escaped + "\\" * trailing + "'"
+
+
+def _table(rows, common: list[str]) -> str:
+    """The sweep's summary: one row per job with its differing overrides in full (wrapped to the
+    terminal, never cut), and the overrides every job shares once above."""
+    width = max(60, shutil.get_terminal_size((100, 24)).columns)
+    head = f"{'job':>3}  {'status':<9} {'acc1':>6} {'samples/s':>9} {'ratio':>7}  "
+    wrap = textwrap.TextWrapper(width=width, initial_indent="", subsequent_indent=" " * len(head),
+                                break_on_hyphens=False)
+    shared = textwrap.fill(f"common: {' '.join(common)}", width=width, subsequent_indent=" " * 8,
+                           break_on_hyphens=False)
+    lines = [shared] if common else []
+    lines.append(f"{head}overrides that differ")
     for i, job, _, s in rows:
         acc = f"{s['final_acc1']:.2f}" if s.get("final_acc1") is not None else "-"
         thr = f"{s['throughput']:.0f}" if s.get("throughput") else "-"
         ratio = f"{s['ratio_effective']:.1f}" if s.get("ratio_effective") else "-"
-        lines.append(f"{i:>3}  {job[:48]:<48} {s.get('status', '?'):<9} {acc:>6} {thr:>9} {ratio:>7}")
+        row = f"{i:>3}  {s.get('status', '?'):<9} {acc:>6} {thr:>9} {ratio:>7}  "
+        lines.append(wrap.fill(row + (job or "-")))
         if s.get("status") == "failed":
             lines.append(f"{'':>5}{s.get('error', '')}")
     return "\n".join(lines)
