@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from compbench.report.whatif import ASSUMPTIONS, break_even_workers, predict_step_ms, profile_from_results
+from compbench.train.metrics import SPLIT, split_ms
 
 COLUMNS = ["job", "status", "compressor", "ratio", "comm", "memory", "scheduler", "engine", "workers",
            "throughput", "compute_ms", "compress_ms", "comm_ms", "comm_exposed_ms", "decompress_ms",
-           "optimizer_ms", "step_ms", "bytes_per_step", "ratio_effective", "final_acc1", "break_even_workers",
-           "error"]
+           "optimizer_ms", "other_ms", "step_ms", "bytes_per_step", "ratio_effective", "final_acc1",
+           "break_even_workers", "error"]
 WHATIF_N = (2, 8, 64, 512)
 WHATIF_GBPS = (1, 10, 25, 100)
 
@@ -38,6 +39,8 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
         }
         for phase in ("compute", "compress", "comm", "comm_exposed", "decompress", "optimizer", "step"):
             row[f"{phase}_ms"] = s.get(f"{phase}_ms")
+        split = split_ms(s)  # older results.json have no other_ms: the same difference
+        row["other_ms"] = split["other"] if split else None
         if row["status"] == "completed" and s.get("bytes_dense_per_step") and s.get("bytes_sent_per_step"):
             row["break_even_workers"] = break_even_workers(s["bytes_dense_per_step"],
                                                            s["bytes_sent_per_step"])
@@ -93,6 +96,14 @@ def whatif_section(rows: list[dict[str, Any]], alpha_us: float) -> str:
     return "\n".join(out)
 
 
+def breakdown(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """The stacked step-time bars: each phase of SPLIT, then `other` (the step minus the phases,
+    clamped at 0: medians of the parts may exceed the median step by a hair), per row."""
+    parts = {p: [r.get(f"{p}_ms") or 0.0 for r in rows] for p in SPLIT}
+    parts["other"] = [max(0.0, r.get("other_ms") or 0.0) for r in rows]
+    return parts
+
+
 def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -126,11 +137,10 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     labels = [f"{r['compressor']}\n{_fmt(r['ratio'])}" for r in done]
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(done)), 4))
     bottom = [0.0] * len(done)
-    for phase in ("compute", "compress", "comm", "decompress", "optimizer"):
-        vals = [r.get(f"{phase}_ms") or 0.0 for r in done]
+    for phase, vals in breakdown(done).items():
         ax.bar(labels, vals, bottom=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    ax.set_ylabel("median time per step (ms)")
+    ax.set_ylabel("median time per step (ms); bars add up to the step")
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out_dir / "step_breakdown.png")
