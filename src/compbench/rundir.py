@@ -57,12 +57,15 @@ def run_label(cfg: DictConfig) -> str:
 
 def split_overrides(jobs: list[list[str]]) -> tuple[list[list[str]], list[str]]:
     """Each job's overrides whose value differs between the jobs (sorted by key), and the ones
-    every job shares. A single job (nothing differs) keeps all its overrides as its own."""
+    every job shares. A job with no differing override (a single job, duplicates, a job without
+    the key others set) keeps all its overrides as its own."""
     parsed = [dict(o.partition("=")[::2] for o in job) for job in jobs]
     keys = sorted({k for job in parsed for k in job})
-    differ = [k for k in keys if len(jobs) == 1 or len({job.get(k) for job in parsed}) > 1]
-    common = [f"{k}={parsed[0][k]}" for k in keys if k not in differ]
-    return [[f"{k}={job[k]}" for k in differ if k in job] for job in parsed], common
+    differ = [k for k in keys if len({job.get(k) for job in parsed}) > 1]
+    common = [f"{k}={parsed[0][k]}" for k in keys if k not in differ] if differ else []
+    own = [[f"{k}={job[k]}" for k in (differ if any(k in job for k in differ) else keys) if k in job]
+           for job in parsed]
+    return own, common
 
 
 def job_names(jobs: list[list[str]]) -> list[str]:

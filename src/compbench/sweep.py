@@ -112,7 +112,7 @@ def hydra_quoted(value: str) -> str:
 def _table(rows, common: list[str]) -> str:
     """The sweep's summary: one row per job with its differing overrides in full (wrapped to the
     terminal, never cut), and the overrides every job shares once above."""
-    width = max(60, shutil.get_terminal_size((100, 24)).columns)
+    width = max(80, shutil.get_terminal_size((100, 24)).columns)
     head = f"{'job':>3}  {'status':<9} {'acc1':>6} {'samples/s':>9} {'ratio':>7}  "
     wrap = textwrap.TextWrapper(width=width, initial_indent="", subsequent_indent=" " * len(head),
                                 break_on_hyphens=False)
