@@ -136,7 +136,7 @@ def test_ctrl_c_stops_the_whole_sweep(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted after 1 of 3 jobs" in out and "Traceback" not in err
-    assert sorted(p.name for p in sweep.iterdir()) == ["0"]  # jobs 1 and 2 never started
+    assert sorted(p.name for p in sweep.iterdir()) == ["seed=0"]  # jobs 1 and 2 never started
     _, alive = psutil.wait_procs(workers, timeout=15)
     assert not alive
 
