@@ -91,3 +91,75 @@ def test_unbiased_mean_within_4_standard_errors(name):
     bad = ((mean - x.double()).abs() > bound).float().mean().item()
     # 4 SE two-sided: ~6e-5 of elements may fail by chance; allow a little slack.
     assert bad < 2e-3, f"{name}: {bad:.4%} of elements outside 4 standard errors"
+
+
+# Quality bounds: mean over DRAWS draws of x ~ scale * N(0, 1) of shape QUALITY_SHAPE, each with a
+# fresh compressor past every warm-up (step 1000), of
+#   error = ||x - D(C(x))||^2 / ||x||^2   and   alignment = <x, D(C(x))> / ||x||^2.
+# Every entry is (max error, min alignment, data scale), from the compressor's definition at its
+# default settings; slack covers the finite sample. Every min alignment is > 0, so a compressor that
+# decodes to zeros (error 1, alignment 0) fails, whatever its error bound.
+# Gaussian facts used: top fraction r by magnitude holds r + 2 t phi(t) of the energy, t = Phi^-1(1 - r/2)
+# (r = 0.01: 0.0845; r = 0.005: 0.0489); E|x| = sqrt(2/pi) E[x^2]^(1/2); phi(1) = 0.2420, P(|x| > 1) = 0.3173.
+QUALITY_SHAPE, DRAWS = (64, 2048), 8
+QUALITY: dict[str, tuple[float, float, float]] = {
+    "none": (0.0, 1.0, 1.0),  # lossless
+    "fp16": (2.0**-22, 1 - 2.0**-11, 1.0),  # fp16 rounds each entry to a relative 2^-11
+    "topk": (1 - 0.0845 + 0.01, 0.0845 - 0.01, 1.0),  # keeps exactly the top 1%: their energy 0.0845
+    # Sampled thresholds keep ~1% (dgc at most k): bound by keeping at least the top 0.5% (0.0489).
+    "dgc": (1 - 0.0489 + 0.01, 0.0489 - 0.01, 1.0),
+    "dragonn": (1 - 0.0489 + 0.01, 0.0489 - 0.01, 1.0),
+    "graddrop": (1 - 0.0489 + 0.01, 0.0489 - 0.01, 1.0),
+    "randk": (1 - 0.01 + 0.003, 0.01 - 0.003, 1.0),  # a random 1%, unscaled: keeps energy r
+    # sign(x) * mean|x|: error 1 - 2/pi, alignment 2/pi (onebit: the mean |x| of each sign's half).
+    "signsgd": (1 - 2 / math.pi + 0.01, 2 / math.pi - 0.01, 1.0),
+    "efsignsgd": (1 - 2 / math.pi + 0.01, 2 / math.pi - 0.01, 1.0),
+    "onebit": (1 - 2 / math.pi + 0.01, 2 / math.pi - 0.01, 1.0),
+    # Signs of +-1 (a direction; first step: momentum is a multiple of x): 2 - 2 sqrt(2/pi), sqrt(2/pi).
+    "signum": (2 - 2 * math.sqrt(2 / math.pi) + 0.01, math.sqrt(2 / math.pi) - 0.01, 1.0),
+    # +-tau where |x| > tau, tau = 0.01 = the data's std: 1 - 4 phi(1) + P(|x|>1) = 0.349, 2 phi(1) = 0.484.
+    "tbq": (1 - 4 * 0.2420 + 0.3173 + 0.01, 2 * 0.2420 - 0.01, 0.01),
+    # QSGD's variance bound per bucket of d = 512 at s = 127: min(d / s^2, sqrt(d) / s) = 0.0317; unbiased.
+    "qsgd": (min(512 / 127**2, math.sqrt(512) / 127), 1 - 0.01, 1.0),
+    # Ternary +-s with s = 2.5 sigma (clipped): variance s E|x| - E x^2 = 2.5 sqrt(2/pi) - 1 = 0.995;
+    # unbiased but for the clipped tail (~1% of the energy).
+    "terngrad": (2.5 * math.sqrt(2 / math.pi) - 1 + 0.03, 1 - 0.03, 1.0),
+    # Rank 1, one power step from a random start: at least the mean energy of a row-space direction,
+    # 1/rows = 1/64 (Gaussian M is near-isotropic there, so it is also about what it gets).
+    "powersgd": (1 - 1 / 64 + 0.003, 1 / 64 - 0.003, 1.0),
+    # Unbiased atom sampling with p_i ~ sigma_i, s = 3: variance (sum sigma)^2 / s - sum sigma^2
+    # <= (rank / s - 1) ||x||^2 = 64/3 - 1 (+10%); alignment 1 with sd ~0.56 per draw (0.2 over 8).
+    "atomo": ((64 / 3 - 1) * 1.1, 1 - 4 * 0.2, 1.0),
+}
+
+
+def _quality(name: str, scale: float) -> tuple[float, float]:
+    errors, alignments = [], []
+    for t in range(DRAWS):
+        x = _data(QUALITY_SHAPE, 100 + t) * scale
+        comp = _make(name)
+        comp.begin_step(1000 + t, 100.0)
+        payload, ctx = comp.compress(x.clone(), "w")
+        out = comp.decompress(payload, ctx).double()
+        energy = x.double().square().sum()
+        errors.append(((x - out).square().sum() / energy).item())
+        alignments.append(((x * out).sum() / energy).item())
+    return sum(errors) / DRAWS, sum(alignments) / DRAWS
+
+
+def _within(bound: tuple[float, float, float], error: float, alignment: float) -> bool:
+    max_error, min_alignment, _ = bound
+    return error <= max_error + 1e-9 and alignment >= min_alignment - 1e-9
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reconstruction_quality_within_its_bound(name):
+    assert name in QUALITY, f"compressor={name}: add its (max error, min alignment, scale) to QUALITY"
+    bound = QUALITY[name]
+    error, alignment = _quality(name, bound[2])
+    assert _within(bound, error, alignment), (
+        f"{name}: error {error:.4f} (max {bound[0]:.4f}), alignment {alignment:.4f} (min {bound[1]:.4f})")
+
+
+def test_quality_bounds_refuse_a_decoder_of_zeros():
+    assert all(not _within(b, 1.0, 0.0) for b in QUALITY.values())
