@@ -135,9 +135,9 @@ def _check_dataset(cfg: DictConfig) -> None:
     check_root = getattr(module, "check_root", None)
     if check_root is None:
         return
-    kwargs: dict[str, Any] = {"root": cfg.dataset.get("root")}
-    if "num_classes" in inspect.signature(check_root).parameters:
-        kwargs["num_classes"] = cfg.dataset.num_classes
+    # The hook names what it needs (root, num_classes, name, ...): those keys of the dataset's config.
+    kwargs: dict[str, Any] = {k: cfg.dataset.get(k) for k in inspect.signature(check_root).parameters
+                              if k in cfg.dataset or k == "root"}
     check_root(**kwargs)
 
 

@@ -13,6 +13,8 @@ CASES = [
     (["engine.np=0"], "engine.np=0 must be an integer >= 1"),
     (["dataset=cifar10", "dataset.root=/nonexistent"],
      "no cifar-10-batches-py/ under dataset.root=/nonexistent"),
+    (["dataset=fashion_mnist", "dataset.root=/nonexistent"],
+     "no folder dataset.root=/nonexistent; apt-get update && apt-get install -y dataset-fashion-mnist"),
     (["model.pretrained=/nonexistent.npz"], "pretrained file /nonexistent.npz does not exist"),
     (["no_such_setting=1"], "Could not override 'no_such_setting'"),
 ]
