@@ -4,7 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-done
 
-.PHONY: setup train test test-fast test-slow lint clean
+FASHION_MNIST := /usr/share/datasets/fashion-mnist
+APT_FASHION_MNIST := apt-get update && apt-get install -y dataset-fashion-mnist
+
+.PHONY: setup dataset train test test-fast test-slow lint clean
 
 # Re-run the installs only when the package definition changes (second run: no installs).
 $(STAMP): pyproject.toml scripts/build_horovod.sh
@@ -14,7 +17,19 @@ $(STAMP): pyproject.toml scripts/build_horovod.sh
 	PYTHON=$(PY) bash scripts/build_horovod.sh
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) dataset
+
+# Fashion-MNIST (dataset=fashion_mnist, compbench claims) from Debian's package: installed when it is
+# missing and this is root with apt-get; otherwise (or if apt fails) the command is printed and setup
+# goes on (digits, the default data set, needs nothing).
+dataset:
+	@if [ -d $(FASHION_MNIST) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Fashion-MNIST: $(APT_FASHION_MNIST)"; \
+	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null \
+	    || echo "note: could not install dataset-fashion-mnist; later run: $(APT_FASHION_MNIST)"; \
+	else echo "note: no Fashion-MNIST in $(FASHION_MNIST) (dataset=fashion_mnist); as root run: $(APT_FASHION_MNIST)"; \
+	fi
 
 train: setup
 	$(VENV)/bin/compbench train $(ARGS)
