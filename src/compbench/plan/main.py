@@ -43,10 +43,10 @@ def main(overrides: list[str]) -> int:
     if not isinstance(world, int) or world < 1:
         raise ValueError(f"engine.np={world} must be an integer >= 1 (the number of workers to plan for)")
     compressor, selection = build_compressor_and_selection(cfg)
-    if topology == "ring":
-        from compbench.comm.ring import check_reencodable
+    from compbench import compat
 
-        check_reencodable(compressor)
+    compat.check_comm(picked["compressor"], topology, compressor.caps,
+                      registry.component_class("comm", topology).traits)
     gbps, latency_us = cfg.net.get("gbps"), cfg.net.get("latency_us", 0.0)
     net = None
     if gbps is None and world > 1:
