@@ -6,6 +6,7 @@
   compbench bench key=value ...                 encode/decode micro-benchmark of compressors
   compbench plan key=value ...                  SeCoPa compression plan for a model and cluster
   compbench report DIR                          tables, plots and what-if scaling of a run or sweep
+  compbench claims [--quick] [key=value ...]    published findings re-run as experiments, with a verdict each
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from pathlib import Path
 
 from compbench.errors import INTERRUPTED_EXIT, report_user_error
 
-_COMMANDS = ("train", "list", "launch", "bench", "plan", "report")
-_USAGE = ("usage: compbench {train,list,launch,bench,plan,report} [-m] [--cfg] [key=value ...]  "
+_COMMANDS = ("train", "list", "launch", "bench", "plan", "report", "claims")
+_USAGE = ("usage: compbench {train,list,launch,bench,plan,report,claims} [-m] [--cfg] [key=value ...]  "
           "(compbench --help)")
 # Subcommands with their own argument handling: module with `main(argv) -> int`.
 _DELEGATED = {"launch": "compbench.cli:launch", "bench": "compbench.bench.main:main",
-              "plan": "compbench.plan.main:main", "report": "compbench.report.main:main"}
+              "plan": "compbench.plan.main:main", "report": "compbench.report.main:main",
+              "claims": "compbench.claims.runner:main"}
 
 
 # The exit status of a process a closed pipe stopped (128 + SIGPIPE), as `yes | head` reports it.

@@ -1,0 +1,240 @@
+"""`compbench claims [--quick] [--out DIR] [--only ID,...] [--seeds N] [key=value ...]`.
+
+Runs every run of the selected claims (compbench.claims.findings) for each seed through
+`compbench train` (compbench.cli.train: the same config check, launcher and results.json as any run),
+one after another, into DIR/runs/NAME-sSEED/. A run whose results.json says completed is skipped, so a
+suite stopped half-way (Ctrl-C, a reboot) continues where it stopped; a half-written run folder is
+removed and run again. Then it writes DIR/claims.md, DIR/claims.csv and DIR/plots/CLAIM.png and prints
+the table. Extra key=value overrides apply to every run (e.g. engine=torch); a finished run made with
+other overrides is refused (pass another --out) rather than mixed in.
+
+Exit status: 0 when every run completed (whether or not each claim holds: that is the finding), 1 when
+a run failed (its claims say "no data"), 2 for a usage error, 130 for Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import time
+from pathlib import Path
+
+from compbench.claims.findings import BASE, CLAIMS, EPOCHS, QUICK, RUNS, SEEDS, Claim, Results, Stat, measured
+
+HEADER = ("claim", "source", "setting", "expected", "measured (mean +- spread over seeds)", "holds?")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="compbench claims", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke version: 2,560 images, 1 epoch, 1 seed (~10 minutes; not evidence)")
+    parser.add_argument("--out", default=None, help="output folder (default outputs/claims[-quick])")
+    parser.add_argument("--only", default=None, help="comma-separated claim ids (default: all)")
+    parser.add_argument("--seeds", type=int, default=None, help=f"seeds per run (default {SEEDS}; --quick 1)")
+    parser.add_argument("overrides", nargs="*", help="key=value applied to every run")
+    args = parser.parse_args(argv)
+    claims = _select(args.only)
+    seeds = args.seeds if args.seeds is not None else (1 if args.quick else SEEDS)
+    if seeds < 1:
+        raise ValueError(f"--seeds {seeds} must be >= 1")
+    out = Path(args.out or ("outputs/claims-quick" if args.quick else "outputs/claims"))
+    base = [*(QUICK if args.quick else BASE), *args.overrides]
+    jobs = _plan(claims, seeds, base, out)
+    code = _run(jobs)
+    if code == 130:
+        return code
+    results = _collect(claims, seeds, out)
+    rows = [_row(c, results) for c in claims]
+    _write(out, rows, claims, results, args.quick)
+    if args.quick:
+        print(_estimate(jobs))
+    return code
+
+
+def _select(only: str | None) -> list[Claim]:
+    if only is None:
+        return list(CLAIMS)
+    ids = {c.id: c for c in CLAIMS}
+    wanted = [s.strip() for s in only.split(",") if s.strip()]
+    unknown = [w for w in wanted if w not in ids]
+    if unknown or not wanted:
+        raise ValueError(f"--only {only}: unknown claim {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(ids)}")
+    return [ids[w] for w in wanted]
+
+
+def _plan(claims: list[Claim], seeds: int, base: list[str], out: Path) -> list[tuple[Path, list[str]]]:
+    """Every (run folder, overrides) of the selection, checked before any run starts (a typo in the
+    last run should not cost a suite); finished runs are kept, stale or half-written ones handled."""
+    from compbench import config
+
+    names = list(dict.fromkeys(n for c in claims for n in c.runs))
+    jobs = []
+    for name in names:
+        for seed in range(seeds):
+            run_dir = out / "runs" / f"{name}-s{seed}"
+            overrides = [*base, *RUNS[name], f"seed={seed}"]
+            if _completed(run_dir):
+                done_with = _overrides_of(run_dir)
+                if done_with != [*overrides, f"output_dir={run_dir}"]:
+                    raise ValueError(f"{run_dir} holds a finished run made with other settings; "
+                                     f"pass --out NEW_DIR (or remove {run_dir})")
+            else:
+                config.check(config.compose([*overrides, f"output_dir={out / 'runs' / '_check'}"]))
+            jobs.append((run_dir, overrides))
+    return jobs
+
+
+def _completed(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "results.json").read_text())["summary"]["status"] == "completed"
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _overrides_of(run_dir: Path) -> list[str]:
+    from omegaconf import OmegaConf
+
+    try:
+        return [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
+    except (OSError, ValueError):
+        return []
+
+
+def _run(jobs: list[tuple[Path, list[str]]]) -> int:
+    from compbench.cli import train
+    from compbench.errors import INTERRUPTED_EXIT
+
+    todo = [(d, o) for d, o in jobs if not _completed(d)]
+    print(f"claims: {len(jobs)} runs, {len(jobs) - len(todo)} already finished, {len(todo)} to run",
+          flush=True)
+    failed = 0
+    for i, (run_dir, overrides) in enumerate(todo):
+        if run_dir.exists():  # a run stopped half-way: start it again from scratch
+            shutil.rmtree(run_dir)
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        print(f"[{i + 1}/{len(todo)}] {run_dir.name}: {' '.join(overrides)}", flush=True)
+        start = time.monotonic()
+        code = train([*overrides, f"output_dir={run_dir}"])
+        if code == INTERRUPTED_EXIT:
+            print(f"claims: interrupted; run again to continue ({len(todo) - i - 1} runs left)", flush=True)
+            return code
+        failed += code != 0
+        (run_dir / "wall_s.txt").write_text(f"{time.monotonic() - start:.1f}\n")
+    return 1 if failed else 0
+
+
+def _collect(claims: list[Claim], seeds: int, out: Path) -> dict[str, Stat]:
+    stats = {}
+    for name in dict.fromkeys(n for c in claims for n in c.runs):
+        summaries = [_summary(out / "runs" / f"{name}-s{s}") for s in range(seeds)]
+        done = [s for s in summaries
+                if s and s.get("status") == "completed" and s.get("final_acc1") is not None]
+        if len(done) == seeds:
+            sent = [s["bytes_sent_per_step"] for s in done if s.get("bytes_sent_per_step")]
+            stats[name] = Stat(tuple(float(s["final_acc1"]) for s in done),
+                               sum(sent) / len(sent) if sent else None)
+    return stats
+
+
+def _summary(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "results.json").read_text())["summary"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _row(claim: Claim, results: Results) -> tuple[str, ...]:
+    missing = [n for n in claim.runs if n not in results]
+    if missing:
+        return (claim.id, claim.source, claim.setting, claim.expected,
+                f"no data: {', '.join(missing)} did not complete", "no data")
+    return (claim.id, claim.source, claim.setting, claim.expected, measured(claim, results),
+            "yes" if claim.check(results) else "NO")
+
+
+def _write(out: Path, rows: list[tuple[str, ...]], claims: list[Claim], results: Results,
+           quick: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    note = ("quick smoke run (tiny subset, 1 epoch): the machinery works; NOT evidence for or against "
+            "any claim\n\n" if quick else
+            f"model=cnn on Fashion-MNIST, 2 workers x batch 64, {EPOCHS} epochs; "
+            f"spread = half the range over seeds\n\n")
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    table = "\n".join(lines)
+    (out / "claims.md").write_text(note + table + "\n")
+    with open(out / "claims.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(HEADER)
+        writer.writerows(rows)
+    plots = _plot(out / "plots", claims, results)
+    held = sum(r[-1] == "yes" for r in rows)
+    print(note + table)
+    print(f"claims: {held} of {len(rows)} hold; {out / 'claims.md'}, {out / 'claims.csv'}, "
+          f"{len(plots)} plots in {out / 'plots'}", flush=True)
+
+
+def _plot(folder: Path, claims: list[Claim], results: Results) -> list[Path]:
+    """One bar chart per claim: each run's mean final accuracy, its seeds as dots, fp32 as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for claim in claims:
+        names = [n for n in claim.runs if n in results]
+        if not names:
+            continue
+        fig, ax = plt.subplots(figsize=(1.4 * len(names) + 2, 3.5))
+        means = [results[n].mean for n in names]
+        ax.bar(range(len(names)), means, yerr=[results[n].spread for n in names], capsize=4, color="#8fb3d9")
+        for i, n in enumerate(names):
+            ax.plot([i] * len(results[n].accs), results[n].accs, "k.", ms=5)
+        if "fp32" in results:
+            ax.axhline(results["fp32"].mean, ls="--", color="gray", lw=1, label="fp32")
+            ax.legend(loc="lower right", fontsize=8)
+        ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+        ax.set_ylabel("final test accuracy (%)")
+        ax.set_title(claim.id, fontsize=10)
+        low = min(min(results[n].accs) for n in names)
+        ax.set_ylim(max(0.0, low - 5), 100)
+        fig.tight_layout()
+        paths.append(folder / f"{claim.id}.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    return paths
+
+
+def _estimate(jobs: list[tuple[Path, list[str]]]) -> str:
+    """The full suite's wall time from this quick run: each run's start-up and evaluation overhead
+    (wall minus training time) plus the full setting's steps at the step time measured here (the
+    quick suite runs the same model, batch and workers; only the data and epochs are smaller)."""
+    from compbench.data.idx import train_size_of
+
+    train_size = next((int(o.partition("=")[2]) for o in BASE if o.startswith("dataset.train_size=")), None)
+    batch = next(int(o.partition("=")[2]) for o in BASE if o.startswith("batch_size="))
+    steps = train_size_of(train_size) // (2 * batch) * EPOCHS
+    total, seen = 0.0, 0
+    for run_dir, _ in jobs:
+        s = _summary(run_dir)
+        try:
+            wall = float((run_dir / "wall_s.txt").read_text())
+        except (OSError, ValueError):
+            continue
+        if not s or not s.get("step_ms"):
+            continue
+        overhead = wall - s["train_time_s"]
+        total += overhead + steps * s["step_ms"] / 1000 + EPOCHS * 1.5  # 10,000-image evals, ~1.5 s each
+        seen += 1
+    if not seen:
+        return "claims: no timed runs for an estimate"
+    per_run = total / seen
+    runs = len({n for c in CLAIMS for n in c.runs}) * SEEDS
+    return (f"claims: full suite estimate from these step times: {runs} runs x {per_run:.0f} s "
+            f"= {runs * per_run / 60:.0f} min ({steps} steps per run)")
