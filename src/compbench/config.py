@@ -112,8 +112,15 @@ def check(cfg: DictConfig) -> DictConfig:
     # Building the light components validates their parameters (e.g. qsgd levels < 1); the built
     # compressor's capabilities may follow them (randk's `scale` makes it unbiased).
     from compbench import compat
+    from compbench.compressors import SELECTION_KEYS
     from compbench.train.build import build_compressor_and_selection, build_memory, build_model
 
+    # Keys a component does not take (`+comm.foo=1`): refused here, not by a worker's TypeError.
+    for group, drop, passed in (("model", (), ()), ("dataset", (), ()), ("compressor", SELECTION_KEYS, ()),
+                                ("memory", (), ("world_size",)),
+                                ("comm", (), ("engine", "compressor", "stats")),
+                                ("scheduler", (), ()), ("engine", ("np",), ())):
+        registry.check_settings(cfg[group], f"{group}={picked[group]}", drop=drop, passed=passed)
     compressor, _ = build_compressor_and_selection(cfg)
     comm_cls = registry.locate(cfg.comm._target_)
     comm_cls.check_options(**{k: v for k, v in registry.plain(cfg.comm).items() if k != "_target_"})

@@ -8,6 +8,7 @@ component that needs them and every CPU path works without them.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from functools import cache
 from pathlib import Path
@@ -52,6 +53,24 @@ def plain(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     if isinstance(cfg, DictConfig):
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     return dict(cfg)
+
+
+def check_settings(cfg: DictConfig | dict[str, Any], who: str, *, drop: tuple[str, ...] = (),
+                   passed: tuple[str, ...] = ()) -> None:
+    """ValueError naming the first key of the node that its `_target_` does not take (a typo such as
+    `+compressor.ratoi=...`, which Hydra's `+` lets through): the key would otherwise fail inside
+    a worker. `drop`: keys the caller removes; `passed`: arguments the caller supplies itself."""
+    kwargs = plain(cfg)
+    params = inspect.signature(locate(kwargs.pop("_target_"))).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    takes = [k for k in params if k not in passed]
+    unknown = [k for k in kwargs if k not in drop and k not in takes]
+    if unknown:
+        group = who.partition("=")[0]
+        settings = ", ".join([*takes, *drop])
+        raise ValueError(f"{group}.{unknown[0]} is not a setting of {who}; "
+                         + (f"its settings are: {settings}" if settings else "it takes none"))
 
 
 def build(cfg: DictConfig | dict[str, Any], *, drop: tuple[str, ...] = (), **extra: Any) -> Any:
