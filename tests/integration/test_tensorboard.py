@@ -55,6 +55,24 @@ def test_every_scalar_tag_has_a_unit_and_a_description(sweep):
             assert meta.summary_description == f"{about}. Unit: {unit}."
 
 
+def test_first_value_of_each_tag_carries_the_scalars_plugin_metadata(sweep):
+    """What TensorBoard's default (Rust) loader reads: it keeps a description only where the
+    metadata names its plugin; the Python loader above migrates either way."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    root, _ = sweep
+    (events,) = (root / JOBS[0] / "tb").glob("events.out.tfevents.*")
+    first = {}
+    for record in RawEventFileLoader(str(events)).Load():  # as written, not migrated
+        for value in Event.FromString(record).summary.value:
+            first.setdefault(value.tag, value)
+    for tag, (unit, _) in TAGS.items():
+        assert first[tag].HasField("simple_value")  # a plain scalar to every reader
+        assert first[tag].metadata.plugin_data.plugin_name == "scalars"
+        assert first[tag].metadata.summary_description.endswith(f"Unit: {unit}.")
+
+
 def test_hparams_session_records_in_the_run_itself(sweep):
     from tensorboard.plugins.hparams import api_pb2, metadata
 

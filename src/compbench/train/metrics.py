@@ -123,9 +123,7 @@ class Recorder:
         if tag in self._described:
             self.writer.add_scalar(tag, value, step)
         else:  # TensorBoard keeps a tag's metadata from its first value: describe it once
-            unit, about = TAGS[tag]
-            self.writer.add_scalar(tag, value, step, display_name=f"{tag} ({unit})",
-                                   summary_description=f"{about}. Unit: {unit}.")
+            self._add(described_scalar(tag, value), step)
             self._described.add(tag)
         if keep:
             self.history[tag].append(float(value))
@@ -135,12 +133,12 @@ class Recorder:
         self._add(session_end())
         self.writer.close()
 
-    def _add(self, summary_bytes: bytes) -> None:
+    def _add(self, summary_bytes: bytes, step: int | None = None) -> None:
         from tensorboardX.proto.summary_pb2 import Summary
 
-        # tensorboard builds the hparams plugin's records, tensorboardX writes them: the two
-        # packages share the wire format, not the Python classes.
-        self.writer.file_writer.add_summary(Summary.FromString(summary_bytes))
+        # tensorboard builds the records, tensorboardX writes them: the two packages share the
+        # wire format, not the Python classes.
+        self.writer.file_writer.add_summary(Summary.FromString(summary_bytes), step)
 
     def median(self, tag: str, skip: int = 0) -> float | None:
         values = self.history.get(tag, [])
@@ -149,6 +147,22 @@ class Recorder:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def described_scalar(tag: str, value: float) -> bytes:
+    """A serialized Summary: `value` as a plain scalar (what every reader lists as a scalar)
+    with the scalars plugin's metadata carrying the tag's unit and description. The plugin name
+    matters: TensorBoard's default (Rust) loader drops a description without it."""
+    from tensorboard.compat.proto import summary_pb2
+    from tensorboard.plugins.scalar import metadata
+
+    unit, about = TAGS[tag]
+    meta = metadata.create_summary_metadata(display_name=f"{tag} ({unit})",
+                                            description=f"{about}. Unit: {unit}.")
+    meta.data_class = summary_pb2.DATA_CLASS_SCALAR
+    summary = summary_pb2.Summary()
+    summary.value.add(tag=tag, simple_value=float(value), metadata=meta)
+    return summary.SerializeToString()
 
 
 def session_start(hparams: Mapping[str, Any]) -> bytes:
