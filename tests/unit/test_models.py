@@ -65,3 +65,14 @@ def test_resnet20_shape_and_size():
     model = resnet20(num_classes=10)
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     assert 0.26e6 < sum(p.numel() for p in model.parameters()) < 0.28e6
+
+
+def test_cnn_shape_size_and_image_size_rule():
+    from compbench.models.cnn import cnn
+
+    model = cnn(num_classes=10, image_size=28, in_chans=1)
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert sum(p.numel() for p in model.parameters()) == 421642
+    assert cnn(num_classes=10, image_size=32, in_chans=3)(torch.zeros(1, 3, 32, 32)).shape == (1, 10)
+    with pytest.raises(ValueError, match="model=cnn: image_size=30 must be a multiple of 4"):
+        cnn(image_size=30)
