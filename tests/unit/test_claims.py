@@ -72,3 +72,6 @@ def test_only_refuses_an_unknown_claim():
 def test_table_row_says_no_data_for_a_missing_run():
     row = runner._row(CLAIMS[0], {"fp32": Stat((90.0, 90.2))})
     assert row[-1] == "no data" and "topk" in row[-2]
+    # A run that failed (e.g. diverged) says why: that is a finding, not a gap.
+    row = runner._row(CLAIMS[0], {"fp32": Stat((90.0, 90.2))}, {"topk": "seed 1 failed: non-finite gradient"})
+    assert "topk seed 1 failed: non-finite gradient" in row[-2]

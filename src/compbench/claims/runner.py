@@ -46,8 +46,8 @@ def main(argv: list[str]) -> int:
     code = _run(jobs)
     if code == 130:
         return code
-    results = _collect(claims, seeds, out)
-    rows = [_row(c, results) for c in claims]
+    results, errors = _collect(claims, seeds, out)
+    rows = [_row(c, results, errors) for c in claims]
     _write(out, rows, claims, results, args.quick)
     if args.quick:
         print(_estimate(jobs))
@@ -127,8 +127,10 @@ def _run(jobs: list[tuple[Path, list[str]]]) -> int:
     return 1 if failed else 0
 
 
-def _collect(claims: list[Claim], seeds: int, out: Path) -> dict[str, Stat]:
-    stats = {}
+def _collect(claims: list[Claim], seeds: int, out: Path) -> tuple[dict[str, Stat], dict[str, str]]:
+    """Each run's Stat over its seeds, and why a run has none (its first failed seed's error: a
+    diverged run, for instance, is a finding the table must show, not hide)."""
+    stats, errors = {}, {}
     for name in dict.fromkeys(n for c in claims for n in c.runs):
         summaries = [_summary(out / "runs" / f"{name}-s{s}") for s in range(seeds)]
         done = [s for s in summaries
@@ -137,7 +139,11 @@ def _collect(claims: list[Claim], seeds: int, out: Path) -> dict[str, Stat]:
             sent = [s["bytes_sent_per_step"] for s in done if s.get("bytes_sent_per_step")]
             stats[name] = Stat(tuple(float(s["final_acc1"]) for s in done),
                                sum(sent) / len(sent) if sent else None)
-    return stats
+            continue
+        seed, summary = next((i, s) for i, s in enumerate(summaries) if s not in done)
+        errors[name] = f"seed {seed} " + (f"failed: {summary.get('error', '?')}" if summary
+                                          else "did not run")
+    return stats, errors
 
 
 def _summary(run_dir: Path) -> dict | None:
@@ -147,11 +153,11 @@ def _summary(run_dir: Path) -> dict | None:
         return None
 
 
-def _row(claim: Claim, results: Results) -> tuple[str, ...]:
+def _row(claim: Claim, results: Results, errors: dict[str, str] | None = None) -> tuple[str, ...]:
     missing = [n for n in claim.runs if n not in results]
     if missing:
-        return (claim.id, claim.source, claim.setting, claim.expected,
-                f"no data: {', '.join(missing)} did not complete", "no data")
+        why = "; ".join(f"{n} {(errors or {}).get(n, 'did not complete')}" for n in missing)
+        return (claim.id, claim.source, claim.setting, claim.expected, f"no data: {why}", "no data")
     return (claim.id, claim.source, claim.setting, claim.expected, measured(claim, results),
             "yes" if claim.check(results) else "NO")
 
