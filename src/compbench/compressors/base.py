@@ -52,7 +52,8 @@ class Capabilities:
     owns: state the compressor keeps itself: "error_feedback" (tbq's residual), "momentum" (signum).
     min_dims: dimensions a tensor needs to be compressed at all (2: matrices; ATOMO and PowerSGD
       send a 1-D tensor, and so a fused flat buffer, dense).
-    sparse: sends selected elements and names them (`sent_indices`), as DGC's momentum masking needs.
+    sparse: sends selected elements and names them: `sent_indices` (DGC's momentum masking) and
+      `sparse_entries` (indices and values whose scatter-add is the decode: error feedback in O(k)).
     shared_indices: the selected indices come from a seed shared by every rank (`indices`): only
       values travel, and a peer's indices are drawn again on decode.
     lossless: decode(encode(x)) = x; error feedback would have nothing to feed back.

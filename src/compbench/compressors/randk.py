@@ -89,5 +89,8 @@ class RandK(SparseCompressor):
     def sent_indices(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
         return ctx.meta["indices"]
 
+    def sparse_entries(self, payload: list[Tensor], ctx: Ctx) -> tuple[Tensor, Tensor]:
+        return ctx.meta["indices"], payload[0]
+
     def wire_bytes(self, numel: int) -> int:
         return 4 * self.k_for(numel)

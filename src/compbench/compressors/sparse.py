@@ -309,3 +309,8 @@ class SparseCompressor(CompressorBase):
     def sent_indices(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
         """Flat indices this payload carries (memory=dgc masks its momentum there)."""
         return payload[1].long()
+
+    def sparse_entries(self, payload: list[Tensor], ctx: Ctx) -> tuple[Tensor, Tensor]:
+        """(flat indices, values): the decode is zeros with the values added at the indices, so an
+        error-feedback memory can take it away from its residual in O(k) (`memory=residual`)."""
+        return payload[1].long(), payload[0]

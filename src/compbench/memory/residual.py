@@ -14,7 +14,13 @@ from compbench.memory.base import MemoryTraits
 
 
 class ResidualMemory:
-    """Error feedback with configurable decay `beta` and gradient scale `gamma`."""
+    """Error feedback with configurable decay `beta` and gradient scale `gamma`.
+
+    The residual is kept in place: `compensate` adds the gradient into the memory's own buffer and
+    returns it (compressors must not modify their input), and `update` takes the decode away from
+    it, for a sparsifier in O(k) (`sparse_entries`: the decode is zeros plus k values) instead of a
+    dense decode and a subtraction over n elements.
+    """
 
     traits = MemoryTraits(feeds_back=True)
 
@@ -25,18 +31,26 @@ class ResidualMemory:
 
     def compensate(self, g: Tensor, name: str) -> Tensor:
         r = self.residuals.get(name)
-        if r is None:
-            return g if self.gamma == 1.0 else g * self.gamma
-        # New tensor: g is the user's .grad and must not be modified in place.
-        return torch.add(g if self.gamma == 1.0 else g * self.gamma, r, alpha=self.beta)
+        if r is None or r.shape != g.shape:
+            # The memory's own contiguous buffer: g is the user's .grad and is never modified.
+            r = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+            self.residuals[name] = torch.mul(g, self.gamma, out=r)
+            return r
+        if self.beta != 1.0:
+            r.mul_(self.beta)
+        return r.add_(g, alpha=self.gamma)
 
     def update(self, x: Tensor, name: str, compressor: Compressor, payload: list[Tensor], ctx: Ctx) -> None:
-        decoded = compressor.decompress(payload, ctx)
-        r = self.residuals.get(name)
-        if r is None or r.shape != x.shape:
-            self.residuals[name] = x - decoded
+        r = self.residuals[name]
+        if any(t.untyped_storage().data_ptr() == r.untyped_storage().data_ptr() for t in payload):
+            r = self.residuals[name] = r.clone()  # a payload viewing the buffer must stay intact until sent
+        if x.data_ptr() != r.data_ptr():
+            r.copy_(x)  # what was compressed is not the buffer itself (a ring hop added a partial sum)
+        if compressor.caps.sparse:
+            indices, values = compressor.sparse_entries(payload, ctx)  # type: ignore[attr-defined]
+            r.view(-1).index_add_(0, indices, values.to(r.dtype), alpha=-1)
         else:
-            torch.sub(x, decoded, out=r)
+            r.sub_(compressor.decompress(payload, ctx))
 
     def state_dict(self) -> dict:
         return {"residuals": {k: v.clone() for k, v in self.residuals.items()}}
