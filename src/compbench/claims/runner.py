@@ -177,14 +177,14 @@ def _write(out: Path, rows: list[tuple[str, ...]], claims: list[Claim], results:
         writer = csv.writer(f)
         writer.writerow(HEADER)
         writer.writerows(rows)
-    plots = _plot(out / "plots", claims, results)
+    plots = _plot(out / "plots", claims, results, {row[0]: row[-1] for row in rows})
     held = sum(r[-1] == "yes" for r in rows)
     print(note + table)
     print(f"claims: {held} of {len(rows)} hold; {out / 'claims.md'}, {out / 'claims.csv'}, "
           f"{len(plots)} plots in {out / 'plots'}", flush=True)
 
 
-def _plot(folder: Path, claims: list[Claim], results: Results) -> list[Path]:
+def _plot(folder: Path, claims: list[Claim], results: Results, verdicts: dict[str, str]) -> list[Path]:
     """One bar chart per claim: each run's mean final accuracy, its seeds as dots, fp32 as a line."""
     import matplotlib
 
@@ -207,7 +207,7 @@ def _plot(folder: Path, claims: list[Claim], results: Results) -> list[Path]:
             ax.legend(loc="lower right", fontsize=8)
         ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
         ax.set_ylabel("final test accuracy (%)")
-        ax.set_title(claim.id, fontsize=10)
+        ax.set_title(f"{claim.id}: holds? {verdicts.get(claim.id, '?')}", fontsize=10)
         low = min(min(results[n].accs) for n in names)
         ax.set_ylim(max(0.0, low - 5), 100)
         fig.tight_layout()
