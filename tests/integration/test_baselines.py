@@ -74,8 +74,10 @@ def test_baseline_checks_name_the_fix():
                            (["comm=ddp", "engine=torch", "scheduler=mergecomp"], "drop scheduler=")):
         with pytest.raises(ValueError, match=fix):
             config.check(config.compose([*COMMON, *overrides]))
-    with pytest.raises(ValueError, match="comm.hook=topk is unknown"):
-        ddp.check_options(hook="topk")
+    with pytest.raises(ValueError, match="comm.hook=randk is unknown"):
+        ddp.check_options(hook="randk")
+    with pytest.raises(ValueError, match="comm.topk_ratio=0 is outside"):
+        ddp.check_options(hook="topk", topk_ratio=0)
     with pytest.raises(ValueError, match="start_powersgd_iter=1 must be >= 2"):
         ddp.check_options(hook="powersgd", start_powersgd_iter=1)
     with pytest.raises(ValueError, match="comm.compression=bf16 is unknown"):
@@ -83,3 +85,16 @@ def test_baseline_checks_name_the_fix():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="use comm.hook=fp16"):
             ddp.check_options(hook="bf16")
+
+
+@pytest.mark.dist
+def test_ddp_topk_hook_sends_padded_top_k(tmp_path):
+    # One DDP bucket holds every gradient: 1.5k padded fp32 values + int64 indices per rank.
+    run, _ = train(tmp_path, *COMMON, "engine=torch", "comm=ddp", "comm.hook=topk", "comm.topk_ratio=0.05",
+                   name="topk")
+    s = results(run)["summary"]
+    k = math.ceil(NUMEL * 0.05)
+    assert s["bytes_sent_per_step"] == 12 * math.ceil(1.5 * k), s
+    assert s["bytes_dense_per_step"] == 4 * NUMEL and math.isfinite(s["final_loss"])
+    assert results(run)["scheduler"] == {"name": "ddp", "hook": "topk", "bucket_cap_mb": 25.0,
+                                         "broadcast_buffers": True, "topk_ratio": 0.05}

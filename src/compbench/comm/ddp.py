@@ -3,7 +3,8 @@ own communication hooks, run inside compbench's trainer so that a sweep compares
 
 `hook=allreduce` is DDP's built-in path (no hook registered: what `DDP(model)` does); `fp16` and
 `bf16` are torch's `fp16_compress_hook` / `bf16_compress_hook`; `powersgd` is torch's
-`powerSGD_hook` (vanilla allreduce for the first `start_powersgd_iter` steps, as torch requires).
+`powerSGD_hook` (vanilla allreduce for the first `start_powersgd_iter` steps, as torch requires);
+`topk` is the sampled-threshold top-k hook users write (`ddp_topk_hook.py`, `topk_ratio`).
 The trainer's model becomes the DDP module and this object stands in for the scheduler; compbench's
 compressor, memory and pipeline are not used.
 
@@ -11,6 +12,7 @@ What is recorded per step and rank:
 - `comm/bytes_sent`, exact: fp32 4n (n: elements of the parameters that require grad), fp16/bf16 2n,
   PowerSGD 4 x (sum of q(rows+cols) over the matrices it compresses + elements of the tensors it
   leaves dense: vectors and matrices not worth compressing), read from the hook's own statistics;
+  top-k 12 x 1.5k per bucket (fp32 values and int64 indices, padded);
   plus DDP's per-step broadcast of module buffers (BatchNorm statistics) when `broadcast_buffers`.
 - time: DDP communicates inside `loss.backward()`, overlapped with it, and backward returns only
   when every bucket is reduced. The overlapped part cannot be observed; the part backward waited for
@@ -30,14 +32,15 @@ import torch
 from torch import nn
 
 from compbench.comm.base import CommTraits
+from compbench.comm.ddp_topk_hook import TopKHookState, topk_hook
 from compbench.engines.base import Engine
 from compbench.train.metrics import StepStats
 
-HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
+HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "topk")
 
 
 def check_options(hook: str = "allreduce", powersgd_rank: int = 1, start_powersgd_iter: int = 2,
-                  **_: Any) -> None:
+                  topk_ratio: float = 0.001, **_: Any) -> None:
     """Config-time check of comm=ddp's own options (the engine and compbench's unused compressor,
     memory and scheduler are checked by compbench.compat from `traits`)."""
     if hook not in HOOKS:
@@ -46,6 +49,8 @@ def check_options(hook: str = "allreduce", powersgd_rank: int = 1, start_powersg
         raise ValueError("comm.hook=bf16 (torch's bf16_compress_hook) needs CUDA + NCCL; use comm.hook=fp16")
     if isinstance(powersgd_rank, bool) or not isinstance(powersgd_rank, int) or powersgd_rank < 1:
         raise ValueError(f"comm.powersgd_rank={powersgd_rank} must be an integer >= 1")
+    if isinstance(topk_ratio, bool) or not isinstance(topk_ratio, (int, float)) or not 0 < topk_ratio <= 1:
+        raise ValueError(f"comm.topk_ratio={topk_ratio} is outside (0, 1]; pass e.g. comm.topk_ratio=0.001")
     if hook == "powersgd" and (not isinstance(start_powersgd_iter, int) or start_powersgd_iter < 2):
         raise ValueError(f"comm.start_powersgd_iter={start_powersgd_iter} must be >= 2 (torch's PowerSGD "
                          "hook needs two plain allreduce steps while DDP rebuilds its buckets)")
@@ -83,14 +88,16 @@ class DDPComm:
     def __init__(self, engine: Engine, compressor: Any, stats: StepStats, hook: str = "allreduce",
                  bucket_cap_mb: float = 25.0, broadcast_buffers: bool = True, powersgd_rank: int = 1,
                  start_powersgd_iter: int = 2, min_compression_rate: float = 2.0,
-                 use_error_feedback: bool = True, warm_start: bool = True) -> None:
-        check_options(hook=hook, powersgd_rank=powersgd_rank, start_powersgd_iter=start_powersgd_iter)
+                 use_error_feedback: bool = True, warm_start: bool = True, topk_ratio: float = 0.001) -> None:
+        check_options(hook=hook, powersgd_rank=powersgd_rank, start_powersgd_iter=start_powersgd_iter,
+                      topk_ratio=topk_ratio)
+        self.topk_ratio = float(topk_ratio)
         self.engine, self.stats, self.hook = engine, stats, hook
         self.bucket_cap_mb, self.broadcast_buffers = float(bucket_cap_mb), bool(broadcast_buffers)
         self.powersgd = dict(matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=start_powersgd_iter,
                              min_compression_rate=min_compression_rate, use_error_feedback=use_error_feedback,
                              warm_start=warm_start)
-        self.state: Any = None  # PowerSGD's state (error feedback, warm start), per rank
+        self.state: Any = None  # the hook's state (PowerSGD's or top-k's error feedback), per rank
 
     # -- the trainer's seam --------------------------------------------------------------------
 
@@ -112,6 +119,9 @@ class DDPComm:
         elif self.hook == "powersgd":
             self.state = powersgd.PowerSGDState(process_group=None, **self.powersgd)
             ddp.register_comm_hook(self.state, powersgd.powerSGD_hook)
+        elif self.hook == "topk":
+            self.state = TopKHookState(self.topk_ratio)
+            ddp.register_comm_hook(self.state, topk_hook)
         return ddp
 
     def setup(self, model: nn.Module) -> None:
@@ -127,8 +137,10 @@ class DDPComm:
 
     def before_backward(self, pipeline: Any) -> None:
         self._armed, self._marks = True, []
-        if self.state is not None:
+        if self.hook == "powersgd":
             self._after_before = self.state.total_numel_after_compression
+        elif self.hook == "topk":
+            self.state.bytes_sent = 0
 
     def _on_grad(self, param: nn.Parameter) -> None:
         # First gradient of this backward: queue a final callback. It runs once the graph is done,
@@ -163,12 +175,16 @@ class DDPComm:
         if self.hook == "powersgd":
             sent = self.state.total_numel_after_compression - self._after_before
             return 4 * sent if sent else 4 * self.numel  # before start_powersgd_iter: plain allreduce
+        if self.hook == "topk":
+            return self.state.bytes_sent
         return 4 * self.numel
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": "ddp", "hook": self.hook, "bucket_cap_mb": self.bucket_cap_mb,
                                "broadcast_buffers": self.broadcast_buffers}
-        if self.state is not None:
+        if self.hook == "topk":
+            out.update(topk_ratio=self.topk_ratio)
+        if self.hook == "powersgd":
             out.update(powersgd_rank=self.powersgd["matrix_approximation_rank"],
                        start_powersgd_iter=self.powersgd["start_powerSGD_iter"],
                        compression_rate=float(self.state.compression_stats()[0]))
