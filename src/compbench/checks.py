@@ -3,7 +3,8 @@
 Every setting a worker would otherwise trip over (a string where a number belongs, a negative
 learning rate, a batch larger than the data set, an output folder that cannot be created) is
 refused here with one line naming the key and the fix, before any folder or file exists. The
-combination checks (compressor x memory x comm x scheduler) live in `compbench.config`.
+combination checks (compressor x memory x comm x scheduler x engine x optimizer) live in
+`compbench.compat`.
 """
 
 from __future__ import annotations
