@@ -220,8 +220,9 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
         # One compute thread per worker unless told otherwise: ranks share this machine's cores.
         nthreads = str(threads or max(1, (os.cpu_count() or 1) // np))
         procs = []
-        # The namespace has nothing but its loopback: gloo must not look up the host's address.
-        extra = {"GLOO_SOCKET_IFNAME": "lo"} if netns is not None else {}
+        # One machine: torch's gloo listens on the loopback only (by default it binds the host's
+        # address, reachable from other machines; in a shaped namespace there is nothing else).
+        extra = {"GLOO_SOCKET_IFNAME": "lo"}
         cmd = [*netns.prefix, *argv] if netns is not None else argv
         # `kill` of the launcher stops the job like Ctrl-C does, instead of orphaning the workers.
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)

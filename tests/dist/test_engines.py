@@ -25,3 +25,13 @@ PS_CHECKS = str(Path(__file__).with_name("ps_checks.py"))
 def test_ps_averages_summable_payloads_exactly(engine):
     code, message = run_processes([sys.executable, PS_CHECKS, engine], engine, 2, threads=1)
     assert code == 0, message
+
+
+LISTENING_CHECK = str(Path(__file__).with_name("listening_check.py"))
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_a_local_job_listens_on_the_loopback_only(engine):
+    code, message = run_processes([sys.executable, LISTENING_CHECK, engine], engine, 2, threads=1)
+    assert code == 0, message
