@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from compbench.claims.findings import BASE, CLAIMS, EPOCHS, QUICK, RUNS, SEEDS, Claim, Results, Stat, measured
+from compbench.errors import INTERRUPTED_EXIT
 
 HEADER = ("claim", "source", "setting", "expected", "measured (mean +- spread over seeds)", "holds?")
 
@@ -44,7 +45,7 @@ def main(argv: list[str]) -> int:
     base = [*(QUICK if args.quick else BASE), *args.overrides]
     jobs = _plan(claims, seeds, base, out)
     code = _run(jobs)
-    if code == 130:
+    if code == INTERRUPTED_EXIT:  # Ctrl-C: the user stops the suite; the next call continues it
         return code
     results, errors = _collect(claims, seeds, out)
     rows = [_row(c, results, errors) for c in claims]
@@ -106,7 +107,6 @@ def _overrides_of(run_dir: Path) -> list[str]:
 
 def _run(jobs: list[tuple[Path, list[str]]]) -> int:
     from compbench.cli import train
-    from compbench.errors import INTERRUPTED_EXIT
 
     todo = [(d, o) for d, o in jobs if not _completed(d)]
     print(f"claims: {len(jobs)} runs, {len(jobs) - len(todo)} already finished, {len(todo)} to run",
