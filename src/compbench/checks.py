@@ -173,11 +173,9 @@ def _default_lr(name: str) -> str:
 
 def _check_batch_fits_dataset(cfg: DictConfig) -> None:
     """Every worker needs at least one full batch of its shard (drop_last keeps step counts equal)."""
-    module = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0])
-    # Optional per-dataset hook: file-backed sets without a cheap size (ImageNet) leave it out and
-    # the worker checks after loading.
-    size_of = getattr(module, "train_size_of", None)
-    n = size_of(**OmegaConf.to_container(cfg.dataset, resolve=True)) if size_of is not None else None
+    # None for file-backed sets without a cheap size (ImageNet): the worker checks after loading.
+    size_of = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).train_size_of
+    n = size_of(**OmegaConf.to_container(cfg.dataset, resolve=True))
     np = cfg.engine.get("np", 1)
     if n is not None and n // np < cfg.batch_size:
         raise ValueError(f"batch_size={cfg.batch_size} x {np} workers exceeds the {n} training samples "

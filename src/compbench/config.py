@@ -132,10 +132,7 @@ def check(cfg: DictConfig) -> DictConfig:
 
 
 def _check_dataset(cfg: DictConfig) -> None:
-    module = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0])
-    check_root = getattr(module, "check_root", None)
-    if check_root is None:
-        return
+    check_root = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).check_root
     # The hook names what it needs (root, num_classes, name, ...): those keys of the dataset's config.
     kwargs: dict[str, Any] = {k: cfg.dataset.get(k) for k in inspect.signature(check_root).parameters
                               if k in cfg.dataset or k == "root"}

@@ -1,3 +1,11 @@
-"""Datasets (offline only: shipped with a package, synthetic, or from a local root) and sharding."""
+"""Datasets (offline only: shipped with a package, synthetic, or from a local root) and sharding.
+
+A dataset module (the one `conf/dataset/NAME.yaml`'s `_target_` lives in) provides, besides its
+factory, the two checks the parent runs before anything is written:
+- `check_root(root, ...)`: ValueError (one line) when its files are missing or damaged; it may ask
+  for more of the dataset's settings by name (num_classes, name);
+- `train_size_of(**settings) -> int | None`: the number of training samples, or None where counting
+  is not cheap (ImageNet: the worker checks after loading).
+"""
 
 import compbench._torchvision_compat  # noqa: F401  (before torchvision is imported)

@@ -26,6 +26,10 @@ def digits(image_size: int = 32, test_fraction: float = 0.2, seed: int = 0, **_:
     return TensorDataset(x[tr], y[tr]), TensorDataset(x[te], y[te])
 
 
+def check_root(root: str | None = None) -> None:
+    """Ships with scikit-learn: nothing to check."""
+
+
 def train_size_of(test_fraction: float = 0.2, **_: object) -> int:
     """Training samples, known without loading (train_test_split's rule: the test set is rounded up)."""
     return _SAMPLES - math.ceil(test_fraction * _SAMPLES)

@@ -29,6 +29,10 @@ def synthetic(
     return make(train_size), make(test_size)
 
 
+def check_root(root: str | None = None) -> None:
+    """Made in memory: nothing to check."""
+
+
 def train_size_of(train_size: int = 2048, **_: object) -> int:
     """Training samples, known without building the set (the parent's batch-size check)."""
     return train_size
