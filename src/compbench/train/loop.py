@@ -40,14 +40,15 @@ def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
     if threads:
         torch.set_num_threads(threads)
     engine = registry.build(cfg.engine, drop=("np",))
-    try:
-        if run_dir is None:
-            from compbench.rundir import prepare_run_dir
+    if run_dir is None:
+        from compbench.rundir import prepare_run_dir
 
-            run_dir = Path(engine.broadcast_object(str(prepare_run_dir(cfg)) if engine.rank == 0 else None))
-        return Trainer(cfg, engine, run_dir).fit()
-    finally:
-        engine.shutdown()
+        run_dir = Path(engine.broadcast_object(str(prepare_run_dir(cfg)) if engine.rank == 0 else None))
+    # No teardown handshake when this rank fails or is interrupted: its peers may be gone already
+    # (Ctrl-C reaches every rank), and the barrier would raise a connection error over the Ctrl-C.
+    results = Trainer(cfg, engine, run_dir).fit()
+    engine.shutdown()
+    return results
 
 
 class Trainer:
