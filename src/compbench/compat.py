@@ -21,8 +21,9 @@ from compbench.schedulers import SchedulerTraits
 RECIPE_OPTIMIZER = "sgd"
 
 
-def recipe(caps: Capabilities, comm: str, comm_traits: CommTraits, optim: str) -> dict[str, Any]:
-    """The settings a compressor runs with by default over `comm` with `optim` (key -> value)."""
+def recipe(caps: Capabilities, comm_traits: CommTraits, optim: str) -> dict[str, Any]:
+    """The settings a compressor runs with by default over a communicator with these traits and
+    optimizer `optim` (key -> value)."""
     out = dict(caps.recipe)
     if _runs_collective(caps, comm_traits):
         out["memory"] = "none"  # the collective keeps its own error feedback

@@ -65,7 +65,7 @@ def _recipe_to_apply(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     choices = cfg.hydra.runtime.choices
     caps = registry.component_class("compressor", choices["compressor"]).caps
     comm_traits = registry.component_class("comm", choices["comm"]).traits
-    wanted = compat.recipe(caps, choices["comm"], comm_traits, choices["optim"])
+    wanted = compat.recipe(caps, comm_traits, choices["optim"])
     user = {o.lstrip("+~").partition("=")[0] for o in overrides}
     if choices.get("experiment"):
         user |= _experiment_keys(choices["experiment"])

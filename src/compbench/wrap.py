@@ -85,14 +85,14 @@ def wrap_compress_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, 
         raise ValueError(f"comm={comm} is a baseline that synchronizes by itself; use comm=allgather, "
                          "allreduce, ps or ring")
     comp, selection = build_compressor_and_selection(cfg)
-    mem = build_memory(cfg, 1)
+    memory_traits = registry.component_class("memory", memory).traits
     optim_name = type(optimizer).__name__.lower()
     momentum = optimizer.param_groups[0].get("momentum", 0.0)
     choices = {"compressor": compressor, "memory": memory, "comm": comm, "scheduler": scheduler,
                "engine": engine, "optim": optim_name}
-    compat.check(choices, comp.caps, mem.traits, comm_cls.traits,
+    compat.check(choices, comp.caps, memory_traits, comm_cls.traits,
                  registry.component_class("scheduler", scheduler).traits, {"momentum": momentum})
-    if mem.traits.owns_momentum and momentum:
+    if memory_traits.owns_momentum and momentum:
         raise ValueError(f"memory={memory} applies momentum itself: build your optimizer with momentum=0")
     eng = registry.build(registry.option_config("engine", engine), drop=("np",))
     mem = build_memory(cfg, eng.size)

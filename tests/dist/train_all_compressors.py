@@ -26,7 +26,7 @@ def combos() -> list[tuple[str, str, str]]:
             traits = registry.component_class("comm", comm).traits
             if traits.baseline:
                 continue
-            memory = compat.recipe(caps, comm, traits, "sgd").get("memory", "none")
+            memory = compat.recipe(caps, traits, "sgd").get("memory", "none")
             try:
                 for engine in ("horovod", "torch"):
                     choices = {"compressor": name, "memory": memory, "comm": comm, "scheduler": "layerwise",

@@ -14,10 +14,6 @@ HEADER_LEN = 1 + 2 * MAX_TENSORS
 Spec = tuple[int, torch.dtype]
 
 
-def specs_of(payload: list[Tensor]) -> list[Spec]:
-    return [(t.numel(), t.dtype) for t in payload]
-
-
 def header(payload: list[Tensor]) -> Tensor:
     """[number of tensors, (numel, dtype code) per tensor], fixed length, int64."""
     assert len(payload) <= MAX_TENSORS, f"a payload of {len(payload)} tensors exceeds the wire header"
