@@ -90,3 +90,20 @@ class CommBase:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+class BlockingComm(CommBase):
+    """A communicator that finishes the whole exchange inside `reduce` (a decode and re-encode at
+    every server or hop): subclasses implement `exchange` -> (averaged tensor, bytes this rank sent;
+    0 when it took the dense path, which books itself)."""
+
+    traits: ClassVar[CommTraits] = CommTraits(blocking=True)
+
+    def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
+        averaged, sent = self.exchange(grad, name, memory)
+        if sent:
+            self.book(sent)
+        return Handle.done(averaged)
+
+    def exchange(self, x: Tensor, name: str, memory: Memory) -> tuple[Tensor, int]:
+        raise NotImplementedError

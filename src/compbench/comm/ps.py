@@ -19,10 +19,10 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from compbench.comm.base import CommBase, CommTraits, encode
+from compbench.comm.base import BlockingComm, encode
 from compbench.compressors.base import Compressor, payload_nbytes
 from compbench.engines import wire
-from compbench.engines.base import Engine, Handle
+from compbench.engines.base import Engine
 from compbench.memory.base import Memory
 from compbench.memory.none import NoMemory
 from compbench.memory.residual import ResidualMemory
@@ -52,9 +52,7 @@ def shards_of(x: Tensor, parts: int) -> list[Tensor]:
     return [flat[a:b] for a, b in shard_bounds(flat.numel(), parts)]
 
 
-class PSComm(CommBase):
-    traits = CommTraits(blocking=True)
-
+class PSComm(BlockingComm):
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         super().__init__(engine, compressor, stats)
         self.server_memory = ResidualMemory()
@@ -66,12 +64,7 @@ class PSComm(CommBase):
         # diverge (14% on digits); unbiased, the server's re-encode needs no correction.
         self.server_feedback = not compressor.caps.unbiased
 
-    def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
-        averaged, sent = self._reduce(grad, name, memory)
-        self.book(sent)
-        return Handle.done(averaged)
-
-    def _reduce(self, x: Tensor, name: str, memory: Memory) -> tuple[Tensor, int]:
+    def exchange(self, x: Tensor, name: str, memory: Memory) -> tuple[Tensor, int]:
         n, rank = self.engine.size, self.engine.rank
         shard_names = [f"{name}#ps{j}" for j in range(n)]
         # 1. worker: compensate and compress each shard (shard j is for server j)

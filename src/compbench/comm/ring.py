@@ -27,25 +27,18 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from compbench.comm.base import CommBase, CommTraits, encode
+from compbench.comm.base import BlockingComm, CommTraits, encode
 from compbench.comm.ps import shard_bounds
 from compbench.compressors.base import Ctx, payload_nbytes
-from compbench.engines.base import Handle
 from compbench.memory.base import Memory
 
 
-class RingComm(CommBase):
+class RingComm(BlockingComm):
     """Compressed ring allreduce (CaSync-Ring); blocking, like comm=ps."""
 
     traits = CommTraits(blocking=True, reencodes_sums=True)
 
-    def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
-        averaged, sent = self._reduce(grad, name, memory)
-        if sent:
-            self.book(sent)
-        return Handle.done(averaged)
-
-    def _reduce(self, x: Tensor, name: str, memory: Memory) -> tuple[Tensor, int]:
+    def exchange(self, x: Tensor, name: str, memory: Memory) -> tuple[Tensor, int]:
         n, rank = self.engine.size, self.engine.rank
         flat = x.reshape(-1)
         if flat.numel() < n:  # empty chunks otherwise; not worth a compressed path
