@@ -35,6 +35,7 @@ class Layerwise:
 
     def __init__(self, overlap: bool = True) -> None:
         self.overlap = bool(overlap)
+        self.pipeline: GradientPipeline | None = None  # the one of the running step (before_backward)
 
     def setup(self, model: nn.Module) -> None:
         self.params = [(n, p) for n, p in reversed(list(model.named_parameters())) if p.requires_grad]
@@ -148,5 +149,4 @@ class Layerwise:
     @property
     def overlapping(self) -> bool:
         """Whether groups are submitted during back-propagation (not with a blocking communicator)."""
-        pipeline = getattr(self, "pipeline", None)
-        return self.overlap and (pipeline is None or pipeline.can_overlap)
+        return self.overlap and (self.pipeline is None or self.pipeline.can_overlap)
