@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -29,6 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _interrupt_once(signum: int, frame: object) -> None:
+    """Ctrl-C reaches a worker twice: from the terminal (the whole process group) and again from
+    the launcher, which forwards it. The first stops the worker; a second landing while it winds
+    down (or in exit_now) would print a KeyboardInterrupt traceback over the launcher's message."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def exit_now(code: int) -> NoReturn:
     """End a worker process that has finished (results written, engine shut down) without the
     interpreter's finalization: gloo work objects that outlive the process group can abort it
@@ -39,4 +48,5 @@ def exit_now(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _interrupt_once)
     exit_now(main())
