@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.setup-done
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 APT_FASHION_MNIST := apt-get update && apt-get install -y dataset-fashion-mnist
 
-.PHONY: setup dataset train test test-fast test-slow lint clean
+.PHONY: setup dataset sshd train test test-fast test-slow lint clean
 
 # Re-run the installs only when the package definition changes (second run: no installs).
 $(STAMP): pyproject.toml scripts/build_horovod.sh
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml scripts/build_horovod.sh
 	PYTHON=$(PY) bash scripts/build_horovod.sh
 	touch $(STAMP)
 
-setup: $(STAMP) dataset
+setup: $(STAMP) dataset sshd
 
 # Fashion-MNIST (dataset=fashion_mnist, compbench claims) from Debian's package: installed when it is
 # missing and this is root with apt-get; otherwise (or if apt fails) the command is printed and setup
@@ -29,6 +29,18 @@ dataset:
 	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null \
 	    || echo "note: could not install dataset-fashion-mnist; later run: $(APT_FASHION_MNIST)"; \
 	else echo "note: no Fashion-MNIST in $(FASHION_MNIST) (dataset=fashion_mnist); as root run: $(APT_FASHION_MNIST)"; \
+	fi
+
+# openssh-server for `compbench cluster` (each emulated node runs an sshd, as horovodrun -H needs):
+# installed when missing and this is root with apt-get, else the command is printed. Nothing is
+# started here; the cluster starts its own sshd inside each node's namespace.
+sshd:
+	@if [ -x /usr/sbin/sshd ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing openssh-server (compbench cluster)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server) >/dev/null \
+	    || echo "note: could not install openssh-server; later run: apt-get install -y openssh-server"; \
+	else echo "note: no sshd (compbench cluster); as root run: apt-get install -y openssh-server"; \
 	fi
 
 train: setup

@@ -7,6 +7,7 @@
   compbench plan key=value ...                  SeCoPa compression plan for a model and cluster
   compbench report DIR                          tables, plots and what-if scaling of a run or sweep
   compbench claims [--quick] [key=value ...]    published findings re-run as experiments, with a verdict each
+  compbench cluster up|down|status|run          K emulated machines (namespaces, shaped links, sshd)
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from pathlib import Path
 
 from compbench.errors import INTERRUPTED_EXIT, report_user_error
 
-_COMMANDS = ("train", "list", "launch", "bench", "plan", "report", "claims")
-_USAGE = ("usage: compbench {train,list,launch,bench,plan,report,claims} [-m] [--cfg] [key=value ...]  "
-          "(compbench --help)")
+_COMMANDS = ("train", "list", "launch", "bench", "plan", "report", "claims", "cluster")
+_USAGE = ("usage: compbench {train,list,launch,bench,plan,report,claims,cluster} [-m] [--cfg] "
+          "[key=value ...]  (compbench --help)")
 # Subcommands with their own argument handling: module with `main(argv) -> int`.
 _DELEGATED = {"launch": "compbench.cli:launch", "bench": "compbench.bench.main:main",
               "plan": "compbench.plan.main:main", "report": "compbench.report.main:main",
-              "claims": "compbench.claims.runner:main"}
+              "claims": "compbench.claims.runner:main", "cluster": "compbench.cluster.main:main"}
 
 
 # The exit status of a process a closed pipe stopped (128 + SIGPIPE), as `yes | head` reports it.

@@ -53,6 +53,30 @@ def _run(*argv: str) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip() or proc.returncode}")
 
 
+def shape_link(namespace: str, device: str, gbps: float, latency_us: float = 0.0,
+               latency_key: str = "net.emulate_latency_us") -> None:
+    """Rate-limit the egress of `device` in `namespace` to `gbps` Gbit/s, plus a one-way delay
+    (`latency_key` names the setting in the error when the kernel has no netem)."""
+    ns = ["-n", namespace]
+    rate = f"{int(gbps * 1e9)}bit"
+    # HTB rather than TBF: it queues instead of dropping (a drop on loopback stalls TCP for a
+    # retransmit timeout). burst of 1 ms at the rate, at least two 64 KiB loopback packets, so
+    # the timer granularity does not cap high rates.
+    burst = str(max(131072, int(gbps * 1e9 / 8 / 1000)))
+    _run("tc", *ns, "qdisc", "add", "dev", device, "root", "handle", "1:", "htb", "default", "1")
+    _run("tc", *ns, "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb", "rate", rate,
+         "ceil", rate, "burst", burst, "cburst", burst, "quantum", "65536")
+    if latency_us > 0:
+        try:
+            _run("tc", *ns, "qdisc", "add", "dev", device, "parent", "1:1", "handle", "10:", "netem",
+                 "delay", f"{latency_us:g}us", "limit", "100000")
+        except RuntimeError as e:
+            if "unknown" in str(e).lower():
+                raise ValueError(f"{latency_key} needs the kernel's netem qdisc (sch_netem), which this "
+                                 f"machine lacks; drop {latency_key}") from None
+            raise
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -115,25 +139,8 @@ class ShapedNamespace:
         self.delete()
 
     def _shape(self) -> None:
-        ns = ["-n", self.name]
-        _run("ip", *ns, "link", "set", "lo", "up")
-        rate = f"{int(self.gbps * 1e9)}bit"
-        # HTB rather than TBF: it queues instead of dropping (a drop on loopback stalls TCP for a
-        # retransmit timeout). burst of 1 ms at the rate, at least two 64 KiB loopback packets, so
-        # the timer granularity does not cap high rates.
-        burst = str(max(131072, int(self.gbps * 1e9 / 8 / 1000)))
-        _run("tc", *ns, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "1")
-        _run("tc", *ns, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:1", "htb", "rate", rate,
-             "ceil", rate, "burst", burst, "cburst", burst, "quantum", "65536")
-        if self.latency_us > 0:
-            try:
-                _run("tc", *ns, "qdisc", "add", "dev", "lo", "parent", "1:1", "handle", "10:", "netem",
-                     "delay", f"{self.latency_us:g}us", "limit", "100000")
-            except RuntimeError as e:
-                if "unknown" in str(e).lower():
-                    raise ValueError("net.emulate_latency_us needs the kernel's netem qdisc (sch_netem), "
-                                     "which this machine lacks; drop net.emulate_latency_us") from None
-                raise
+        _run("ip", "-n", self.name, "link", "set", "lo", "up")
+        shape_link(self.name, "lo", self.gbps, self.latency_us)
 
     def delete(self) -> None:
         if self.created:

@@ -1,0 +1,178 @@
+"""`compbench cluster up|down|status|run`: an emulated cluster of K machines on this one (see nodes.py).
+
+  compbench cluster up --nodes 2 --gbps 1 [--latency-us 50]   build it (until `down`)
+  compbench cluster run -- horovodrun -np 2 -H n1:1,n2:1 compbench train ...   on node n1
+  compbench cluster run --each -- torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \\
+      --rdzv-endpoint n1:29400 -m compbench train engine=torch ...           on every node at once
+  compbench cluster down
+
+`run` without a cluster up builds one from --nodes/--gbps/--latency-us for the command and removes
+it afterwards (also on failure and Ctrl-C). When a command fails on one node, the others are stopped
+and one `error:` line names the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import psutil
+
+from compbench.cluster import nodes
+from compbench.cluster.nodes import Cluster
+from compbench.errors import INTERRUPTED_EXIT
+
+_GRACE_S = 10.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="compbench cluster", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="action", required=True)
+    for name in ("up", "run"):
+        s = sub.add_parser(name)
+        s.add_argument("--nodes", type=int, default=2, help="emulated machines (default 2)")
+        s.add_argument("--gbps", type=float, default=10.0, help="node link, Gbit/s each way (default 10)")
+        s.add_argument("--latency-us", type=float, default=0.0, help="one-way delay added per node link")
+    run = sub.choices["run"]
+    run.add_argument("--each", action="store_true", help="run the command on every node at once")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS")
+    sub.add_parser("down")
+    sub.add_parser("status")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    nodes.check_machine()
+    if args.action == "down":
+        gone = nodes.remove()
+        print(f"cluster: removed {len(gone)} namespace(s)" if gone else "cluster: none was up")
+        return 0
+    current = nodes.load()
+    if nodes.is_orphaned(current):
+        nodes.remove()  # half-built, or its owner was killed
+        current = None
+    if args.action == "status":
+        print(_describe(current) if current else "cluster: none is up")
+        return 0
+    wanted = _wanted(args)
+    if args.action == "up":
+        if current is not None:
+            raise ValueError(f"a cluster is up already ({_describe(current)}); "
+                             f"run `compbench cluster down` first")
+        nodes.create(wanted)
+        print(_describe(wanted))
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise ValueError("compbench cluster run needs a command after --, e.g. -- hostname")
+    # `kill` of this process removes the cluster it built, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    with _cluster_for_run(current, wanted) as cluster:
+        return _run_on(cluster, command, range(1, cluster.nodes + 1) if args.each else [1])
+
+
+def _wanted(args: argparse.Namespace) -> Cluster:
+    if args.nodes < 1 or args.nodes > 250:
+        raise ValueError(f"--nodes {args.nodes} must be 1..250")
+    if args.gbps <= 0:
+        raise ValueError(f"--gbps {args.gbps} must be > 0")
+    if args.latency_us < 0:
+        raise ValueError(f"--latency-us {args.latency_us} must be >= 0")
+    return Cluster(args.nodes, args.gbps, args.latency_us)
+
+
+def _describe(c: Cluster) -> str:
+    hosts = ",".join(c.host(i) for i in range(1, c.nodes + 1))
+    life = f"removed when pid {c.owner_pid} ends" if c.owner_pid else "until `compbench cluster down`"
+    return (f"cluster: {c.nodes} node(s) {hosts} at {c.gbps:g} Gbit/s each way, {c.latency_us:g} us one-way "
+            f"delay, addresses {c.address(1)}..{c.address(c.nodes)}; {life}")
+
+
+@contextlib.contextmanager
+def _cluster_for_run(current: Cluster | None, wanted: Cluster) -> Iterator[Cluster]:
+    if current is not None:
+        yield current  # the cluster that is up; its settings win over --nodes/--gbps
+        return
+    cluster = Cluster(wanted.nodes, wanted.gbps, wanted.latency_us, owner_pid=os.getpid())
+    try:
+        nodes.create(cluster)
+        yield cluster
+    finally:
+        nodes.remove()
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _default_sigint() -> None:
+    # A job started from a background shell has SIGINT ignored; its children must answer Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _run_on(cluster: Cluster, command: list[str], on: range | list[int]) -> int:
+    """Run `command` on the given nodes; the first to fail stops the rest. Returns the failed node's
+    exit code (or 0)."""
+    procs: dict[int, subprocess.Popen] = {}
+    try:
+        for i in on:
+            procs[i] = subprocess.Popen([*cluster.exec_prefix(i), *command], preexec_fn=_default_sigint)
+        while procs:
+            for i, p in list(procs.items()):
+                code = p.poll()
+                if code is None:
+                    continue
+                del procs[i]
+                if code != 0:
+                    # The other nodes usually fail on their own at once (a peer is gone) and say
+                    # so in their own words; they are stopped only if they linger.
+                    _stop(procs.values(), after_s=_GRACE_S)
+                    print(f"error: `{os.path.basename(command[0])}` on node {cluster.host(i)} {_how(code)}; "
+                          f"stopped the job on every node", file=sys.stderr, flush=True)
+                    return code if code > 0 else 128 - code
+            time.sleep(0.1)
+        return 0
+    except KeyboardInterrupt:
+        _stop(procs.values(), signal.SIGINT)
+        print("error: interrupted by Ctrl-C; stopped the job on every node", file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
+    finally:
+        _stop(procs.values())
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with {code}"
+
+
+def _stop(procs, sig: int = signal.SIGTERM, after_s: float = 0.0) -> None:
+    """Signal each command still running after `after_s` and all its descendants (torchrun starts
+    its workers in sessions of their own, which a process-group signal would miss), then SIGKILL
+    what is left after a grace period."""
+    deadline = time.monotonic() + after_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    tree = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(p.pid)
+            tree += [root, *root.children(recursive=True)]
+    for proc in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(sig)
+    _, alive = psutil.wait_procs(tree, timeout=_GRACE_S)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=_GRACE_S)
+    for p in procs:
+        p.poll()  # reap

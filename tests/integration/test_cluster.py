@@ -1,0 +1,113 @@
+"""Two emulated machines (`compbench cluster`): the real launchers across network hosts.
+
+Each node is a network namespace with its own address, shaped link and sshd: horovodrun reaches
+node n2 over ssh, torchrun meets at a c10d rendezvous on n1. Needs root and openssh-server
+(`make setup` installs it when it can).
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from compbench.cluster import nodes
+from tests.helpers import TINY, default_sigint, params, results, train
+
+BIN = Path(sys.executable).parent
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.skipif(os.geteuid() != 0, reason="an emulated cluster needs root"),
+    pytest.mark.skipif(not os.access(nodes.SSHD, os.X_OK) or shutil.which("ssh") is None,
+                       reason="needs openssh-server: apt-get install -y openssh-server"),
+]
+STEPS = ["max_steps=5", "epochs=1"]
+
+
+def _torchrun(per_node: int = 1) -> list[str]:
+    return [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", str(per_node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:29400",
+            "-m", "compbench", "train", "engine=torch"]
+
+
+HOROVODRUN = [str(BIN / "horovodrun"), "-np", "2", "-H", "n1:1,n2:1", str(BIN / "compbench"), "train"]
+
+
+def _cluster_run(cwd: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "compbench", "cluster", "run", "--nodes", "2", "--gbps", "10", *args]
+    return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _single_run_folder(cwd: Path) -> Path:
+    """The job's one run folder under cwd/outputs: rank 0 picks it and every rank writes there (a rank
+    that picked its own would leave a second folder)."""
+    found = [p.parent for p in (cwd / "outputs").rglob("results.json")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> dict[str, torch.Tensor]:
+    out, _ = train(tmp_path_factory.mktemp("local"), *TINY, *STEPS, "engine=torch", "engine.np=2")
+    return params(out)
+
+
+@pytest.mark.parametrize("how", ["horovodrun", "torchrun"])
+def test_two_nodes_end_with_the_local_runs_parameters(tmp_path, local_run, how):
+    cmd = ["--", *HOROVODRUN] if how == "horovodrun" else ["--each", "--", *_torchrun()]
+    proc = _cluster_run(tmp_path, *cmd, *TINY, *STEPS)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    got = params(_single_run_folder(tmp_path))
+    assert got.keys() == local_run.keys()
+    for name, t in local_run.items():
+        torch.testing.assert_close(got[name], t, rtol=0, atol=1e-6, msg=name)
+    assert not nodes.leftovers()  # `run` removed the cluster it built
+
+
+def _compbench_worker_on(namespace: str) -> psutil.Process | None:
+    """The training process torchrun started on a node (torchrun's child), once it runs."""
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
+    for pid in pids.split():
+        try:
+            launcher = psutil.Process(int(pid))
+            if launcher.cmdline()[1:2] == [str(BIN / "torchrun")] and (children := launcher.children()):
+                return children[0]
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def test_a_killed_worker_stops_the_job_on_every_node_with_one_line(tmp_path):
+    proc = _cluster_run(tmp_path, "--each", "--", *_torchrun(), *TINY, "epochs=500")
+    deadline = time.monotonic() + 180
+    while (victim := _compbench_worker_on("cbcl-n2")) is None or not (tmp_path / "outputs").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.5)
+    time.sleep(3)  # training
+    os.kill(victim.pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: `torchrun` on node n") and "stopped the job on every node" in last, last
+    # The surviving compbench worker says what happened in one line, with no traceback of its own.
+    assert "error: lost the connection to another worker" in err
+    assert "compbench/" not in "".join(line for line in err.splitlines() if line.lstrip().startswith("File "))
+    assert not nodes.leftovers()
+
+
+def test_hierarchical_sends_one_compressed_payload_per_node(tmp_path):
+    """2 nodes x 2 workers: dense inside each node, top-k between the nodes' leaders."""
+    proc = _cluster_run(tmp_path, "--each", "--", *_torchrun(per_node=2), *TINY, *STEPS, "comm=hierarchical",
+                        "compressor=topk", "ratio=0.05")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    summary = results(_single_run_folder(tmp_path))["summary"]
+    assert summary["status"] == "completed" and summary["ratio_effective"] > 5, summary
