@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +13,25 @@ INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a job stopped by Ctrl
 # Set by compbench's launcher for each worker: the worker writes its `error:` text there instead of
 # stderr, and the launcher prints it once (not once per rank).
 ERROR_FILE_ENV = "COMPBENCH_ERROR_FILE"
+PEER_LOST_EXIT = 1
+# How gloo (torch's and Horovod's) and Horovod report that another rank's process is gone.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "Horovod has been shut down")
+
+
+class PeerLost(RuntimeError):
+    """Another rank is gone (killed, crashed, its machine down); this rank reports it in one line."""
+
+
+def as_peer_lost(e: BaseException) -> PeerLost | None:
+    """The one-line form of a collective's error when it means a peer is gone, else None."""
+    text = str(e)
+    if not isinstance(e, RuntimeError) or not any(s in text for s in _PEER_GONE):
+        return None
+    where = re.search(r"peer \[([0-9a-fA-F.:]+)\]", text)
+    at = f" at {where.group(1)}" if where else ""
+    return PeerLost(f"lost the connection to another worker{at} (it crashed, was killed or its machine is "
+                    f"down): stopped; that worker's log says why")
 
 
 def say_error(message: str) -> None:
@@ -30,12 +50,16 @@ def say_error(message: str) -> None:
 
 @contextmanager
 def report_user_error() -> Iterator[None]:
-    """Turn a ValueError (bad user input, by convention) into `error: ...` on stderr and exit 2.
+    """Turn a ValueError (bad user input, by convention) into `error: ...` on stderr and exit 2, and
+    a PeerLost into one line and exit 1.
 
     COMPBENCH_DEBUG=1 shows the traceback instead.
     """
     try:
         yield
+    except PeerLost as e:
+        say_error(str(e))
+        sys.exit(PEER_LOST_EXIT)
     except ValueError as e:
         if os.environ.get("COMPBENCH_DEBUG"):
             raise

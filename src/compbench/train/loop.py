@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from compbench import registry
 from compbench.data.loader import ShardedLoader
+from compbench.errors import as_peer_lost
 from compbench.train.build import build_compressor_and_selection, build_datasets, build_memory, build_model
 from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from compbench.train.metrics import (
@@ -46,7 +47,13 @@ def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
         run_dir = Path(engine.broadcast_object(str(prepare_run_dir(cfg)) if engine.rank == 0 else None))
     # No teardown handshake when this rank fails or is interrupted: its peers may be gone already
     # (Ctrl-C reaches every rank), and the barrier would raise a connection error over the Ctrl-C.
-    results = Trainer(cfg, engine, run_dir).fit()
+    try:
+        results = Trainer(cfg, engine, run_dir).fit()
+    except RuntimeError as e:
+        lost = as_peer_lost(e)
+        if lost is None:
+            raise
+        raise lost from e
     engine.shutdown()
     return results
 
