@@ -18,8 +18,9 @@ from compbench.engines.base import EngineBase, Handle
 class ThreadWorld:
     """The shared rendezvous of `size` ranks: `exchange` is an all-gather of Python objects."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, local_size: int | None = None) -> None:
+        """`local_size` ranks per emulated node (consecutive ranks; default: one node)."""
+        self.size, self.local_size = size, local_size or size
         self.barrier = threading.Barrier(size, timeout=120)
         self.slots: list[Any] = [None] * size
 
@@ -56,7 +57,8 @@ class ThreadWorld:
 
 class ThreadEngine(EngineBase):
     def __init__(self, world: ThreadWorld, rank: int, name: str) -> None:
-        self.world, self.rank, self.size, self.local_rank, self.name = world, rank, world.size, rank, name
+        self.world, self.rank, self.size, self.name = world, rank, world.size, name
+        self.local_rank, self.local_size = rank % world.local_size, world.local_size
 
     def _all(self, obj: Any) -> list[Any]:
         return self.world.exchange(self.rank, obj)

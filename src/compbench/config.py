@@ -121,6 +121,7 @@ def check(cfg: DictConfig) -> DictConfig:
     memory = build_memory(cfg, np)
     compat.check(picked, compressor.caps, memory.traits, comm_cls.traits,
                  registry.locate(cfg.scheduler._target_).traits, registry.plain(cfg.optim))
+    _check_one_machine(picked, comm_cls.traits)
     registry.build(cfg.scheduler)  # e.g. scheduler.groups=foo stops here, before any output exists
     _check_dataset(cfg)
     if cfg.model.get("pretrained"):
@@ -129,6 +130,16 @@ def check(cfg: DictConfig) -> DictConfig:
 
     check_resume(cfg)  # last: the checkpoint's run is compared with this one as normalized above
     return cfg
+
+
+def _check_one_machine(picked: dict[str, str], comm: Any) -> None:
+    from compbench.launch import external_engine
+
+    if comm.between_machines and external_engine() is None and picked["compressor"] != "none":
+        raise ValueError(f"comm={picked['comm']} compresses only between machines and compbench's launcher "
+                         f"runs every worker on this one, so compressor={picked['compressor']} would not be "
+                         "used; use comm=allgather here, or start across machines (compbench cluster run, "
+                         "horovodrun -H, torchrun --nnodes)")
 
 
 def _check_dataset(cfg: DictConfig) -> None:

@@ -69,7 +69,8 @@ def _train(cfg, run_dir) -> None:
         losses = trainer.recorder.history["train/loss"] if trainer.recorder else None
         return before, after, calls, losses, planned_dense
 
-    results = ThreadWorld(2).run(rank, name=cfg.choices["engine"])
+    # Two emulated machines of one worker each: comm=hierarchical exchanges between them.
+    results = ThreadWorld(2, local_size=1).run(rank, name=cfg.choices["engine"])
     for before, after, calls, losses, planned_dense in results:
         stale = [n for n, p in after.items() if torch.equal(p.detach(), before[n])]
         assert not stale, f"parameters not updated: {stale}"

@@ -27,7 +27,7 @@ class WireEngine(EngineBase):
     """One rank. Collectives run in the background on a single simulated wire: each finishes
     `delay_s` after the previous one (or after it started, if later). Records what was started."""
 
-    name, rank, size, local_rank = "wire", 0, 1, 0
+    name, rank, size, local_rank, local_size = "wire", 0, 1, 0, 1
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s, self.free_at = delay_s, 0.0

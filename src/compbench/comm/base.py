@@ -26,6 +26,8 @@ class CommTraits:
       ranks combine by the mean, without a collective protocol of their own.
     baseline: synchronizes by itself (DDP's hooks, Horovod's DistributedOptimizer): wraps the model
       and stands in for the scheduler; compbench's compressor, memory and scheduler are not used.
+    between_machines: compresses only what crosses between machines (hierarchical): on one machine,
+      where compbench's own launcher puts every worker, the compressor is not used.
     """
 
     engines: tuple[str, ...] = ("horovod", "torch")
@@ -33,6 +35,7 @@ class CommTraits:
     blocking: bool = False
     reencodes_sums: bool = False
     baseline: bool = False
+    between_machines: bool = False
 
 
 @runtime_checkable

@@ -45,7 +45,8 @@ class Engine(Protocol):
     name: str
     rank: int
     size: int
-    local_rank: int
+    local_rank: int  # rank within this machine (node); a node's ranks are local_size consecutive ranks
+    local_size: int
 
     def allreduce_async(self, t: Tensor, name: str, average: bool = True) -> Handle: ...
     def allgather_async(self, tensors: list[Tensor], name: str) -> Handle: ...

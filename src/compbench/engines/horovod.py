@@ -21,6 +21,7 @@ class HorovodEngine(EngineBase):
         self.hvd = hvd
         hvd.init()
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        self.local_size = hvd.local_size()
 
     # Horovod matches operations across ranks by name. Names only need to be unique among operations
     # in flight, and stable names (one per tensor) let Horovod's response cache skip negotiation.

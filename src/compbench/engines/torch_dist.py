@@ -38,6 +38,7 @@ class TorchEngine(EngineBase):
             )
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.size))
 
     def allreduce_async(self, t: Tensor, name: str, average: bool = True) -> Handle:
         out = t.clone()  # like Horovod: the caller's tensor is left alone
