@@ -36,6 +36,7 @@ def check_settings(cfg: DictConfig) -> None:
     _check_optim(cfg)
     _check_batch_fits_dataset(cfg)
     _check_output_dir(cfg)
+    _check_profiled_model(cfg)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -142,6 +143,17 @@ def _check_worker_count(np: int) -> None:
     if np > cores:
         warnings.warn(f"engine.np={np} workers share {cores} cores: steps will be slow and timings "
                       f"not representative", stacklevel=2)
+
+
+def _check_profiled_model(cfg: DictConfig) -> None:
+    if cfg.model.get("_target_") != "compbench.models.profiled.profiled":
+        return
+    require_number("model.backward_ms", cfg.model.backward_ms, 0, fix="milliseconds of backward, e.g. 100")
+    import torchvision
+
+    if cfg.model.arch not in torchvision.models.list_models(torchvision.models):
+        raise ValueError(f"model.arch={cfg.model.arch} is not a torchvision classification model; "
+                         "use e.g. model.arch=resnet50")
 
 
 def _check_optim(cfg: DictConfig) -> None:

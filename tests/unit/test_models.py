@@ -76,3 +76,24 @@ def test_cnn_shape_size_and_image_size_rule():
     assert cnn(num_classes=10, image_size=32, in_chans=3)(torch.zeros(1, 3, 32, 32)).shape == (1, 10)
     with pytest.raises(ValueError, match="model=cnn: image_size=30 must be a multiple of 4"):
         cnn(image_size=30)
+
+
+def test_profiled_model_has_the_architectures_gradients_in_backward_order():
+    import torchvision
+
+    from compbench.models.profiled import profiled
+
+    torch.manual_seed(0)
+    model = profiled("resnet50", backward_ms=1.0, num_classes=10, image_size=8)
+    reference = [p.shape for p in torchvision.models.resnet50(weights=None).parameters()]
+    assert [w.shape for w in model.weights] == reference and len(reference) == 161
+    assert sum(model.sleep_s) == pytest.approx(1e-3)
+    order = []
+    for i, w in enumerate(model.weights):
+        w.register_post_accumulate_grad_hook(lambda _, i=i: order.append(i))
+    fixed = model.grads[3].clone()
+    for _ in range(2):
+        model(torch.randn(2, 3, 8, 8)).sum().backward()
+        model.weights[3].grad.mul_(5)  # what a pipeline may do in place
+    assert order[:161] == list(range(160, -1, -1))  # last layer first, as back-propagation runs
+    assert torch.equal(model.grads[3], fixed)
