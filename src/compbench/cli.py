@@ -18,7 +18,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from compbench.errors import INTERRUPTED_EXIT, report_user_error
+from compbench.errors import INTERRUPTED_EXIT, PEER_LOST_EXIT, PeerLost, report_user_error, say_error
 
 _COMMANDS = ("train", "list", "launch", "bench", "plan", "report", "claims", "cluster")
 _USAGE = ("usage: compbench {train,list,launch,bench,plan,report,claims,cluster} [-m] [--cfg] "
@@ -135,7 +135,11 @@ def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = 
             warnings.warn(f"net.emulate_gbps is ignored under the {joined} launcher "
                           f"(it shapes jobs compbench starts)",
                           stacklevel=1)
-        run_worker(cfg, None)
+        try:
+            run_worker(cfg, None)
+        except PeerLost as e:
+            say_error(str(e))
+            return PEER_LOST_EXIT
         return 0
     run_dir = run_dir or prepare_run_dir(cfg, overrides)
     print(f"compbench: {cfg.engine.np} worker(s) on engine={cfg.choices['engine']}, output in {run_dir}",

@@ -13,14 +13,15 @@ INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a job stopped by Ctrl
 # Set by compbench's launcher for each worker: the worker writes its `error:` text there instead of
 # stderr, and the launcher prints it once (not once per rank).
 ERROR_FILE_ENV = "COMPBENCH_ERROR_FILE"
-PEER_LOST_EXIT = 1
+PEER_LOST_EXIT = 4  # a launcher that sees it waits for the failure that caused it
 # How gloo (torch's and Horovod's) and Horovod report that another rank's process is gone.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
               "Horovod has been shut down")
 
 
 class PeerLost(RuntimeError):
-    """Another rank is gone (killed, crashed, its machine down); this rank reports it in one line."""
+    """Another rank is gone (killed, crashed, its machine down): the worker says so in one line and
+    exits with PEER_LOST_EXIT (compbench.worker, and cli.train under an external launcher)."""
 
 
 def as_peer_lost(e: BaseException) -> PeerLost | None:
@@ -50,16 +51,12 @@ def say_error(message: str) -> None:
 
 @contextmanager
 def report_user_error() -> Iterator[None]:
-    """Turn a ValueError (bad user input, by convention) into `error: ...` on stderr and exit 2, and
-    a PeerLost into one line and exit 1.
+    """Turn a ValueError (bad user input, by convention) into `error: ...` on stderr and exit 2.
 
     COMPBENCH_DEBUG=1 shows the traceback instead.
     """
     try:
         yield
-    except PeerLost as e:
-        say_error(str(e))
-        sys.exit(PEER_LOST_EXIT)
     except ValueError as e:
         if os.environ.get("COMPBENCH_DEBUG"):
             raise

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from compbench.errors import ERROR_FILE_ENV
+from compbench.errors import ERROR_FILE_ENV, PEER_LOST_EXIT
 
 if TYPE_CHECKING:
     from compbench.netem import ShapedNamespace
@@ -244,18 +244,28 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
                 server.stop()
 
 
+_CAUSE_WAIT_S = 2.0
+
+
 def _watch(procs: list[subprocess.Popen], errors: Path) -> tuple[int, str]:
     """Wait for the workers; on the first failure stop the rest. The message is the failed
     worker's own `error:` text when it wrote one (see compbench.errors), else how it ended."""
+    cause_deadline = None
     while True:
         codes = [p.poll() for p in procs]
-        for rank, code in enumerate(codes):
-            if code not in (None, 0):
-                _stop(procs)
-                said = _read_error(errors / f"error.{rank}")
-                # Exit code 2 is a user error (a ValueError the worker explained).
-                return ((2 if code == 2 else 1),
-                        said or f"worker rank {rank} {_describe(code)}; all workers stopped")
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        # A worker that lost a peer is a consequence: report the peer's own failure (it is seen
+        # within moments: killed, or its error), unless none shows up.
+        cause = [f for f in failed if f[1] != PEER_LOST_EXIT]
+        if failed and not cause and cause_deadline is None:
+            cause_deadline = time.monotonic() + _CAUSE_WAIT_S
+        if cause or (failed and time.monotonic() > cause_deadline):
+            rank, code = (cause or failed)[0]
+            _stop(procs)
+            said = _read_error(errors / f"error.{rank}")
+            # Exit code 2 is a user error (a ValueError the worker explained).
+            return ((2 if code == 2 else 1),
+                    said or f"worker rank {rank} {_describe(code)}; all workers stopped")
         if all(c == 0 for c in codes):
             return 0, ""
         time.sleep(0.1)

@@ -10,7 +10,7 @@ from typing import NoReturn
 
 
 def main(argv: list[str] | None = None) -> int:
-    from compbench.errors import report_user_error, say_error
+    from compbench.errors import PEER_LOST_EXIT, PeerLost, report_user_error, say_error
 
     try:
         # Imports inside the guard: Ctrl-C often lands while torch is still being imported.
@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
             run_worker(cfg, run_dir)
     except KeyboardInterrupt:  # Ctrl-C reaches every worker: stop quietly, the launcher reports it
         return 130
+    except PeerLost as e:  # another worker failed first; the launcher reports that one
+        say_error(str(e))
+        return PEER_LOST_EXIT
     except FloatingPointError as e:  # on_nonfinite=raise: the message names the tensor and the fix
         say_error(str(e))
         return 3
