@@ -1,0 +1,111 @@
+"""The what-if model measured: step times on emulated clusters (`compbench cluster`) for the report.
+
+    python scripts/whatif_cluster.py                  # the grid below (root; ~1 h on 2 cores)
+    python scripts/whatif_cluster.py --nodes 2 --gbps 1 --workers 2,4 --compressors dgc --comms hierarchical
+
+Every row is a real job: `horovodrun -np N -H n1:N/K,...` inside a K-node cluster whose node links
+carry G Gbit/s each way, training model=profiled (ResNet-50's 161 gradients, 25.6M elements, a
+backward that sleeps 100 ms split by layer: N workers on 2 cores measure communication and
+compression, not a fight over compute) for `--steps` steps, without overlap (scheduler.overlap=false:
+the report's model assumes none). The step time is the median after the warm-up steps
+(results.json). Rows go to outputs/whatif_cluster/rows.csv as they finish (a row already there is
+not run again), one run folder each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from compbench.cluster import nodes
+from compbench.cluster.nodes import Cluster
+
+OUT = Path("outputs/whatif_cluster")
+FIELDS = ["nodes", "gbps", "workers", "compressor", "comm", "step_ms", "compute_ms", "compress_ms",
+          "decompress_ms", "optimizer_ms", "comm_ms", "bytes_sent_per_step", "bytes_dense_per_step",
+          "compressed_calls_per_step", "dense_calls_per_step", "run_dir"]
+WORKLOAD = ["model=profiled", "model.backward_ms=100", "dataset=synthetic", "dataset.image_size=8",
+            "dataset.train_size=4096", "batch_size=8", "epochs=1", "eval=false", "checkpoint=false",
+            "progress=false", "optim.lr_schedule=constant", "scheduler.overlap=false", "ratio=0.001"]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",")]
+
+
+def measure_row(cluster: Cluster, workers: int, compressor: str, comm: str, steps: int) -> dict:
+    per_node = workers // cluster.nodes
+    hosts = ",".join(f"{cluster.host(i)}:{per_node}" for i in range(1, cluster.nodes + 1))
+    run_dir = (OUT / f"k{cluster.nodes}-g{cluster.gbps:g}" / f"n{workers}-{compressor}-{comm}").resolve()
+    bin_dir = Path(sys.executable).parent
+    cmd = [*cluster.exec_prefix(1), str(bin_dir / "horovodrun"), "-np", str(workers), "-H", hosts,
+           str(bin_dir / "compbench"), "train", *WORKLOAD, f"max_steps={steps}", f"compressor={compressor}",
+           f"comm={comm}", f"output_dir={run_dir}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{compressor}/{comm} N={workers}: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+    summary = json.loads((run_dir / "results.json").read_text())["summary"]
+    row = {"nodes": cluster.nodes, "gbps": cluster.gbps, "workers": workers, "compressor": compressor,
+           "comm": comm, "run_dir": str(run_dir)}
+    row.update({k: summary.get(k) for k in FIELDS if k not in row})
+    return row
+
+
+def _done(path: Path) -> set[tuple]:
+    if not path.exists():
+        return set()
+    with path.open() as f:
+        return {(int(r["nodes"]), float(r["gbps"]), int(r["workers"]), r["compressor"], r["comm"])
+                for r in csv.DictReader(f)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=_ints, default=[2, 4])
+    p.add_argument("--gbps", type=_floats, default=[1.0, 10.0])
+    p.add_argument("--workers", type=_ints, default=[2, 4, 8])
+    p.add_argument("--compressors", type=lambda s: s.split(","), default=["none", "fp16", "dgc", "dragonn"])
+    p.add_argument("--comms", type=lambda s: s.split(","), default=["allgather", "ps", "hierarchical"])
+    p.add_argument("--steps", type=int, default=12)
+    args = p.parse_args()
+    nodes.check_machine()
+    if nodes.leftovers():
+        raise SystemExit("error: a cluster is up (or left over); run `compbench cluster down` first")
+    OUT.mkdir(parents=True, exist_ok=True)
+    rows_csv = OUT / "rows.csv"
+    done = _done(rows_csv)
+    for k in args.nodes:
+        for gbps in args.gbps:
+            todo = [(n, c, m) for n in args.workers if n >= k and n % k == 0
+                    for c in args.compressors for m in args.comms if (k, gbps, n, c, m) not in done]
+            if not todo:
+                continue
+            cluster = Cluster(k, gbps, owner_pid=os.getpid())
+            nodes.create(cluster)
+            try:
+                for n, compressor, comm in todo:
+                    row = measure_row(cluster, n, compressor, comm, args.steps)
+                    new = not rows_csv.exists()
+                    with rows_csv.open("a", newline="") as f:
+                        writer = csv.DictWriter(f, FIELDS)
+                        if new:
+                            writer.writeheader()
+                        writer.writerow(row)
+                    print(f"K={k} G={gbps:g} N={n} {compressor}/{comm}: {row['step_ms']:.1f} ms", flush=True)
+            finally:
+                nodes.remove()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
