@@ -14,7 +14,8 @@ ASSUMPTIONS = """Assumptions of the model:
   decoding grows linearly with the number of payloads decoded (allgather decodes N, ring and PS
   about a constant amount);
 - no overlap of communication with back-propagation (an upper bound on the step time);
-- the payload size per rank does not depend on N (true for every compressor here).
+- the payload size per rank does not depend on N (true for every compressor here);
+- comm=hierarchical: N counts nodes (one payload per node), the copies inside a node are free.
 """
 
 
@@ -40,7 +41,10 @@ def ps_s(n: int, nbytes: float, alpha_s: float, bytes_per_s: float) -> float:
     return 2 * ((n - 1) * alpha_s + (n - 1) * shard / bytes_per_s)
 
 
-COMM_MODELS = {"allreduce": ring_allreduce_s, "allgather": allgather_s, "ps": ps_s, "ring": ring_allreduce_s}
+# hierarchical: N counts nodes (one payload per node crosses the network, as an allgather among the
+# leaders); its copies inside a node are not modelled.
+COMM_MODELS = {"allreduce": ring_allreduce_s, "allgather": allgather_s, "ps": ps_s, "ring": ring_allreduce_s,
+               "hierarchical": allgather_s}
 
 
 def break_even_workers(dense_bytes: float, sparse_bytes: float) -> float:
