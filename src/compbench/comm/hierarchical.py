@@ -93,10 +93,11 @@ class HierarchicalComm(BlockingComm):
 
     def _between_nodes(self, node_mean: Tensor, x: Tensor, name: str, memory: Memory) -> tuple[Tensor, int]:
         # One uint8 tensor per leader (header bytes, then the payload's bytes); the others send none.
-        packed, sent = torch.zeros(0, dtype=torch.uint8), 0
+        packed, sent = torch.zeros(0, dtype=torch.uint8, device=x.device), 0
         if self.is_leader:
             payload, ctx = encode(self.compressor, memory, node_mean.view(x.shape), name, self.stats)
-            packed = torch.cat([wire.header(payload).view(torch.uint8), wire.to_bytes(payload)])
+            packed = torch.cat([wire.header(payload).to(x.device).view(torch.uint8),
+                                wire.to_bytes(payload, x.device)])
             sent = payload_nbytes(payload)
         gathered = self.engine.allgather([packed], f"{name}.hier.x")
         if not self.is_leader:
