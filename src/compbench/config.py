@@ -9,13 +9,16 @@ from __future__ import annotations
 import importlib
 import inspect
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from compbench import registry
 from compbench.checks import check_settings
 from compbench.compressors.base import check_ratio
+
+if TYPE_CHECKING:
+    from compbench.comm.base import CommTraits
 
 GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "engine", "optim", "net")
 
@@ -132,7 +135,7 @@ def check(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def _check_one_machine(picked: dict[str, str], comm: Any) -> None:
+def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:
     from compbench.launch import external_engine
 
     if comm.between_machines and external_engine() is None and picked["compressor"] != "none":

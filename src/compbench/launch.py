@@ -119,7 +119,8 @@ def _torch_envs(np: int, store_dir: str) -> list[dict[str, str]]:
     ]
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
+def raise_interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM handler: stop as Ctrl-C does (the `except KeyboardInterrupt` clean-up runs)."""
     raise KeyboardInterrupt
 
 
@@ -225,7 +226,7 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
         extra = {"GLOO_SOCKET_IFNAME": "lo"}
         cmd = [*netns.prefix, *argv] if netns is not None else argv
         # `kill` of the launcher stops the job like Ctrl-C does, instead of orphaning the workers.
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        previous = signal.signal(signal.SIGTERM, raise_interrupt)
         try:
             for rank, env in enumerate(envs):
                 # THP: a fresh 100 MB CPU tensor costs ~40 ms of page faults without, ~6 ms with.

@@ -27,6 +27,7 @@ import psutil
 from compbench.cluster import nodes
 from compbench.cluster.nodes import Cluster
 from compbench.errors import INTERRUPTED_EXIT
+from compbench.launch import raise_interrupt
 
 _GRACE_S = 10.0
 
@@ -74,7 +75,7 @@ def main(argv: list[str]) -> int:
     if not command:
         raise ValueError("compbench cluster run needs a command after --, e.g. -- hostname")
     # `kill` of this process removes the cluster it built, as Ctrl-C does.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_interrupt)
     with _cluster_for_run(current, wanted) as cluster:
         return _run_on(cluster, command, range(1, cluster.nodes + 1) if args.each else [1])
 
@@ -107,10 +108,6 @@ def _cluster_for_run(current: Cluster | None, wanted: Cluster) -> Iterator[Clust
         yield cluster
     finally:
         nodes.remove()
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _default_sigint() -> None:

@@ -3,8 +3,8 @@ its own namespace `cbcl-sw`, each node's link shaped with tc, each node running 
 
 Layout (nothing outside these namespaces is touched but the files named here):
 - node i: namespace `cbcl-n<i>`, interface `eth0` with 10.213.7.<i>/24 (veth to the switch), its own
-  loopback up and unshaped (intra-node traffic), hostname `n<i>` in its /etc/hosts, and the machine's
-  hostname resolving to its own address there (as on a real host: gloo binds that address).
+  loopback up and unshaped (intra-node traffic), and a hostname `n<i>` of its own (a UTS namespace
+  per command, see `exec_prefix`) that every node's /etc/hosts resolves to its address.
 - the link of node i carries `gbps` Gbit/s each way: HTB on the node's eth0 (egress) and on the
   switch side of its veth (the node's ingress), plus `latency_us` one-way delay on the node side.
 - per-node configuration in /etc/netns/cbcl-n<i>/ (`ip netns exec` bind-mounts it over /etc): `hosts`

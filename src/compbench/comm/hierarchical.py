@@ -92,21 +92,15 @@ class HierarchicalComm(BlockingComm):
         return got.view(len(self.members), -1).to(flat.dtype).sum(0).div_(len(self.members))
 
     def _between_nodes(self, node_mean: Tensor, x: Tensor, name: str, memory: Memory) -> tuple[Tensor, int]:
-        # One uint8 tensor per leader (header bytes, then the payload's bytes); the others send none.
+        # One packed uint8 tensor per leader (header and payload bytes); the others send none.
         packed, sent = torch.zeros(0, dtype=torch.uint8, device=x.device), 0
         if self.is_leader:
             payload, ctx = encode(self.compressor, memory, node_mean.view(x.shape), name, self.stats)
-            packed = torch.cat([wire.header(payload).to(x.device).view(torch.uint8),
-                                wire.to_bytes(payload, x.device)])
-            sent = payload_nbytes(payload)
+            packed, sent = wire.pack(payload, x.device), payload_nbytes(payload)
         gathered = self.engine.allgather([packed], f"{name}.hier.x")
         if not self.is_leader:
             return node_mean, 0
-        head_bytes = wire.HEADER_LEN * 8
-        # clone: a leader's bytes may start at any offset of the gathered buffer; int64 needs 8.
-        payloads = [wire.from_bytes(gathered[r][0][head_bytes:],
-                                    wire.parse_header(gathered[r][0][:head_bytes].clone().view(torch.int64)))
-                    for r in self.leaders]
+        payloads = [wire.unpack(gathered[r][0]) for r in self.leaders]
         with self.stats.time("decompress"):
             return self.compressor.decompress_all(payloads, ctx).reshape(-1), sent
 

@@ -39,6 +39,17 @@ def to_bytes(payload: list[Tensor], device: torch.device | str = "cpu") -> Tenso
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
 
 
+def pack(payload: list[Tensor], device: torch.device | str = "cpu") -> Tensor:
+    """The payload as one uint8 tensor: its header's bytes, then the tensors' bytes (`unpack`)."""
+    return torch.cat([header(payload).to(device).view(torch.uint8), to_bytes(payload, device)])
+
+
+def unpack(packed: Tensor) -> list[Tensor]:
+    """The payload `pack` made (`packed` may start at any byte offset of a larger buffer)."""
+    head = packed[: HEADER_LEN * 8].clone().view(torch.int64)
+    return from_bytes(packed[HEADER_LEN * 8 :], parse_header(head))
+
+
 def from_bytes(blob: Tensor, specs: list[Spec]) -> list[Tensor]:
     out, pos = [], 0
     for numel, dtype in specs:
