@@ -127,18 +127,22 @@ def raise_interrupt(signum: int, frame: object) -> None:
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _worker_preexec(parent: int) -> Callable[[], None]:
+def _worker_preexec(parent: int, hold_sigint: bool) -> Callable[[], None]:
     """Run in each worker between fork and exec: die with the launcher, answer Ctrl-C.
 
     SIGKILL of the launcher cannot be caught, so the kernel must stop the workers
     (PR_SET_PDEATHSIG; it survives exec). SIGINT is reset to its default: a launcher started in the
     background (`cmd &`) ignores it and its children would inherit that, so stopping them with
-    SIGINT would wait out the grace period.
+    SIGINT would wait out the grace period. `hold_sigint` also blocks it (the mask survives exec):
+    a Ctrl-C that arrives while the interpreter starts stays pending until compbench.worker has
+    installed its handler and unblocks it, instead of a KeyboardInterrupt traceback from start-up.
     """
     libc = ctypes.CDLL(None, use_errno=True)
 
     def preexec() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if hold_sigint:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the launcher died before prctl took effect
             os._exit(1)
@@ -203,11 +207,11 @@ def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = Non
             delay = f", {latency_us:g} us one-way delay" if latency_us else ""
             print(f"compbench: shaped link {gbps:g} Gbit/s per worker ({np} x {gbps:g} on the loopback of "
                   f"network namespace {ns.name}{delay})", flush=True)
-        return run_processes(argv, engine, np, threads, netns=ns)
+        return run_processes(argv, engine, np, threads, netns=ns, hold_sigint=True)
 
 
 def run_processes(argv: list[str], engine: str, np: int, threads: int | None = None,
-                  netns: ShapedNamespace | None = None) -> tuple[int, str]:
+                  netns: ShapedNamespace | None = None, hold_sigint: bool = False) -> tuple[int, str]:
     """Run `argv` as `np` ranks of an `engine` job on this machine and watch them. With `netns`
     (a `compbench.netem.ShapedNamespace`) every rank runs inside it (`ip netns exec NAME argv`)."""
     server = None
@@ -233,7 +237,8 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
                 full = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, **env, **extra,
                         "OMP_NUM_THREADS": nthreads, "COMPBENCH_THREADS": nthreads,
                         ERROR_FILE_ENV: str(Path(store_dir) / f"error.{rank}")}
-                procs.append(subprocess.Popen(cmd, env=full, preexec_fn=_worker_preexec(os.getpid())))
+                preexec = _worker_preexec(os.getpid(), hold_sigint)
+                procs.append(subprocess.Popen(cmd, env=full, preexec_fn=preexec))
             return _watch(procs, Path(store_dir))
         except KeyboardInterrupt:
             _stop(procs, signal.SIGINT)

@@ -8,12 +8,18 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from compbench.errors import INTERRUPTED_EXIT
+
 
 def main(argv: list[str] | None = None) -> int:
     from compbench.errors import PEER_LOST_EXIT, PeerLost, report_user_error, say_error
 
     try:
-        # Imports inside the guard: Ctrl-C often lands while torch is still being imported.
+        # The launcher started this process with SIGINT blocked: a Ctrl-C of the start-up is
+        # pending and lands here, inside the guard.
+        signal.signal(signal.SIGINT, _stop_on_ctrl_c)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        # The heavy imports after the handler: Ctrl-C often lands while torch is being imported.
         from omegaconf import OmegaConf
 
         from compbench.train.loop import run_worker
@@ -22,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
         with report_user_error():
             run_worker(cfg, run_dir)
-    except KeyboardInterrupt:  # Ctrl-C reaches every worker: stop quietly, the launcher reports it
-        return 130
+    except KeyboardInterrupt:  # only before the handler is in place (a worker started by hand)
+        return INTERRUPTED_EXIT
     except PeerLost as e:  # another worker failed first; the launcher reports that one
         say_error(str(e))
         return PEER_LOST_EXIT
@@ -33,12 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _interrupt_once(signum: int, frame: object) -> None:
-    """Ctrl-C reaches a worker twice: from the terminal (the whole process group) and again from
-    the launcher, which forwards it. The first stops the worker; a second landing while it winds
-    down (or in exit_now) would print a KeyboardInterrupt traceback over the launcher's message."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
+def _stop_on_ctrl_c(signum: int, frame: object) -> None:
+    """Ctrl-C reaches every worker (from the terminal, and again from the launcher, which forwards
+    it) and the launcher reports it: end at once, quietly. A KeyboardInterrupt instead would surface
+    wherever the signal lands: a traceback from an import (numpy then fails with "cannot load module
+    more than once"), a weakref callback ("Exception ignored in"), or the second Ctrl-C while the
+    first unwinds. Nothing needs unwinding: checkpoints and results are written atomically, and the
+    worker ends with os._exit anyway (exit_now)."""
+    os._exit(INTERRUPTED_EXIT)
 
 
 def exit_now(code: int) -> NoReturn:
@@ -51,5 +59,4 @@ def exit_now(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, _interrupt_once)
     exit_now(main())
