@@ -108,7 +108,7 @@ def load_google_mixer_npz(model: nn.Module, path: str, model_name: str) -> None:
                 raise _mismatch(path, model_name,
                                 f"{gname} has shape {tuple(a.shape)}, the model {tuple(t.shape)}")
             t.copy_(a)
-        head = getattr(model, "head", None)
+        head = model.head  # nn.Identity when the model has no classifier (num_classes=0)
         if (isinstance(head, nn.Linear) and "head/bias" in w and "head/kernel" in w
                 and w["head/bias"].shape[-1] == head.out_features):
             head.weight.copy_(torch.from_numpy(w["head/kernel"]).T)
