@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.setup-done
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 APT_FASHION_MNIST := apt-get update && apt-get install -y dataset-fashion-mnist
 
-.PHONY: setup dataset sshd train test test-fast test-slow lint clean
+.PHONY: setup dataset sshd kernels train test test-fast test-slow lint clean
 
 # Re-run the installs only when the package definition changes (second run: no installs).
 $(STAMP): pyproject.toml scripts/build_horovod.sh
@@ -17,7 +17,13 @@ $(STAMP): pyproject.toml scripts/build_horovod.sh
 	PYTHON=$(PY) bash scripts/build_horovod.sh
 	touch $(STAMP)
 
-setup: $(STAMP) dataset sshd
+setup: $(STAMP) dataset sshd kernels
+
+# The CPU kernels (extensions/cpu/kernels.cpp, a torch C++ extension, ~30 s): built once per source,
+# torch version and CPU into ~/.cache/compbench/cpu_kernels/; a failed build is a note (the torch twins
+# run), and tests/unit/test_cpu_kernels.py fails where a compiler exists but nothing was built.
+kernels: $(STAMP)
+	@$(PY) -c 'from compbench.kernels.cpu import main; main()'
 
 # Fashion-MNIST (dataset=fashion_mnist, compbench claims) from Debian's package: installed when it is
 # missing and this is root with apt-get; otherwise (or if apt fails) the command is printed and setup

@@ -178,6 +178,7 @@ def format_table(report: dict[str, Any]) -> str:
         f"load {env['load_average_before'][0]:.2f} -> {env['load_average_after'][0]:.2f}; "
         f"median of {report['config']['repeats']} ms (min in the JSON), '!' = spread > "
         f"{report['config']['spread_limit']:.0%}",
+        f"cpu kernels: {env['cpu_kernels']}",
     ]
     for f in report["floors"]:
         topk = ", ".join(f"torch.topk r={r} {_ms(s['median'])}" for r, s in f["topk_ms"].items())

@@ -91,6 +91,8 @@ def matrix_shape(n: int) -> tuple[int, ...]:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
+    from compbench.kernels import cpu as cpu_kernels
+
     """What the numbers depend on: threads, allocator, load, versions, processor, device."""
     import numpy
 
@@ -110,6 +112,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "numpy": numpy.__version__,
         "device": str(device),
+        "cpu_kernels": cpu_kernels.status(),  # compiled extension, or the torch twins and why
     }
     try:
         from importlib.metadata import version

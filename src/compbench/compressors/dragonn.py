@@ -19,7 +19,7 @@ from compbench.compressors.sparse import (
     sparse_payload,
     stable_seed,
 )
-from compbench.kernels import cuda_kernels_enabled
+from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
 
 _M32 = 0xFFFFFFFF
 
@@ -90,8 +90,9 @@ def _select(
     in increasing index order (last writer wins) leaves; the CUDA kernel gets the same table with
     atomicMax, so GPU and CPU select identical sets. (The reference lets an arbitrary GPU writer win.)
     Empty slots hold -1, so element 0 can be selected (the reference marks empty slots with 0 and so
-    never sends element 0). On CPU only the candidates are hashed: `AbsIndex` finds them from
-    per-block maxima (about 2.5 read passes at n = 25M), numpy hashes the ~k of them.
+    never sends element 0). On CPU the compiled kernel (`kernels.cpu`) does the same in one pass
+    (blocks of 64 below the threshold skipped, atomic max per slot); its twin below hashes only the
+    candidates: `AbsIndex` finds them from per-block maxima, numpy hashes the ~k of them.
     """
     flat = x.detach().reshape(-1)
     if cuda_kernels_enabled(flat):
@@ -99,6 +100,9 @@ def _select(
 
         table = ops.dragonn_select(flat, float(threshold), slots, seed)
         return table[table >= 0].long()
+    if cpu_kernels_enabled(flat):
+        table = cpu.dragonn_select(flat, float(threshold), slots, seed)
+        return table[table >= 0]
     cand = AbsIndex(flat, ws, density=density).indices_ge(threshold)
     table = torch.full((slots,), -1, dtype=torch.int64, device=flat.device)
     if cand.numel():

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from compbench.compressors.base import CompressorBase, Ctx
 from compbench.compressors.buffers import check_out
-from compbench.kernels import cuda_kernels_enabled
+from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
 
 __all__ = [
     "packed_nbytes",
@@ -99,10 +99,13 @@ _SIGN_CHUNK = 1 << 17
 def pack_signs(flat: Tensor) -> tuple[Tensor, Tensor]:
     """(packed bits of `flat < 0`, sum of abs(flat) as a 1-element fp32 tensor) of a flat fp32 tensor.
 
-    CPU: one chunked pass (compare, pack, abs, sum per L2-sized chunk), ~2.5x faster than a mask
-    pass, `packbits` and `vector_norm` over the whole tensor at n = 25M. CUDA: the pack kernel when
+    CPU: the compiled kernel (`kernels.cpu`, one read); its twin is one chunked numpy pass (compare,
+    pack, abs, sum per L2-sized chunk), ~2.5x faster than a mask pass, `packbits` and `vector_norm`
+    over the whole tensor at n = 25M. CUDA: the pack kernel when
     CuPy is installed; otherwise torch. Zero and NaN are not negative: their bit is 0.
     """
+    if cpu_kernels_enabled(flat):
+        return cpu.pack_signs(flat)
     if _on_cpu(flat) and flat.dtype == torch.float32 and flat.is_contiguous():
         return _pack_signs_numpy(flat.numpy())
     total = flat.abs().sum().reshape(1)

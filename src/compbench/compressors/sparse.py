@@ -28,7 +28,7 @@ from torch import Tensor
 
 from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, num_selected
 from compbench.compressors.buffers import acc_dtype, check_out
-from compbench.kernels import cuda_kernels_enabled
+from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
 
 _MASK64 = (1 << 64) - 1
 
@@ -117,15 +117,17 @@ class AbsIndex:
 
     The compaction every sparsifier needs. On CPU, for sparse selections (the expected fraction
     `density` of elements passing below ~0.5%), one summary pass computes the largest magnitude of
-    each block of 64 contiguous elements (`amax` and `amin` row reductions: ~2.5 read passes at
-    n = 25M, nothing written but n/64 floats); a query then re-reads only the blocks whose maximum
-    reaches t (~64 * density of them) and compacts inside them. A second threshold (DGC's
-    adaptation, the exact top-k's retries) costs almost nothing. Dense selections, small tensors and
-    other dtypes take one abs + compare + `flatnonzero` pass per query instead. CUDA tensors take the
+    each block of 64 contiguous elements (the compiled `block_absmax`, one read pass; its twin
+    `amax` and `amin` row reductions take ~2.5 at n = 25M; nothing written but n/64 floats); a
+    query then re-reads only the blocks whose maximum reaches t (~64 * density of them) and compacts
+    inside them. A second threshold (DGC's adaptation, the exact top-k's retries) costs almost
+    nothing. Dense selections, small tensors and other dtypes take one abs + compare +
+    `flatnonzero` pass per query instead. CUDA tensors take the
     compaction kernel when CuPy is installed, else `torch.nonzero`.
 
-    NaN elements never pass (`NaN >= t` is false), as in the plain comparison; a block whose summary
-    is NaN is always re-read, so a NaN cannot hide a passing element beside it.
+    NaN elements never pass (`NaN >= t` is false), as in the plain comparison; the twin's summary of
+    a block holding a NaN is NaN and the block is always re-read, so a NaN cannot hide a passing
+    element beside it (the kernel's maxima skip NaN elements instead).
     """
 
     def __init__(self, x: Tensor, ws: Workspace, density: float = 0.0) -> None:
@@ -152,13 +154,18 @@ class AbsIndex:
         if self._blocks:
             nb = n // _BLOCK
             rows = self.flat[: nb * _BLOCK].view(nb, _BLOCK)
-            hi = ws.get(nb, torch.float32, "cpu", "blockmax")
-            lo = ws.get(nb, torch.float32, "cpu", "blockmin")
-            torch.amax(rows, dim=1, out=hi)
-            torch.amin(rows, dim=1, out=lo)
-            self._bmax = np.maximum(hi.numpy(), np.negative(lo.numpy(), out=lo.numpy()), out=hi.numpy())
             self._rows = rows.numpy()
             self._tail = self.flat[nb * _BLOCK :].numpy()
+            self._bmax = self._block_maxima(rows)
+
+    def _block_maxima(self, rows: Tensor) -> np.ndarray:
+        if cpu_kernels_enabled(self.flat):  # one read pass; NaN-free maxima select the same blocks
+            return cpu.block_absmax(self.flat).numpy()
+        hi = self.ws.get(rows.shape[0], torch.float32, "cpu", "blockmax")
+        lo = self.ws.get(rows.shape[0], torch.float32, "cpu", "blockmin")
+        torch.amax(rows, dim=1, out=hi)
+        torch.amin(rows, dim=1, out=lo)
+        return np.maximum(hi.numpy(), np.negative(lo.numpy(), out=lo.numpy()), out=hi.numpy())
 
     def indices_ge(self, threshold: float | Tensor) -> Tensor:
         """Flat indices (int64, ascending on CPU) of the elements with abs(x) >= threshold."""

@@ -1,10 +1,11 @@
 """CUDA hot paths as CuPy RawKernels (sources in `extensions/cuda/*.cu`), used for CUDA tensors when
-CuPy is installed (`pip install .[gpu]`).
+CuPy is installed (`pip install .[gpu]`); CPU hot paths as a torch C++ extension
+(`extensions/cpu/kernels.cpp`, built by `make setup`: `compbench.kernels.cpu`).
 
 Nothing here imports CuPy until a CUDA tensor asks for a kernel: CPU paths never touch it. Every
 kernel has a pure-torch twin (`compbench.kernels.twins` or the compressor's own torch path) with the
 same semantics, which runs wherever CuPy or CUDA is missing and which the parity tests compare it to.
-`COMPBENCH_KERNELS=0` forces the torch twins on CUDA too (debugging, A/B timing).
+`COMPBENCH_KERNELS=0` forces the torch twins on both devices (debugging, A/B timing).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 from functools import cache
 
 from torch import Tensor
+
+from compbench.kernels.cpu import enabled as cpu_kernels_enabled
 
 
 def cuda_kernels_enabled(t: Tensor) -> bool:
@@ -31,4 +34,4 @@ def _cupy_importable() -> bool:
     return True
 
 
-__all__ = ["cuda_kernels_enabled"]
+__all__ = ["cpu_kernels_enabled", "cuda_kernels_enabled"]

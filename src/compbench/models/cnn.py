@@ -3,9 +3,9 @@
 conv 3x3 (16) -> max-pool -> conv 3x3 (32) -> max-pool -> fc 128 -> fc classes, ReLU, no BatchNorm:
 0.21M parameters at width 16 (the default), ~1.2M multiply-adds per 28x28 image (resnet20: ~30M).
 It exists for the claims suite's budget: on 2 CPU cores resnet20 trains ~180 samples/s, too slow to
-take 40+ runs past 90% on Fashion-MNIST in 90 minutes; this net reaches 90% in 3 epochs. Its layers are the shapes the
-claims need: two conv kernels (ATOMO's and PowerSGD's matrices) and a 1568x128 fc matrix that
-dominates the bytes (top-k at 1% keeps ~2,000 of its 200,700 entries).
+take 40+ runs past 90% on Fashion-MNIST in 90 minutes; this net reaches 90% in 3 epochs. Its layers
+are the shapes the claims need: two conv kernels (ATOMO's and PowerSGD's matrices) and a 1568x128 fc
+matrix that dominates the bytes (top-k at 1% keeps ~2,000 of its 200,700 entries).
 """
 
 from __future__ import annotations

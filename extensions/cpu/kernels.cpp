@@ -1,0 +1,183 @@
+// compbench's CPU hot paths as torch operators (torch.ops.compbench_cpu.*), each one pass over the
+// gradient. Built by `make setup` (compbench.kernels.cpu); the pure-torch/numpy code they replace is
+// their twin, fallback and test oracle (tests/unit/test_cpu_kernels.py).
+//
+// Threads: ATen's parallel_for, i.e. torch's own OpenMP pool, so torch.set_num_threads (compbench's
+// `threads` setting) governs these kernels too. Results never depend on the number of threads: the
+// DRAGONN table keeps the largest index per slot (atomic max), sums are taken per fixed chunk and
+// added in chunk order.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// Elements per block of the threshold scans: 4 cache lines, whose maximum is one vector reduction;
+// a block below the threshold is skipped, one that reaches it is re-read from L1.
+constexpr int64_t kBlock = 64;
+// Bytes of packed signs per chunk of pack_signs (131072 elements): the unit of parallel work and of
+// the fixed summation order.
+constexpr int64_t kSignChunkBytes = 16384;
+
+void check_flat_f32(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "compbench_cpu.", op, " takes a contiguous CPU fp32 tensor, got ", x.scalar_type(),
+              x.is_contiguous() ? "" : " (not contiguous)", " on ", x.device());
+}
+
+inline uint32_t rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+
+// MurmurHash3_x86_32 of one 4-byte little-endian key (compressors/dragonn.py: murmur3_32).
+inline uint32_t murmur3_32(uint32_t key, uint32_t seed) {
+  uint32_t k = key * 0xCC9E2D51u;
+  k = rotl32(k, 15) * 0x1B873593u;
+  uint32_t h = rotl32(seed ^ k, 13) * 5u + 0xE6546B64u;
+  h ^= 4u;  // length in bytes
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+
+// Largest abs over p[0..m); NaN elements are ignored (they never pass a threshold either).
+inline float absmax(const float* p, int64_t m) {
+  float hi = 0.f;
+  int64_t j = 0;
+#if defined(__AVX2__)
+  // max_ps(a, b) returns b when a is NaN: NaN elements drop out, as in the scalar loop.
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 h0 = _mm256_setzero_ps(), h1 = _mm256_setzero_ps();
+  for (; j + 16 <= m; j += 16) {
+    h0 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p + j)), h0);
+    h1 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p + j + 8)), h1);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(h0, h1));
+  for (float v : lanes) hi = v > hi ? v : hi;
+#endif
+  for (; j < m; ++j) {
+    const float a = std::fabs(p[j]);
+    hi = a > hi ? a : hi;
+  }
+  return hi;
+}
+
+// One byte of sign bits (bit j = v[j] < 0; zero and NaN: 0) of 8 floats, and their abs added to
+// `lane` (8 fp64 lanes, one per position).
+inline unsigned sign_byte(const float* v, double* lane) {
+#if defined(__AVX2__)
+  const __m256 x = _mm256_loadu_ps(v);
+  const unsigned bits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ)));
+  const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
+  _mm256_storeu_pd(lane, _mm256_add_pd(_mm256_loadu_pd(lane), _mm256_cvtps_pd(_mm256_castps256_ps128(a))));
+  _mm256_storeu_pd(lane + 4, _mm256_add_pd(_mm256_loadu_pd(lane + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1))));
+  return bits;
+#else
+  unsigned bits = 0;
+  for (int j = 0; j < 8; ++j) {
+    bits |= static_cast<unsigned>(v[j] < 0.f) << j;
+    lane[j] += std::fabs(v[j]);
+  }
+  return bits;
+#endif
+}
+
+inline void atomic_max(int64_t* slot, int64_t value) {
+  int64_t seen = __atomic_load_n(slot, __ATOMIC_RELAXED);
+  while (seen < value &&
+         !__atomic_compare_exchange_n(slot, &seen, value, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
+// int64 table of `slots` entries: slot murmur3_32(i, seed) % slots holds the largest i with
+// abs(x_i) >= threshold, -1 if none (twin: compressors.dragonn._select's CPU path; CUDA: dragonn.cu).
+at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, int64_t seed) {
+  check_flat_f32(x, "dragonn_select");
+  TORCH_CHECK(slots > 0, "dragonn_select: slots=", slots, " must be positive");
+  TORCH_CHECK(x.numel() < (int64_t{1} << 32), "dragonn_select: hashes 32-bit indices; split the tensor");
+  at::Tensor table = at::full({slots}, -1, x.options().dtype(at::kLong));
+  const float* p = x.data_ptr<float>();
+  int64_t* t = table.data_ptr<int64_t>();
+  const float thr = static_cast<float>(threshold);
+  const uint32_t s = static_cast<uint32_t>(seed);
+  const uint64_t m = static_cast<uint64_t>(slots);
+  const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+  at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
+      if (absmax(p + lo, hi - lo) < thr) continue;  // NaN threshold: never skipped, nothing passes
+      for (int64_t i = lo; i < hi; ++i) {
+        if (std::fabs(p[i]) >= thr) atomic_max(t + murmur3_32(static_cast<uint32_t>(i), s) % m, i);
+      }
+    }
+  });
+  return table;
+}
+
+// fp32, n / 64 entries: the largest abs of each whole block of 64 elements, NaN ignored (the tail of
+// n % 64 elements has no entry). sparse.AbsIndex's summary; twin: amax(abs) of the rows.
+at::Tensor block_absmax(const at::Tensor& x) {
+  check_flat_f32(x, "block_absmax");
+  const int64_t blocks = x.numel() / kBlock;
+  at::Tensor out = at::empty({blocks}, x.options());
+  const float* p = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) o[b] = absmax(p + b * kBlock, kBlock);
+  });
+  return out;
+}
+
+// (uint8 bits, bit j of byte i = x[8i + j] < 0 (zero and NaN: 0), sum of abs(x) as a 1-element fp32
+// tensor): the sign pass of signsgd/efsignsgd, one read. Twin: packing._pack_signs_numpy.
+std::tuple<at::Tensor, at::Tensor> pack_signs(const at::Tensor& x) {
+  check_flat_f32(x, "pack_signs");
+  const int64_t n = x.numel(), nbytes = (n + 7) / 8, whole = n / 8;
+  at::Tensor packed = at::empty({nbytes}, x.options().dtype(at::kByte));
+  const float* p = x.data_ptr<float>();
+  uint8_t* out = packed.data_ptr<uint8_t>();
+  const int64_t chunks = (nbytes + kSignChunkBytes - 1) / kSignChunkBytes;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t first = c * kSignChunkBytes, last = std::min(whole, first + kSignChunkBytes);
+      // Eight independent fp64 lanes (one per bit position): vectorizable, and exact enough for a
+      // sum of 131072 magnitudes.
+      double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t i = first; i < last; ++i) out[i] = static_cast<uint8_t>(sign_byte(p + 8 * i, lane));
+      double sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+      if (whole < nbytes && first <= whole && whole < first + kSignChunkBytes) {  // a partial last byte
+        unsigned bits = 0;
+        for (int64_t k = 8 * whole; k < n; ++k) {
+          bits |= static_cast<unsigned>(p[k] < 0.f) << (k - 8 * whole);
+          sum += std::fabs(p[k]);
+        }
+        out[whole] = static_cast<uint8_t>(bits);
+      }
+      partial[static_cast<size_t>(c)] = sum;
+    }
+  });
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return {packed, at::full({1}, static_cast<float>(total), x.options())};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(compbench_cpu, m) {
+  m.def("dragonn_select(Tensor x, float threshold, int slots, int seed) -> Tensor", &dragonn_select);
+  m.def("block_absmax(Tensor x) -> Tensor", &block_absmax);
+  m.def("pack_signs(Tensor x) -> (Tensor, Tensor)", &pack_signs);
+}

@@ -1,0 +1,121 @@
+"""The CPU hot paths as a torch C++ extension (`extensions/cpu/kernels.cpp`, ops `torch.ops.compbench_cpu.*`).
+
+`make setup` builds it (`make kernels`: `compbench.kernels.cpu.main`, ~30 s) into
+~/.cache/compbench/cpu_kernels/KEY/, KEY a hash of the source, torch's version, the flags and the
+CPU model (the code is built for this CPU: -march=native). Processes load the built library; nothing
+compiles at run time, so a job's workers never race to build it. Where it is not built, or with
+`COMPBENCH_KERNELS=0`, the compressors run their torch/numpy twins (same results), and
+`status()` says so: `compbench bench` records it in its environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+NAME = "compbench_cpu"
+FLAGS = ("-O3", "-march=native", "-std=c++17")
+
+
+def source() -> Path:
+    """`extensions/cpu/kernels.cpp` of the repository (editable install) or $COMPBENCH_CPU_SOURCE."""
+    env = os.environ.get("COMPBENCH_CPU_SOURCE")
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "extensions" / "cpu" / "kernels.cpp"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build_dir() -> Path:
+    key = hashlib.sha256()
+    for part in (source().read_bytes(), torch.__version__.encode(), " ".join(FLAGS).encode(),
+                 _cpu_model().encode(), platform.machine().encode()):
+        key.update(part)
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "compbench" / "cpu_kernels"
+    return root / key.hexdigest()[:16]
+
+
+def library() -> Path:
+    return build_dir() / f"{NAME}.so"
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the extension unless this exact build exists; returns the library's path."""
+    lib = library()
+    if lib.is_file():
+        return lib
+    import ninja  # the pip package: torch's builder runs `ninja` from PATH, which may not hold the venv's
+    from torch.utils.cpp_extension import load
+
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    load(name=NAME, sources=[str(source())], extra_cflags=list(FLAGS), build_directory=str(lib.parent),
+         is_python_module=False, verbose=verbose)
+    return lib
+
+
+@cache
+def _load() -> str | None:
+    """Load the built library once per process; None when loaded, else why not."""
+    if not source().is_file():
+        return f"no source at {source()}"
+    lib = library()
+    if not lib.is_file():
+        return "not built (make kernels)"
+    torch.ops.load_library(str(lib))
+    return None
+
+
+def enabled(t: Tensor) -> bool:
+    """Whether `t` is a contiguous fp32 CPU tensor and the compiled kernels are loaded (and not
+    disabled by COMPBENCH_KERNELS=0, which selects the twins for A/B timing and the parity tests)."""
+    return (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+            and os.environ.get("COMPBENCH_KERNELS", "1") != "0" and _load() is None)
+
+
+def status() -> str:
+    """'compiled: PATH', or 'torch twins: WHY'."""
+    if os.environ.get("COMPBENCH_KERNELS", "1") == "0":
+        return "torch twins: COMPBENCH_KERNELS=0"
+    why = _load()
+    return f"compiled: {library()}" if why is None else f"torch twins: {why}"
+
+
+def dragonn_select(flat: Tensor, threshold: float, slots: int, seed: int) -> Tensor:
+    """int64 table: slot murmur3_32(i, seed) % slots holds the largest i with |x_i| >= threshold,
+    -1 if none. Twin: `compressors.dragonn._select`'s CPU path."""
+    return torch.ops.compbench_cpu.dragonn_select(flat, threshold, slots, seed)
+
+
+def block_absmax(flat: Tensor) -> Tensor:
+    """fp32: the largest abs of each whole block of 64 elements, NaN ignored. Twin: AbsIndex's amax/amin."""
+    return torch.ops.compbench_cpu.block_absmax(flat)
+
+
+def pack_signs(flat: Tensor) -> tuple[Tensor, Tensor]:
+    """(packed bits of flat < 0, sum of abs as a 1-element fp32 tensor). Twin: `packing.pack_signs`."""
+    return torch.ops.compbench_cpu.pack_signs(flat)
+
+
+def main() -> None:
+    """`make setup`: build (or find) the extension and say where it is."""
+    try:
+        print(f"cpu kernels: {build(verbose=bool(os.environ.get('VERBOSE')))}")
+    except Exception as e:  # no compiler, no ninja: the twins still work; say how to retry
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"note: the CPU kernels did not build ({why}); compressors use their torch twins. "
+              f"Retry: make kernels", file=sys.stderr)

@@ -1,0 +1,103 @@
+"""The compiled CPU kernels (`extensions/cpu/kernels.cpp`) against their twins, which
+COMPBENCH_KERNELS=0 selects: the same tables, bits and payloads, at any number of threads."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from compbench.compressors.dragonn import DRAGONN, _select
+from compbench.compressors.packing import _pack_signs_numpy
+from compbench.compressors.sparse import AbsIndex, Workspace
+from compbench.kernels import cpu
+
+needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
+
+
+def test_built_by_setup_where_there_is_a_compiler():
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("no C++ compiler: the twins run")
+    assert cpu.status().startswith("compiled"), f"{cpu.status()}: make setup builds them"
+
+
+def _twin(monkeypatch, fn, *args):
+    with monkeypatch.context() as m:
+        m.setenv("COMPBENCH_KERNELS", "0")
+        return fn(*args)
+
+
+def _gradient(n: int, seed: int = 0) -> torch.Tensor:
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    if n > 100:
+        x[3], x[70], x[-1] = float("nan"), -0.0, 0.0
+    return x
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 63, 64, 1000, 65537, 1 << 20])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dragonn_select_matches_twin(monkeypatch, n, threads):
+    x = _gradient(n, n)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for threshold, slots in [(2.0, 64), (0.0, max(1, n // 8)), (float("inf"), 16), (1.0, 4 * n + 3)]:
+            thr = torch.tensor([threshold])
+            got = _select(x, thr, slots, 12345, Workspace())
+            want = _twin(monkeypatch, _select, x, thr, slots, 12345, Workspace())
+            assert torch.equal(got, want), (n, threshold, slots)
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_kernels
+def test_dragonn_payload_is_the_twins():
+    x = _gradient(300_000, 1).reshape(600, 500)
+    a, b = DRAGONN(ratio=0.01), DRAGONN(ratio=0.01)
+    got, _ = a.compress(x, "w")
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("COMPBENCH_KERNELS", "0")
+        want, _ = b.compress(x, "w")
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1024, 1024 + 17, 1 << 20])
+def test_block_absmax_selects_the_twins_indices(monkeypatch, n):
+    x = _gradient(n, 2)
+    got = cpu.block_absmax(x)
+    rows = x[: n // 64 * 64].view(-1, 64).abs().nan_to_num(nan=0.0)
+    assert torch.equal(got, rows.amax(dim=1))  # NaN elements are ignored
+    for t in (0.5, 2.5, 4.0, float("inf")):
+        want = _twin(monkeypatch, lambda: AbsIndex(x, Workspace(), density=1e-3).indices_ge(t))
+        assert torch.equal(AbsIndex(x, Workspace(), density=1e-3).indices_ge(t), want)
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 131072, 2 * 131072 + 5])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pack_signs_matches_twin(n, threads):
+    finite = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    special = finite.clone()
+    special[:8] = torch.tensor([-1.0, 0.0, -0.0, float("nan"), 2.0, -3.0, float("-inf"), 1e-30])[:n]
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        (bits, total), (special_bits, _) = cpu.pack_signs(finite), cpu.pack_signs(special)
+    finally:
+        torch.set_num_threads(old)
+    want_bits, want_total = _pack_signs_numpy(finite.numpy())
+    assert torch.equal(bits, want_bits)
+    np.testing.assert_allclose(total.numpy(), want_total.numpy(), rtol=1e-6)
+    assert torch.equal(special_bits, _pack_signs_numpy(special.numpy())[0])  # zero, -0, NaN: bit 0
+
+
+@needs_kernels
+def test_refuses_what_it_cannot_read():
+    with pytest.raises(RuntimeError, match="contiguous CPU fp32"):
+        cpu.pack_signs(torch.zeros(8, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="contiguous CPU fp32"):
+        cpu.block_absmax(torch.zeros(128, 2).t())
