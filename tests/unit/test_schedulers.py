@@ -398,3 +398,18 @@ def test_nonfinite_guard_keeps_error_feedback_finite():
         pipeline.submit("w", torch.tensor([[1.0, float("nan")], [2.0, 3.0]]))
         pipeline.collect()
         assert bool(torch.isfinite(pipeline.memory.residuals["w"]).all()) == guard
+
+
+def test_fused_gradients_are_views_of_their_group_buffer():
+    # DDP's gradient_as_bucket_view: back-propagation writes into the group's flat buffer, which is
+    # sent as it is, and the averaged gradients land there (no copy in, no copy out).
+    sched = MergeComp(groups=2)
+    model, pipeline = train(sched, steps=2)  # step 0 records the order; the groups exist after it
+    model.zero_grad(set_to_none=True)  # as the trainer's optimizer does
+    step(model, sched, pipeline, torch.randn(4, 6), 2)
+    parts = [part for group in sched.groups for part in group.parts if part.fused]
+    assert parts
+    for part in parts:
+        buf = part.gradient()
+        start, end = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+        assert all(start <= p.grad.data_ptr() < end for _, p in part.members)

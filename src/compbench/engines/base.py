@@ -49,6 +49,7 @@ class Engine(Protocol):
     local_size: int
 
     def allreduce_async(self, t: Tensor, name: str, average: bool = True) -> Handle: ...
+    def allreduce_inplace_async(self, t: Tensor, name: str) -> Handle: ...
     def allgather_async(self, tensors: list[Tensor], name: str) -> Handle: ...
     def alltoall(self, t: Tensor, splits: list[int], name: str) -> tuple[Tensor, list[int]]: ...
     def broadcast_(self, t: Tensor, root: int = 0, name: str = "bcast") -> Tensor: ...
@@ -63,6 +64,12 @@ class EngineBase:
 
     def allreduce(self, t: Tensor, name: str, average: bool = True) -> Tensor:
         return self.allreduce_async(t, name, average).wait()  # type: ignore[attr-defined]
+
+    def allreduce_inplace_async(self, t: Tensor, name: str) -> Handle:
+        """Average `t` over the ranks into `t` itself (the dense gradient path: no clone, no copy
+        back); the handle returns `t`. Engines override it with a truly in-place collective."""
+        averaged = self.allreduce_async(t, name)  # type: ignore[attr-defined]
+        return Handle(lambda: t.copy_(averaged.wait()))
 
     def allgather(self, tensors: list[Tensor], name: str) -> list[list[Tensor]]:
         return self.allgather_async(tensors, name).wait()  # type: ignore[attr-defined]

@@ -31,6 +31,11 @@ class HorovodEngine(EngineBase):
         h = self.hvd.allreduce_async(t, name=name, op=op)
         return Handle(lambda: self.hvd.synchronize(h))
 
+    def allreduce_inplace_async(self, t: Tensor, name: str) -> Handle:
+        # Horovod averages while copying out of its fusion buffer: no pass of our own.
+        h = self.hvd.allreduce_async_(t, name=name, op=self.hvd.Average)
+        return Handle(lambda: self.hvd.synchronize(h))
+
     def allgather_async(self, tensors: list[Tensor], name: str) -> Handle:
         base = name
         sizes = torch.tensor([t.shape[0] for t in tensors], dtype=torch.int32)

@@ -50,6 +50,16 @@ class TorchEngine(EngineBase):
 
         return Handle(finish)
 
+    def allreduce_inplace_async(self, t: Tensor, name: str) -> Handle:
+        # Gloo has no AVG: sum in place, then one in-place division (no clone, no copy back).
+        work = dist.all_reduce(t, async_op=True)
+
+        def finish() -> Tensor:
+            work.wait()
+            return t.div_(self.size)
+
+        return Handle(finish)
+
     def allgather_async(self, tensors: list[Tensor], name: str) -> Handle:
         # all_gather needs equal shapes: exchange first dimensions, pad to the largest, trim after.
         sizes = torch.tensor([t.shape[0] for t in tensors], dtype=torch.int64)

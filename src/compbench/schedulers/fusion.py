@@ -7,7 +7,11 @@ finishes their gradients). It is sent in at most two parts:
   (a part of one member sends that gradient itself, shape kept);
 - the members `min_dims` sends dense (biases and norms under DGC's `min_dims: 2`), fused into a
   second flat buffer that goes through the dense allreduce.
-Flat buffers are allocated once per group and reused every step.
+Flat buffers are allocated once per group and reused every step. Zero copy (DDP's
+`gradient_as_bucket_view`): before back-propagation `bind` makes the members' .grad views of their
+buffer, so autograd accumulates into it, the buffer is sent as it is, and the averaged result (the
+buffer itself after the in-place dense allreduce, or a decode) lands where the .grads already look.
+A member whose .grad was replaced (a user's own loop that skips `before_backward`) is copied in.
 """
 
 from __future__ import annotations
@@ -64,31 +68,56 @@ class Part:
             raise ValueError(f"scheduler: {name} would fuse tensors of different dtypes or devices; "
                              "use scheduler=layerwise")
 
-    def gradient(self) -> Tensor:
-        """The gradient to send: the member's own .grad, or all members' copied into the flat buffer.
-        A member without a gradient (unused this step) sends zeros: every rank sends every part."""
-        for _, p in self.members:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if not self.fused:
-            return self.members[0][1].grad
+    def _buffer(self) -> Tensor:
         if self._flat is None:
             p0 = self.members[0][1]
-            self._flat = torch.empty(self.numel, dtype=p0.dtype, device=p0.device)
-        pos = 0
-        for _, p in self.members:
-            self._flat[pos : pos + p.numel()].view(p.shape).copy_(p.grad)
-            pos += p.numel()
+            self._flat = torch.zeros(self.numel, dtype=p0.dtype, device=p0.device)
         return self._flat
+
+    def _views(self) -> list[tuple[nn.Parameter, Tensor]]:
+        flat, pos, out = self._buffer(), 0, []
+        for _, p in self.members:
+            out.append((p, flat[pos : pos + p.numel()].view(p.shape)))
+            pos += p.numel()
+        return out
+
+    def bind(self) -> None:
+        """Before back-propagation: the members' gradients become zeroed views of the flat buffer."""
+        if self.fused:
+            self._buffer().zero_()
+            for p, view in self._views():
+                p.grad = view
+
+    def gradient(self) -> Tensor:
+        """The gradient to send: the member's own .grad, or the flat buffer the members' .grads view
+        (a member not bound is copied in). A member without a gradient (unused this step) sends
+        zeros: every rank sends every part."""
+        if not self.fused:
+            p = self.members[0][1]
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            return p.grad
+        for p, view in self._views():
+            if p.grad is None:
+                p.grad = view.zero_()
+            else:
+                land(view, p.grad)
+        return self._buffer()
 
     def submit(self, pipeline: GradientPipeline, dense: bool) -> None:
         pipeline.submit(self.name, self.gradient(), fused=self.fused, dense=dense or self.dense)
 
     def write_back(self, averaged: Tensor) -> None:
-        pos = 0
+        flat, pos = averaged.reshape(-1), 0
         for _, p in self.members:
-            p.grad.copy_(averaged.reshape(-1)[pos : pos + p.numel()].view(p.grad.shape))
+            land(p.grad, flat[pos : pos + p.numel()].view(p.grad.shape))
             pos += p.numel()
+
+
+def land(dst: Tensor, src: Tensor) -> None:
+    """dst <- src, skipped when src already is dst's memory (an in-place result, a bound view)."""
+    if dst.data_ptr() != src.data_ptr() or dst.stride() != src.stride():
+        dst.copy_(src)
 
 
 class Group:
@@ -105,6 +134,10 @@ class Group:
     @property
     def nbytes(self) -> int:
         return sum(p.numel() * p.element_size() for _, p in self.members)
+
+    def bind(self) -> None:
+        for part in self.parts:
+            part.bind()
 
     def submit(self, pipeline: GradientPipeline, dense: bool = False) -> None:
         for part in self.parts:

@@ -66,6 +66,11 @@ class Layerwise:
     # -- one step ------------------------------------------------------------------------------
 
     def before_backward(self, pipeline: GradientPipeline) -> None:
+        self._start(pipeline)
+        for group in self.groups:
+            group.bind()  # fused groups: back-propagation writes into their buffers
+
+    def _start(self, pipeline: GradientPipeline) -> None:
         self._build(pipeline)
         self.pipeline = pipeline
         self._t0 = time.perf_counter()
@@ -99,7 +104,7 @@ class Layerwise:
 
     def synchronize(self, pipeline: GradientPipeline) -> None:
         if not self._active:  # before_backward was not called this step (a user's own loop)
-            self.before_backward(pipeline)
+            self._start(pipeline)  # not bind: the .grads hold this step's gradients
         self._active = False
         pipeline.in_backward = False
         for group in self.groups[self._next :]:  # not submitted during backward (or unused members)

@@ -31,6 +31,7 @@ from compbench.comm.ps import shard_bounds
 from compbench.plan.cost import PlanLine, plan_gradients, read_plan, summarize
 from compbench.plan.fit import PROBE_SIZES, fit_primitives, net_lines, probe_engine
 from compbench.schedulers import SchedulerTraits
+from compbench.schedulers.fusion import land
 from compbench.train.pipeline import GradientPipeline
 
 
@@ -96,7 +97,7 @@ class SeCoPa:
                     targets[f"{name}#p{i}"] = (p.grad, a, b)
         for group, averaged in pipeline.collect():
             grad, a, b = targets[group]
-            grad.view(-1)[a:b].copy_(averaged.reshape(-1))
+            land(grad.view(-1)[a:b], averaged.reshape(-1))
 
     def summary(self) -> dict:
         lines = list((self.lines or {}).values())
