@@ -5,10 +5,11 @@
 
 The gradients have the model's real shapes (161 tensors, 25.6M floats for resnet50), filled with
 Gaussian noise. Each variant encodes all of them once per call, through the schedulers' own
-grouping code (`schedulers/fusion.py`: a fused group copies its members into its flat buffer,
-then one compress call):
+grouping code (`schedulers/fusion.py`): as in training, a fused group's members' gradients are views
+of its flat buffer (bound, then filled as back-propagation would), so a group is one compress call
+on its buffer, nothing copied:
 - layerwise: one compress call per tensor (`scheduler=layerwise`);
-- groups=G: G groups balanced by bytes (`scheduler=mergecomp scheduler.groups=G`), copy included;
+- groups=G: G groups balanced by bytes (`scheduler=mergecomp scheduler.groups=G`);
 - flat: one compress call on a buffer that already holds all gradients (the floor fusion aims at).
 Median of `--repeats` calls after a warm-up, 1 thread, side by side in one process; the table gives
 each variant as a multiple of `flat`.
@@ -44,6 +45,17 @@ def model_parameters(model: str) -> list[tuple[str, nn.Parameter]]:
     return params
 
 
+def bound_groups(params: list[tuple[str, nn.Parameter]], runs: list[list[int]],
+                 grads: dict[str, torch.Tensor]) -> list:
+    """Groups for `runs` with their members bound to the group buffers and holding `grads`."""
+    groups = build_groups(params, runs, 1)
+    for g in groups:
+        g.bind()
+        for name, p in g.members:
+            p.grad.copy_(grads[name])  # what back-propagation accumulates into the bound view
+    return groups
+
+
 def timed(fn, repeats: int) -> float:
     fn()  # warm-up: buffers, scratch, page faults
     fn()
@@ -63,15 +75,17 @@ def measure(name: str, ratio: float | None, params: list[tuple[str, nn.Parameter
     order = list(range(len(params)))
     nbytes = [p.numel() * p.element_size() for _, p in params]
     out: dict[str, float] = {}
+    grads = {n: p.grad.clone() for n, p in params}
 
     def encode(groups) -> None:
         for g in groups:
             for part in g.parts:
                 comp.compress(part.gradient(), part.name)
 
-    out["layerwise"] = timed(lambda: encode(build_groups(params, [[i] for i in order], 1)), repeats)
+    layerwise = bound_groups(params, [[i] for i in order], grads)
+    out["layerwise"] = timed(lambda: encode(layerwise), repeats)
     for count in group_counts:
-        groups = build_groups(params, split(order, balanced_cuts(nbytes, count)), 1)
+        groups = bound_groups(params, split(order, balanced_cuts(nbytes, count)), grads)
         out[f"groups={count}"] = timed(lambda groups=groups: encode(groups), repeats)
     flat = torch.cat([p.grad.reshape(-1) for _, p in params])
     out["flat"] = timed(lambda: comp.compress(flat, "flat"), repeats)
