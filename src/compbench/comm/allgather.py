@@ -6,6 +6,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from compbench.comm.base import CommBase, encode
+from compbench.compressors.buffers import acc_dtype
 from compbench.engines.base import Handle
 from compbench.memory.base import Memory
 
@@ -15,10 +16,25 @@ class AllgatherComm(CommBase):
         payload, ctx = encode(self.compressor, memory, grad, name, self.stats)
         self.book_payload(payload)
         gathered = self.engine.allgather_async(payload, name)
+        into = _decode_target(self.compressor.caps.decodes_into, grad, payload)
 
         def finish() -> Tensor:
             payloads = gathered.wait()
             with self.stats.time("decompress"):
-                return self.compressor.decompress_all(payloads, ctx)
+                if into is None:
+                    return self.compressor.decompress_all(payloads, ctx)
+                return self.compressor.decompress_all(payloads, ctx, out=into)  # type: ignore[call-arg]
 
         return Handle(finish)
+
+
+def _decode_target(decodes_into: bool, grad: Tensor, payload: list[Tensor]) -> Tensor | None:
+    """The gradient itself as the decode buffer (it was compensated and encoded already; the result
+    replaces it), unless the compressor cannot decode into a buffer, the layout does not fit, or a
+    payload tensor still reads the gradient's memory."""
+    if not decodes_into or not grad.is_contiguous() or grad.dtype != acc_dtype(grad.dtype):
+        return None
+    storage = grad.untyped_storage().data_ptr()
+    if any(t.untyped_storage().data_ptr() == storage for t in payload):
+        return None
+    return grad.view(-1)

@@ -16,7 +16,7 @@ class FP16(CompressorBase):
     """Half-precision cast. `dtype=bfloat16` keeps fp32's range at a coarser mantissa."""
 
     name = "fp16"
-    caps = Capabilities(summable=True)
+    caps = Capabilities(summable=True, decodes_into=True)
 
     def __init__(self, dtype: str = "float16") -> None:
         if dtype not in _DTYPES:

@@ -19,7 +19,7 @@ class SignSGD(CompressorBase):
     """
 
     name = "signsgd"
-    caps = Capabilities(recipe=ERROR_FEEDBACK_RECIPE)
+    caps = Capabilities(decodes_into=True, recipe=ERROR_FEEDBACK_RECIPE)
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         packed, scale = _sign_scale(x.reshape(-1).float())

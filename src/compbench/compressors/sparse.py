@@ -294,7 +294,7 @@ def sparse_decode_all(payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None
 class SparseCompressor(CompressorBase):
     """Base of the [values, indices] sparsifiers: decode, fused decode, sent indices, workspace."""
 
-    caps = Capabilities(sparse=True, recipe=ERROR_FEEDBACK_RECIPE,
+    caps = Capabilities(sparse=True, decodes_into=True, recipe=ERROR_FEEDBACK_RECIPE,
                         why_not_summable="sends rank-dependent indices")
     ratio: float = 0.01
 
