@@ -83,7 +83,7 @@ def _rank_main() -> None:
         return reduce_now(ring, (x if tensor is None else tensor).view(SHAPE), name, memory or NoMemory())
 
     def allgather_of(compressor):
-        return AllgatherComm(engine, compressor, stats).reduce(x, "t", NoMemory()).wait()
+        return AllgatherComm(engine, compressor, stats).reduce(x.clone(), "t", NoMemory()).wait()
 
     # none: the same average as allgather; the shape is kept; 2(N-1) chunks of 4 bytes per float sent.
     none = build_compressor("none")

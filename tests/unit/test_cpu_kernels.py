@@ -64,6 +64,10 @@ def test_dragonn_payload_is_the_twins():
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
+def _indices_ge(x: torch.Tensor, t: float) -> torch.Tensor:
+    return AbsIndex(x, Workspace(), density=1e-3).indices_ge(t)
+
+
 @needs_kernels
 @pytest.mark.parametrize("n", [1024, 1024 + 17, 1 << 20])
 def test_block_absmax_selects_the_twins_indices(monkeypatch, n):
@@ -72,8 +76,8 @@ def test_block_absmax_selects_the_twins_indices(monkeypatch, n):
     rows = x[: n // 64 * 64].view(-1, 64).abs().nan_to_num(nan=0.0)
     assert torch.equal(got, rows.amax(dim=1))  # NaN elements are ignored
     for t in (0.5, 2.5, 4.0, float("inf")):
-        want = _twin(monkeypatch, lambda: AbsIndex(x, Workspace(), density=1e-3).indices_ge(t))
-        assert torch.equal(AbsIndex(x, Workspace(), density=1e-3).indices_ge(t), want)
+        want = _twin(monkeypatch, _indices_ge, x, t)
+        assert torch.equal(_indices_ge(x, t), want)
 
 
 @needs_kernels

@@ -45,7 +45,9 @@ class Communicator(Protocol):
 
     def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
         """Start averaging `grad` over all ranks; `handle.wait()` is the averaged dense tensor
-        (grad's shape). Every rank calls it with the same names in the same order."""
+        (grad's shape). Every rank calls it with the same names in the same order. The caller hands
+        `grad` over: the result may be written into it (comm=allgather decodes into it), so pass a
+        copy of anything still needed."""
         ...
 
     @staticmethod
