@@ -115,9 +115,13 @@ class Part:
 
 
 def land(dst: Tensor, src: Tensor) -> None:
-    """dst <- src, skipped when src already is dst's memory (an in-place result, a bound view)."""
-    if dst.data_ptr() != src.data_ptr() or dst.stride() != src.stride():
-        dst.copy_(src)
+    """dst <- src, skipped when src already is dst's memory (an in-place result, a bound view). A src
+    in the same storage at another place (seen once in a mergecomp run under Horovod, cause not yet
+    found) is copied through a clone, so dst still gets exactly src's values."""
+    if dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride():
+        return
+    same_storage = dst.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()
+    dst.copy_(src.clone() if same_storage else src)
 
 
 class Group:
