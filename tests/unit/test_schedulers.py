@@ -413,3 +413,16 @@ def test_fused_gradients_are_views_of_their_group_buffer():
         buf = part.gradient()
         start, end = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
         assert all(start <= p.grad.data_ptr() < end for _, p in part.members)
+
+
+def test_write_back_sees_a_bound_view_with_a_size_one_dimension():
+    # A conv kernel with one input channel: its bound view and the averaged slice are the same memory
+    # with different strides on the size-1 dimension (what a real run hit).
+    w, b = nn.Parameter(torch.zeros(16, 1, 3, 3)), nn.Parameter(torch.zeros(16))
+    part = Part("g", [("w", w), ("b", b)], dense=False)
+    part.bind()
+    flat = part.gradient()
+    flat.copy_(torch.arange(float(flat.numel())))
+    w.grad = flat[:144].as_strided((16, 1, 3, 3), (9, 1, 3, 1))  # as autograd may leave it
+    part.write_back(flat)  # in place: nothing to copy, and no overlap error
+    assert torch.equal(w.grad.reshape(-1), torch.arange(144.0))

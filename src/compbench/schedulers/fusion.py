@@ -115,13 +115,14 @@ class Part:
 
 
 def land(dst: Tensor, src: Tensor) -> None:
-    """dst <- src, skipped when src already is dst's memory (an in-place result, a bound view). A src
-    in the same storage at another place (seen once in a mergecomp run under Horovod, cause not yet
-    found) is copied through a clone, so dst still gets exactly src's values."""
-    if dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride():
+    """dst <- src, skipped when src already is dst's memory (an in-place result, a bound view).
+    Compared as start and contiguity, not strides: a size-1 dimension's stride is arbitrary (a conv
+    kernel with one input channel viewed two ways has strides (9, 1, 3, 1) and (9, 9, 3, 1))."""
+    if (dst.data_ptr() == src.data_ptr() and dst.shape == src.shape
+            and dst.is_contiguous() and src.is_contiguous()):
         return
     same_storage = dst.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()
-    dst.copy_(src.clone() if same_storage else src)
+    dst.copy_(src.clone() if same_storage else src)  # a partial overlap must not alias the read
 
 
 class Group:
