@@ -22,7 +22,6 @@ OUT = {"environment": {...}, "floors": [{numel, device, read_ms, copy_ms, zero_m
 from __future__ import annotations
 
 import gc
-import inspect
 import json
 import math
 import os
@@ -91,10 +90,10 @@ def matrix_shape(n: int) -> tuple[int, ...]:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    from compbench.kernels import cpu as cpu_kernels
-
     """What the numbers depend on: threads, allocator, load, versions, processor, device."""
     import numpy
+
+    from compbench.kernels import cpu as cpu_kernels
 
     env: dict[str, Any] = {
         "threads": torch.get_num_threads(),
@@ -107,7 +106,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         },
         "load_average": list(os.getloadavg()),
         "cpu_count": os.cpu_count(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_kernels.cpu_model(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
@@ -138,23 +137,6 @@ def _read_first(path: str) -> str | None:
         return Path(path).read_text().strip()
     except OSError:
         return None
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _accepts_out(method: Callable[..., Any]) -> bool:
-    try:
-        return "out" in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _ratio_of(spec_params: dict[str, Any]) -> bool:
@@ -214,7 +196,7 @@ def bench_one(name: str, params: dict[str, Any], ratio: float | None, x: Tensor,
         next_step()
         payloads.append(comp.compress(x, tensor)[0])
     buffers = OutputBuffers()
-    with_out = _accepts_out(comp.decompress_all)
+    with_out = comp.caps.decodes_into
     if with_out:
         dec = timer(lambda: comp.decompress_all(payloads, ctx, out=buffers.get(ctx)))
     else:

@@ -101,8 +101,8 @@ def pack_signs(flat: Tensor) -> tuple[Tensor, Tensor]:
 
     CPU: the compiled kernel (`kernels.cpu`, one read); its twin is one chunked numpy pass (compare,
     pack, abs, sum per L2-sized chunk), ~2.5x faster than a mask pass, `packbits` and `vector_norm`
-    over the whole tensor at n = 25M. CUDA: the pack kernel when
-    CuPy is installed; otherwise torch. Zero and NaN are not negative: their bit is 0.
+    over the whole tensor at n = 25M. CUDA: the pack kernel when CuPy is installed; otherwise torch.
+    Zero and NaN are not negative: their bit is 0.
     """
     if cpu_kernels_enabled(flat):
         return cpu.pack_signs(flat)

@@ -30,20 +30,21 @@ def source() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[3] / "extensions" / "cpu" / "kernels.cpp"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str | None:
+    """The processor's model name (/proc/cpuinfo), else platform's guess, else None."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.partition(":")[2].strip()
     except OSError:
         pass
-    return platform.processor()
+    return platform.processor() or None
 
 
 def build_dir() -> Path:
     key = hashlib.sha256()
     for part in (source().read_bytes(), torch.__version__.encode(), " ".join(FLAGS).encode(),
-                 _cpu_model().encode(), platform.machine().encode()):
+                 (cpu_model() or '').encode(), platform.machine().encode()):
         key.update(part)
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "compbench" / "cpu_kernels"
     return root / key.hexdigest()[:16]
