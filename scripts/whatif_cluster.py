@@ -10,6 +10,11 @@ compression, not a fight over compute) for `--steps` steps, without overlap (sch
 the report's model assumes none). The step time is the median after the warm-up steps
 (results.json). Rows go to outputs/whatif_cluster/rows.csv as they finish (a row already there is
 not run again), one run folder each.
+
+Then (and alone with `--fit`) the node-aware model of `compbench.report.cluster_model` is fitted to
+the rows' communication times twice: on every row, and on the 2-node rows only, which then predict
+the 4-node rows they never saw. A row's predicted step is its measured compute, compression,
+decoding, optimizer and other time plus the model's communication; model.md has the table.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ from pathlib import Path
 
 from compbench.cluster import nodes
 from compbench.cluster.nodes import Cluster
+from compbench.report import cluster_model
 
 OUT = Path("outputs/whatif_cluster")
 FIELDS = ["nodes", "gbps", "workers", "compressor", "comm", "step_ms", "compute_ms", "compress_ms",
-          "decompress_ms", "optimizer_ms", "comm_ms", "bytes_sent_per_step", "bytes_dense_per_step",
-          "compressed_calls_per_step", "dense_calls_per_step", "run_dir"]
+          "decompress_ms", "optimizer_ms", "comm_ms", "other_ms", "bytes_sent_per_step",
+          "bytes_dense_per_step", "bytes_allreduce_per_step", "compressed_calls_per_step",
+          "dense_calls_per_step", "run_dir"]
 WORKLOAD = ["model=profiled", "model.backward_ms=100", "dataset=synthetic", "dataset.image_size=8",
             "dataset.train_size=4096", "batch_size=8", "epochs=1", "eval=false", "checkpoint=false",
             "progress=false", "optim.lr_schedule=constant", "scheduler.overlap=false", "ratio=0.001"]
@@ -69,6 +76,47 @@ def _done(path: Path) -> set[tuple]:
                 for r in csv.DictReader(f)}
 
 
+def _read_rows(path: Path) -> list[dict]:
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k, v in r.items():
+            if k not in ("compressor", "comm", "run_dir"):
+                r[k] = float(v) if v not in ("", "None") else 0.0
+    return rows
+
+
+def fit_report(rows: list[dict]) -> str:
+    """model.md: both fits' coefficients and, per row, measured and predicted step times."""
+    shapes = [cluster_model.Shape(int(r["nodes"]), int(r["workers"]), r["gbps"]) for r in rows]
+    terms = [cluster_model.features(r, s) for r, s in zip(rows, shapes, strict=True)]
+    comm = [r["comm_ms"] for r in rows]
+    two = [i for i, r in enumerate(rows) if r["nodes"] == 2]
+    fits = {"all rows": cluster_model.fit(terms, comm),
+            "2-node rows": cluster_model.fit([terms[i] for i in two], [comm[i] for i in two])}
+    out = ["# What-if model against the emulated cluster", "",
+           "Predicted step = the row's measured compute + compress + decompress + optimizer + other, "
+           "plus the model's communication; error = (predicted - measured) / measured step.", ""]
+    for name, f in fits.items():
+        out.append(f"- fit on {name}: {f.ms_per_call:.3f} ms per collective, {f.ms_per_round:.3f} ms per "
+                   f"round, link time x {f.link_factor:.3f}, machine copies {f.machine_gb_per_s:.2f} GB/s")
+    out += ["", "| K | Gbit/s | N | compressor | comm | step ms | comm ms | predicted (all) | error | "
+            "predicted (2-node fit) | error |", "|" + "---|" * 11]
+    worst = dict.fromkeys(fits, 0.0)
+    for r, t in zip(rows, terms, strict=True):
+        cells = []
+        for name, f in fits.items():
+            pred = r["step_ms"] - r["comm_ms"] + f.comm_ms(t)
+            err = (pred - r["step_ms"]) / r["step_ms"]
+            worst[name] = max(worst[name], abs(err))
+            cells += [f"{pred:.0f}", f"{100 * err:+.1f}%"]
+        out.append(f"| {r['nodes']:.0f} | {r['gbps']:g} | {r['workers']:.0f} | {r['compressor']} | "
+                   f"{r['comm']} | {r['step_ms']:.0f} | {r['comm_ms']:.0f} | " + " | ".join(cells) + " |")
+    out += ["", *(f"- largest error, fit on {name}: {100 * w:.1f}% ({len(rows)} rows)"
+                  for name, w in worst.items())]
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=_ints, default=[2, 4])
@@ -77,12 +125,17 @@ def main() -> int:
     p.add_argument("--compressors", type=lambda s: s.split(","), default=["none", "fp16", "dgc", "dragonn"])
     p.add_argument("--comms", type=lambda s: s.split(","), default=["allgather", "ps", "hierarchical"])
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--fit", action="store_true", help="only fit the model to rows.csv (no runs)")
     args = p.parse_args()
+    rows_csv = OUT / "rows.csv"
+    if args.fit:
+        (OUT / "model.md").write_text(fit_report(_read_rows(rows_csv)))
+        print((OUT / "model.md").read_text())
+        return 0
     nodes.check_machine()
     if nodes.leftovers():
         raise SystemExit("error: a cluster is up (or left over); run `compbench cluster down` first")
     OUT.mkdir(parents=True, exist_ok=True)
-    rows_csv = OUT / "rows.csv"
     done = _done(rows_csv)
     for k in args.nodes:
         for gbps in args.gbps:
@@ -104,6 +157,8 @@ def main() -> int:
                     print(f"K={k} G={gbps:g} N={n} {compressor}/{comm}: {row['step_ms']:.1f} ms", flush=True)
             finally:
                 nodes.remove()
+    (OUT / "model.md").write_text(fit_report(_read_rows(rows_csv)))
+    print(f"wrote {OUT / 'model.md'}")
     return 0
 
 

@@ -1,0 +1,156 @@
+"""Node-aware alpha-beta model of one step's communication on K machines of L = N/K workers each,
+for the collectives as Gloo runs them (Horovod's CPU path and torch's gloo backend), fitted to
+measured step times of an emulated cluster (`scripts/whatif_cluster.py --fit`).
+
+Why not the flat model of `whatif.py`: there every worker owns a link of rate B. On a cluster the
+L workers of a machine share its link, and which collective crosses it how often depends on the
+algorithm: Gloo's allgather and allreduce are rings over ranks in node order, so one hop per
+machine boundary carries a chunk per round, while its all-to-all posts every message at once, so a
+machine's link carries L * (N - L) of them. The model's four terms, per step:
+
+    comm_ms = a * calls + b * rounds + c * cross_bytes / G + d * machine_bytes
+
+- calls: collectives started (Horovod negotiates each one in its background cycle, Python packs);
+- rounds: message rounds that wait for the previous one (N-1 per ring allgather, 2(N-1) per ring
+  allreduce, 1 per all-to-all, which posts its messages together);
+- cross_bytes / G: the bytes the busiest machine link carries one way, at its rate G (seconds);
+- machine_bytes: bytes all workers send, which the kernel copies through sockets; on an emulated
+  cluster every node shares the same cores, on a real one this is the intra-node share.
+The terms are linear in (a, b, c, d), which are fitted by non-negative least squares on relative
+errors. A payload per rank `S` is the run's measured bytes per call (compbench books them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+TERMS = ("calls", "rounds", "cross_s", "machine_bytes")
+
+
+@dataclass
+class Shape:
+    nodes: int
+    workers: int
+    gbps: float
+
+    @property
+    def per_node(self) -> int:
+        return self.workers // self.nodes
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        return self.gbps * 1e9 / 8
+
+
+def _zero() -> dict[str, float]:
+    return dict.fromkeys(TERMS, 0.0)
+
+
+def _add(acc: dict[str, float], shape: Shape, calls: float, rounds: float, cross: float,
+         machine: float) -> None:
+    acc["calls"] += calls
+    acc["rounds"] += rounds
+    acc["cross_s"] += cross / shape.link_bytes_per_s if shape.nodes > 1 else 0.0
+    acc["machine_bytes"] += machine
+
+
+def ring_allreduce(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0) -> None:
+    """Reduce-scatter then allgather around the ring: 2(N-1) rounds of S/N per hop."""
+    n = shape.workers
+    rounds = 2 * (n - 1)
+    _add(acc, shape, calls, calls * rounds, calls * rounds / n * nbytes, calls * rounds * nbytes)
+
+
+def ring_allgather(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0,
+                   senders: int | None = None) -> None:
+    """N-1 rounds, each passing one rank's payload along; `senders` ranks (one per node: the
+    leaders of comm=hierarchical) have a payload, the others send nothing of their own."""
+    n, k = shape.workers, shape.nodes
+    if senders is None:  # every rank: each boundary carries N-1 payloads
+        cross, machine = (n - 1) * nbytes, n * (n - 1) * nbytes
+    else:  # one payload per node: a boundary carries the K-1 payloads from other nodes
+        cross, machine = (k - 1) * nbytes, senders * (n - 1) * nbytes
+    _add(acc, shape, calls, calls * (n - 1), calls * cross, calls * machine)
+
+
+def alltoall(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0) -> None:
+    """Every rank sends nbytes / N to each other rank at once: a machine's link carries L * (N-L)
+    of those messages out (and as many in)."""
+    n, per = shape.workers, shape.per_node
+    _add(acc, shape, calls, calls, calls * per * (n - per) * nbytes / n, calls * (n - 1) * nbytes)
+
+
+def to_leaders(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0) -> None:
+    """comm=hierarchical inside a node: L-1 members send nbytes to their leader (or it to them)."""
+    per = shape.per_node
+    if per > 1:
+        _add(acc, shape, calls, calls, 0.0, calls * shape.nodes * (per - 1) * nbytes)
+
+
+def features(row: dict, shape: Shape) -> dict[str, float]:
+    """The model's terms for one run (a rows.csv row or a results.json summary with its comm)."""
+    acc = _zero()
+    calls = float(row.get("compressed_calls_per_step") or 0)
+    dense_calls = float(row.get("dense_calls_per_step") or 0)
+    allreduced = float(row.get("bytes_allreduce_per_step") or 0)
+    sent = float(row.get("bytes_sent_per_step") or 0) - allreduced
+    if dense_calls:
+        ring_allreduce(acc, shape, allreduced / dense_calls, dense_calls)
+    if not calls:
+        return acc
+    per_call = sent / calls
+    comm, n = row["comm"], shape.workers
+    if comm == "allgather":
+        ring_allgather(acc, shape, per_call, calls)
+    elif comm == "ps":
+        # counts (tiny), then the N shards' payloads (S / (1 + 1/N) of the booked bytes), then the
+        # servers' re-encoded shards (S / (N + 1)) gathered by all.
+        shards = per_call * n / (n + 1)
+        alltoall(acc, shape, 0.0, calls)
+        alltoall(acc, shape, shards, calls)
+        ring_allgather(acc, shape, shards / n, calls)
+    elif comm == "hierarchical":
+        dense = (float(row.get("bytes_dense_per_step") or 0) - allreduced) / calls
+        to_leaders(acc, shape, dense, calls)
+        if shape.nodes > 1:
+            ring_allgather(acc, shape, per_call, calls, senders=shape.nodes)
+        to_leaders(acc, shape, dense, calls)
+    elif comm in ("allreduce", "ring"):
+        ring_allreduce(acc, shape, per_call, calls)
+    else:
+        raise ValueError(f"comm={comm}: the cluster model knows allgather, ps, hierarchical, allreduce, ring")
+    return acc
+
+
+@dataclass
+class Fit:
+    """Fitted coefficients: ms per call, ms per round, link efficiency (1 = the shaped rate, as
+    ms per ms of link time), and the machine's copy rate (GB/s, inf when not limiting)."""
+
+    ms_per_call: float
+    ms_per_round: float
+    link_factor: float
+    machine_gb_per_s: float
+
+    def comm_ms(self, terms: dict[str, float]) -> float:
+        per_byte_ms = 0.0 if self.machine_gb_per_s == float("inf") else 1e3 / (self.machine_gb_per_s * 1e9)
+        return (self.ms_per_call * terms["calls"] + self.ms_per_round * terms["rounds"]
+                + self.link_factor * terms["cross_s"] * 1e3 + per_byte_ms * terms["machine_bytes"])
+
+
+def fit(terms: list[dict[str, float]], comm_ms: list[float]) -> Fit:
+    """Non-negative least squares on relative errors (each row divided by its measured time)."""
+    from scipy.optimize import nnls
+
+    if len(terms) < len(TERMS):
+        raise ValueError(f"the cluster model needs at least {len(TERMS)} measured rows, got {len(terms)}")
+    scale = np.array([1.0, 1.0, 1e3, 1.0])  # cross_s in ms, like the target
+    x = np.array([[t[k] for k in TERMS] for t in terms]) * scale
+    y = np.asarray(comm_ms, dtype=float)
+    w = 1.0 / np.maximum(y, 1e-3)
+    coef, _ = nnls(x * w[:, None], y * w)
+    machine_ms_per_byte = coef[3]
+    return Fit(ms_per_call=float(coef[0]), ms_per_round=float(coef[1]), link_factor=float(coef[2]),
+               machine_gb_per_s=float("inf") if machine_ms_per_byte == 0 else 1e3 / machine_ms_per_byte / 1e9)
