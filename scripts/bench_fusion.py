@@ -12,7 +12,9 @@ on its buffer, nothing copied:
 - groups=G: G groups balanced by bytes (`scheduler=mergecomp scheduler.groups=G`);
 - flat: one compress call on a buffer that already holds all gradients (the floor fusion aims at).
 Median of `--repeats` calls after a warm-up, 1 thread, side by side in one process; the table gives
-each variant as a multiple of `flat`.
+each variant as a multiple of `flat`. Buffers are allocated as in training (THP_MEM_ALLOC_ENABLE=1,
+as compbench's launcher sets for its workers: huge pages, so that random sampling is not a TLB miss
+per sample); the script re-runs itself with it when it is not set.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import inspect
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -93,6 +96,8 @@ def measure(name: str, ratio: float | None, params: list[tuple[str, nn.Parameter
 
 
 def main() -> None:
+    if "THP_MEM_ALLOC_ENABLE" not in os.environ:  # torch reads it once, at start-up: start again
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--compressors", default="dgc,dragonn,topk,signsgd")
@@ -105,7 +110,8 @@ def main() -> None:
     counts = [int(g) for g in args.groups.split(",") if g]
     numel = sum(p.numel() for _, p in params)
     print(f"{args.model}: {len(params)} tensors, {numel / 1e6:.1f}M floats; 1 thread, "
-          f"median of {args.repeats}; load {os.getloadavg()[0]:.2f}\n")
+          f"median of {args.repeats}; THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}; "
+          f"load {os.getloadavg()[0]:.2f}\n")
     cols = ["layerwise", *[f"groups={c}" for c in counts], "flat"]
     print("| compressor | " + " | ".join(f"{c} ms" for c in cols) + " | " +
           " | ".join(f"{c} / flat" for c in cols[:-1]) + " |")

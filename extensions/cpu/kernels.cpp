@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <queue>
 #include <tuple>
 #include <vector>
 
@@ -126,6 +127,65 @@ at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, 
   return table;
 }
 
+// Sample i of sampled_threshold: element (murmur3_32(i, seed) * n) >> 32, uniform over [0, n) up to
+// n / 2^32 (0.6% at n = 25M); twin: compressors.dragonn.sample_indices.
+inline int64_t sample_index(uint32_t i, uint32_t seed, uint64_t n) {
+  return static_cast<int64_t>((static_cast<uint64_t>(murmur3_32(i, seed)) * n) >> 32);
+}
+
+// numpy's order for np.partition: NaN above every number.
+inline bool below(float a, float b) { return a < b || (!std::isnan(a) && std::isnan(b)); }
+
+struct Above {  // std::priority_queue with Above keeps its smallest element (in numpy's order) on top
+  bool operator()(float a, float b) const { return below(b, a); }
+};
+
+// 1-element fp32: the j-th largest of abs(x[sample_index(i)]) over i < m (NaN largest), i.e. the
+// threshold of DRAGONN's sampled top-k, in one pass over the samples: each chunk keeps its j largest
+// in a heap (a random sample rarely enters it), the chunks' heaps are merged. The gathers are
+// prefetched a batch ahead: they are cache misses at random places of the gradient.
+at::Tensor sampled_threshold(const at::Tensor& x, int64_t m, int64_t j, int64_t seed) {
+  check_flat_f32(x, "sampled_threshold");
+  const int64_t n = x.numel();
+  TORCH_CHECK(n > 0 && n < (int64_t{1} << 32), "sampled_threshold: needs 0 < numel < 2^32, got ", n);
+  TORCH_CHECK(0 < m && m < (int64_t{1} << 32) && 0 < j && j <= m, "sampled_threshold: needs 0 < j <= m < 2^32");
+  const float* p = x.data_ptr<float>();
+  const uint32_t s = static_cast<uint32_t>(seed);
+  constexpr int64_t kChunk = 65536, kBatch = 32;
+  const int64_t chunks = (m + kChunk - 1) / kChunk;
+  std::vector<std::vector<float>> tops(static_cast<size_t>(chunks));
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    int64_t idx[kBatch];
+    for (int64_t c = c0; c < c1; ++c) {
+      std::priority_queue<float, std::vector<float>, Above> heap;
+      const int64_t end = std::min(m, (c + 1) * kChunk);
+      for (int64_t b = c * kChunk; b < end; b += kBatch) {
+        const int64_t len = std::min(kBatch, end - b);
+        for (int64_t i = 0; i < len; ++i) {
+          idx[i] = sample_index(static_cast<uint32_t>(b + i), s, static_cast<uint64_t>(n));
+          __builtin_prefetch(p + idx[i]);
+        }
+        for (int64_t i = 0; i < len; ++i) {
+          const float v = std::fabs(p[idx[i]]);
+          if (static_cast<int64_t>(heap.size()) < j) {
+            heap.push(v);
+          } else if (below(heap.top(), v)) {
+            heap.pop();
+            heap.push(v);
+          }
+        }
+      }
+      auto& out = tops[static_cast<size_t>(c)];
+      for (; !heap.empty(); heap.pop()) out.push_back(heap.top());
+    }
+  });
+  std::vector<float> all;
+  for (const auto& t : tops) all.insert(all.end(), t.begin(), t.end());
+  // The j-th largest of the union of every chunk's j largest is the j-th largest of all samples.
+  std::nth_element(all.begin(), all.begin() + (j - 1), all.end(), [](float a, float b) { return below(b, a); });
+  return at::full({1}, all[static_cast<size_t>(j - 1)], x.options());
+}
+
 // fp32, n / 64 entries: the largest abs of each whole block of 64 elements, NaN ignored (the tail of
 // n % 64 elements has no entry). sparse.AbsIndex's summary; twin: amax(abs) of the rows.
 at::Tensor block_absmax(const at::Tensor& x) {
@@ -179,5 +239,6 @@ std::tuple<at::Tensor, at::Tensor> pack_signs(const at::Tensor& x) {
 TORCH_LIBRARY(compbench_cpu, m) {
   m.def("dragonn_select(Tensor x, float threshold, int slots, int seed) -> Tensor", &dragonn_select);
   m.def("block_absmax(Tensor x) -> Tensor", &block_absmax);
+  m.def("sampled_threshold(Tensor x, int m, int j, int seed) -> Tensor", &sampled_threshold);
   m.def("pack_signs(Tensor x) -> (Tensor, Tensor)", &pack_signs);
 }

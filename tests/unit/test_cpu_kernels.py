@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from compbench.compressors.dragonn import DRAGONN, _select
+from compbench.compressors.dragonn import DRAGONN, _select, sample_indices, sampled_threshold
 from compbench.compressors.packing import _pack_signs_numpy
 from compbench.compressors.sparse import AbsIndex, Workspace
 from compbench.kernels import cpu
@@ -51,6 +51,30 @@ def test_dragonn_select_matches_twin(monkeypatch, n, threads):
             assert torch.equal(got, want), (n, threshold, slots)
     finally:
         torch.set_num_threads(old)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "m", "j"), [(1, 1, 1), (1000, 100, 1), (300_000, 3000, 30), (5000, 4999, 4999),
+                                          (1 << 20, 200_000, 2000)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sampled_threshold_matches_twin(monkeypatch, n, m, j, threads):
+    x = _gradient(n, 3)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = sampled_threshold(x, m, j, 2**32 + 77)  # seeds are taken mod 2^32
+        want = _twin(monkeypatch, sampled_threshold, x, m, j, 77)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(got, want) or (got.isnan().all() and want.isnan().all())
+
+
+def test_sample_stream_is_uniform():
+    n, m = 1000, 400_000
+    counts = np.bincount(sample_indices(n, m, 5), minlength=n)
+    assert counts.min() > 0 and counts.max() < 2 * m / n  # expected 400 +- 20 each
+    assert abs(counts.std() - (m / n) ** 0.5) < 5  # as binomial draws
+    assert not np.array_equal(sample_indices(n, 100, 5), sample_indices(n, 100, 6))
 
 
 @needs_kernels

@@ -114,31 +114,40 @@ def _select(
     return table[table >= 0]
 
 
-# Samples from which numpy's PCG64 draws the indices: ~2x faster than torch's generator for large
-# draws, but its set-up costs ~20 us, more than a small tensor's whole compression.
-_NUMPY_SAMPLES = 65536
+def sample_indices(n: int, m: int, seed: int) -> np.ndarray:
+    """The CPU sample stream: element (murmur3_32(i, seed) * n) >> 32 for i < m, uniform over [0, n)
+    up to n / 2^32 (as the compiled `sampled_threshold` draws them; a counter-based stream, so the
+    kernel computes each index where it gathers)."""
+    h = murmur3_32_np(np.arange(m, dtype=np.uint32), seed).astype(np.uint64)
+    return ((h * np.uint64(n)) >> np.uint64(32)).astype(np.int64)
 
 
-def sample_magnitudes(flat: Tensor, m: int, seed: int) -> Tensor:
-    """abs of `m` elements drawn uniformly with replacement, from a stream seeded by `seed`
-    (numpy's PCG64 for large CPU draws, torch's generator on the tensor's device otherwise)."""
+def sampled_threshold(flat: Tensor, m: int, j: int, seed: int) -> Tensor:
+    """The j-th largest of `m` magnitudes drawn uniformly with replacement from a stream seeded by
+    `seed`: on CPU the murmur3 counter stream (`sample_indices`; one compiled pass that gathers and
+    keeps the j largest, or its numpy twin), on other devices torch's generator."""
     n = flat.numel()
-    if flat.device.type == "cpu" and m >= _NUMPY_SAMPLES:
-        idx = torch.from_numpy(np.random.default_rng(seed).integers(0, n, m))
+    j = min(max(j, 1), m)
+    if flat.device.type == "cpu" and n < 2**32:
+        if cpu_kernels_enabled(flat):
+            return cpu.sampled_threshold(flat, m, j, seed & _M32)
+        idx = torch.from_numpy(sample_indices(n, m, seed & _M32))
     else:
         gen = torch.Generator(device=flat.device).manual_seed(seed)
         idx = torch.randint(n, (m,), generator=gen, device=flat.device)
     # index_select: ~4x faster than flat[idx] on CPU.
-    return flat.index_select(0, idx).abs()
+    return kth_largest(flat.index_select(0, idx).abs().float(), j)
 
 
 class DRAGONN(SparseCompressor):
     """DRAGONN ("atopk"): one-shot sampled threshold, then selection through a hash table of 4k slots.
 
-    Threshold: the smallest of the top ceil(m*r) of m = ceil(sample_ratio*n) magnitudes sampled
-    uniformly (with replacement; no adaptation loop). Every element above it writes its index into slot
-    MurmurHash3_x86_32(index, seed) mod 4k, seed new every call (from seed, step, tensor name);
-    collisions overwrite; the filled slots are sent: at most 4k, about 0.885k when ~k pass.
+    Threshold: the smallest of the top ceil(m*r) of m = ceil(sample_ratio*n) magnitudes sampled uniformly
+    (with replacement; no adaptation loop); on CPU the sample indices are a murmur3 counter stream
+    (`sample_indices`), so one compiled pass draws, gathers and keeps the top. Every element above it
+    writes its index into slot MurmurHash3_x86_32(index, seed) mod 4k, seed new every call (from seed,
+    step, tensor name); collisions overwrite; the filled slots are sent: at most 4k, about 0.885k when ~k
+    pass.
     Tensors with n <= small_numel use ratio max(ratio, small_ratio) (DRAGONN's 131072 / 0.01 rule).
     Deliberate difference from the one-shot 1% rule: the sample has at least min_top_samples / r
     elements (like DGC's floor), so the threshold is the min_top_samples-th largest sample at least;
@@ -195,10 +204,10 @@ class DRAGONN(SparseCompressor):
         m = max(1, math.ceil(self.sample_ratio * n), math.ceil(self.min_top_samples / r))
         # sample_ratio = 1 means the whole tensor (the exact k-th magnitude), not n draws.
         if m >= n:
-            sample = flat.abs()
+            threshold = kth_largest(flat.abs().float(), math.ceil(n * r))
         else:
-            sample = sample_magnitudes(flat, m, stable_seed(self.seed, self.step, name))
-        threshold = kth_largest(sample.float(), math.ceil(sample.numel() * r))
+            seed = stable_seed(self.seed, self.step, name)
+            threshold = sampled_threshold(flat, m, math.ceil(m * r), seed)
         hash_seed = stable_seed(self.seed, self.step, name, "murmur") & 0xFFFFFFFF
         idx = _select(flat, threshold, 4 * self.k_for(n), hash_seed, self._ws, density=r)
         return sparse_payload(flat.index_select(0, idx), idx), make_ctx(x, name)

@@ -102,6 +102,12 @@ def dragonn_select(flat: Tensor, threshold: float, slots: int, seed: int) -> Ten
     return torch.ops.compbench_cpu.dragonn_select(flat, threshold, slots, seed)
 
 
+def sampled_threshold(flat: Tensor, m: int, j: int, seed: int) -> Tensor:
+    """1-element fp32: the j-th largest of abs over m samples of the murmur3 stream (NaN largest).
+    Twin: `compressors.dragonn.sampled_threshold`'s numpy path."""
+    return torch.ops.compbench_cpu.sampled_threshold(flat, m, j, seed)
+
+
 def block_absmax(flat: Tensor) -> Tensor:
     """fp32: the largest abs of each whole block of 64 elements, NaN ignored. Twin: AbsIndex's amax/amin."""
     return torch.ops.compbench_cpu.block_absmax(flat)
