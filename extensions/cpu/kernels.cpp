@@ -115,12 +115,32 @@ at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, 
   const uint32_t s = static_cast<uint32_t>(seed);
   const uint64_t m = static_cast<uint64_t>(slots);
   const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+  auto pass = [&](int64_t i) { atomic_max(t + murmur3_32(static_cast<uint32_t>(i), s) % m, i); };
   at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
-      if (absmax(p + lo, hi - lo) < thr) continue;  // NaN threshold: never skipped, nothing passes
+      int64_t lo = b * kBlock;
+      const int64_t hi = std::min(n, lo + kBlock);
+#if defined(__AVX2__)
+      // One mask of abs(x) >= thr per 8 lanes (ordered compare: NaN never passes), OR-ed over the
+      // block: a block with none is skipped after its one read; set bits name the passing elements.
+      const __m256 sign = _mm256_set1_ps(-0.f), vt = _mm256_set1_ps(thr);
+      unsigned masks[kBlock / 8];
+      unsigned any = 0;
+      const int64_t whole = (hi - lo) / 8;
+      for (int64_t v = 0; v < whole; ++v) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(p + lo + 8 * v));
+        masks[v] = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, vt, _CMP_GE_OQ)));
+        any |= masks[v];
+      }
+      if (any) {
+        for (int64_t v = 0; v < whole; ++v) {
+          for (unsigned bits = masks[v]; bits; bits &= bits - 1) pass(lo + 8 * v + __builtin_ctz(bits));
+        }
+      }
+      lo += 8 * whole;  // the tail of a partial last block
+#endif
       for (int64_t i = lo; i < hi; ++i) {
-        if (std::fabs(p[i]) >= thr) atomic_max(t + murmur3_32(static_cast<uint32_t>(i), s) % m, i);
+        if (std::fabs(p[i]) >= thr) pass(i);
       }
     }
   });
@@ -151,28 +171,28 @@ at::Tensor sampled_threshold(const at::Tensor& x, int64_t m, int64_t j, int64_t 
   TORCH_CHECK(0 < m && m < (int64_t{1} << 32) && 0 < j && j <= m, "sampled_threshold: needs 0 < j <= m < 2^32");
   const float* p = x.data_ptr<float>();
   const uint32_t s = static_cast<uint32_t>(seed);
-  constexpr int64_t kChunk = 65536, kBatch = 32;
+  constexpr int64_t kChunk = 65536, kAhead = 64;  // prefetch distance: ~64 misses in flight
   const int64_t chunks = (m + kChunk - 1) / kChunk;
   std::vector<std::vector<float>> tops(static_cast<size_t>(chunks));
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    int64_t idx[kBatch];
+    int64_t ring[kAhead];
     for (int64_t c = c0; c < c1; ++c) {
       std::priority_queue<float, std::vector<float>, Above> heap;
-      const int64_t end = std::min(m, (c + 1) * kChunk);
-      for (int64_t b = c * kChunk; b < end; b += kBatch) {
-        const int64_t len = std::min(kBatch, end - b);
-        for (int64_t i = 0; i < len; ++i) {
-          idx[i] = sample_index(static_cast<uint32_t>(b + i), s, static_cast<uint64_t>(n));
-          __builtin_prefetch(p + idx[i]);
-        }
-        for (int64_t i = 0; i < len; ++i) {
-          const float v = std::fabs(p[idx[i]]);
-          if (static_cast<int64_t>(heap.size()) < j) {
-            heap.push(v);
-          } else if (below(heap.top(), v)) {
-            heap.pop();
-            heap.push(v);
-          }
+      const int64_t begin = c * kChunk, end = std::min(m, begin + kChunk);
+      auto draw = [&](int64_t i) {
+        const int64_t at = sample_index(static_cast<uint32_t>(i), s, static_cast<uint64_t>(n));
+        __builtin_prefetch(p + at);
+        ring[i % kAhead] = at;
+      };
+      for (int64_t i = begin; i < std::min(end, begin + kAhead); ++i) draw(i);
+      for (int64_t i = begin; i < end; ++i) {
+        const float v = std::fabs(p[ring[i % kAhead]]);
+        if (i + kAhead < end) draw(i + kAhead);
+        if (static_cast<int64_t>(heap.size()) < j) {
+          heap.push(v);
+        } else if (below(heap.top(), v)) {
+          heap.pop();
+          heap.push(v);
         }
       }
       auto& out = tops[static_cast<size_t>(c)];
