@@ -14,13 +14,15 @@ not run again), one run folder each.
 Then (and alone with `--fit`) the node-aware model of `compbench.report.cluster_model` is fitted to
 the rows' communication times twice: on every row, and on the 2-node rows only, which then predict
 the 4-node rows they never saw. A row's predicted step is its measured compute, compression,
-decoding, optimizer and other time plus the model's communication; model.md has the table.
+decoding, optimizer and other time plus the model's communication; model.md has the table, fit.json
+the fit on every row (`compbench report DIR --fit outputs/whatif_cluster/fit.json`).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -87,13 +89,15 @@ def _read_rows(path: Path) -> list[dict]:
 
 
 def fit_report(rows: list[dict]) -> str:
-    """model.md: both fits' coefficients and, per row, measured and predicted step times."""
+    """model.md: both fits' coefficients and, per row, measured and predicted step times; fit.json:
+    the fit on every row."""
     shapes = [cluster_model.Shape(int(r["nodes"]), int(r["workers"]), r["gbps"]) for r in rows]
     terms = [cluster_model.features(r, s) for r, s in zip(rows, shapes, strict=True)]
     comm = [r["comm_ms"] for r in rows]
     two = [i for i, r in enumerate(rows) if r["nodes"] == 2]
     fits = {"all rows": cluster_model.fit(terms, comm),
             "2-node rows": cluster_model.fit([terms[i] for i in two], [comm[i] for i in two])}
+    (OUT / "fit.json").write_text(json.dumps(dataclasses.asdict(fits["all rows"]), indent=1) + "\n")
     out = ["# What-if model against the emulated cluster", "",
            "Predicted step = the row's measured compute + compress + decompress + optimizer + other, "
            "plus the model's communication; error = (predicted - measured) / measured step.", ""]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from compbench.report.whatif import allgather_s, break_even_workers, ps_s, ring_allreduce_s
+from compbench.report.whatif import RunProfile, break_even_workers, default_fit, predict_step_ms
 from tests.helpers import compbench
 
 pytestmark = pytest.mark.dist
@@ -42,16 +42,38 @@ def test_sweep_then_report(tmp_path):
     md = (sweep / "report.md").read_text()
     assert "What-if scaling" in md and "Assumptions" in md and "- `4`: boom" in md
 
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({"ms_per_call": 1.0, "ms_per_round": 0.1, "link_factor": 1.2,
+                               "machine_gb_per_s": 2.0}))
+    rep = compbench("report", str(sweep), "--fit", str(fit), "--per-node", "4")
+    assert rep.returncode == 0, rep.stderr
+    assert "4 worker(s) per machine; fitted: " in (sweep / "report.md").read_text()
+    fit.write_text("{}")
+    rep = compbench("report", str(sweep), "--fit", str(fit))
+    assert rep.returncode == 2 and rep.stderr.startswith("error: --fit ") and "Traceback" not in rep.stderr
+
+
+def _profile(comm: str, nbytes: float) -> RunProfile:
+    return RunProfile(comm=comm, world_size=2, compute_ms=10.0, compress_ms=0.0, decompress_ms=0.0,
+                      optimizer_ms=0.0, compressed_bytes=nbytes, dense_bytes=0.0, compressed_calls=1,
+                      dense_calls=0, gradient_bytes=400 * 1e6)
+
 
 def test_whatif_model_by_hand():
-    mb = 1e6
-    # ring allreduce, N=4, S=100 MB, alpha=10 us, B=1 GB/s: 2*3*1e-5 + 2*3/4 * 0.1 s
-    assert ring_allreduce_s(4, 100 * mb, 10e-6, 1e9) == pytest.approx(6e-5 + 0.15)
-    # allgather, N=8, S=1 MB per rank: 7 alpha + 7 MB / B
-    assert allgather_s(8, 1 * mb, 10e-6, 1e9) == pytest.approx(7e-5 + 7e-3)
-    # PS, N=4, S=4 MB: two phases, each 3 alpha + 3 * 1 MB / B
-    assert ps_s(4, 4 * mb, 10e-6, 1e9) == pytest.approx(2 * (3e-5 + 3e-3))
-    assert ring_allreduce_s(1, mb, 1, 1) == allgather_s(1, mb, 1, 1) == 0.0
+    mb, model = 1e6, default_fit(10.0)  # 10 us per round, links at their rate
+    comm_ms = {comm: predict_step_ms(_profile(comm, nbytes), n, 8.0, model) - 10.0  # 8 Gbit/s = 1 GB/s
+               for comm, nbytes, n in [("allreduce", 100 * mb, 4), ("allgather", mb, 8)]}
+    # one worker per machine: the flat alpha-beta model of ALGORITHMS.md
+    assert comm_ms["allreduce"] == pytest.approx(1e3 * (2 * 3 * 1e-5 + 2 * 3 / 4 * 0.1))  # ring, S=100 MB
+    assert comm_ms["allgather"] == pytest.approx(1e3 * (7e-5 + 7e-3))  # 7 rounds, 7 payloads of 1 MB
+    # PS, S=4 MB: all-to-all (of counts, then shards; each one round) and an allgather of 1 MB shards;
+    # the booked bytes are the shards plus the server's shard: S (1 + 1/N)
+    ps = predict_step_ms(_profile("ps", 4 * mb * 5 / 4), 4, 8.0, model) - 10.0
+    assert ps == pytest.approx(1e3 * (2e-5 + 3e-3 + 3e-5 + 3e-3))
+    # 4 workers per machine on 2 machines: the allgather's link carries 7 payloads, the same as
+    # above; comm=hierarchical sends 1 (K - 1) plus its two in-machine hops' latency
+    hier = predict_step_ms(_profile("hierarchical", mb), 8, 8.0, model, per_node=4) - 10.0
+    assert hier == pytest.approx(1e3 * (2 * 1e-5 + 7e-5 + 1e-3))
     # break-even: N * S < 2(N-1)/N * D. D = 400, S = 8: N=98 -> 784 < 791.8 holds, N=99 -> 792 < 791.9 fails
     assert break_even_workers(400, 8) == 98
     assert 98 * 8 < 2 * 97 / 98 * 400 and not 99 * 8 < 2 * 98 / 99 * 400

@@ -1,5 +1,6 @@
-"""`compbench report DIR [--latency-us A]`: Markdown + CSV tables, four PNG plots and what-if scaling
-for one run or a sweep (every results.json under DIR; failed jobs are listed with their error)."""
+"""`compbench report DIR [--latency-us A | --fit FIT.json] [--per-node L]`: Markdown + CSV tables,
+four PNG plots and what-if scaling for one run or a sweep (every results.json under DIR; failed jobs
+are listed with their error)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from compbench.report.whatif import ASSUMPTIONS, break_even_workers, predict_step_ms, profile_from_results
+from compbench.report.cluster_model import Fit
+from compbench.report.whatif import (
+    ASSUMPTIONS,
+    break_even_workers,
+    default_fit,
+    load_fit,
+    predict_step_ms,
+    profile_from_results,
+)
 from compbench.train.metrics import SPLIT, split_ms
 
 COLUMNS = ["job", "status", "compressor", "ratio", "comm", "memory", "scheduler", "engine", "workers",
@@ -78,8 +87,8 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def whatif_section(rows: list[dict[str, Any]], alpha_us: float) -> str:
-    out = [f"## What-if scaling (alpha = {alpha_us} us per message)", "", ASSUMPTIONS, ""]
+def whatif_section(rows: list[dict[str, Any]], model: Fit, per_node: int, source: str) -> str:
+    out = [f"## What-if scaling ({per_node} worker(s) per machine; {source})", "", ASSUMPTIONS, ""]
     for r in rows:
         if "_results" not in r:
             continue
@@ -90,7 +99,7 @@ def whatif_section(rows: list[dict[str, Any]], alpha_us: float) -> str:
         out.append("| workers | " + " | ".join(f"{g} Gbit/s" for g in WHATIF_GBPS) + " |")
         out.append("|---|" + "---|" * len(WHATIF_GBPS))
         for n in WHATIF_N:
-            cells = [f"{predict_step_ms(prof, n, g, alpha_us):.1f} ms" for g in WHATIF_GBPS]
+            cells = [f"{predict_step_ms(prof, n, g, model, per_node):.1f} ms" for g in WHATIF_GBPS]
             out.append(f"| {n} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
@@ -161,8 +170,14 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="compbench report")
     parser.add_argument("dir")
-    parser.add_argument("--latency-us", type=float, default=10.0, help="alpha of the what-if model")
+    parser.add_argument("--latency-us", type=float, default=10.0, help="what-if: latency per round")
+    parser.add_argument("--fit", help="what-if: fit.json of scripts/whatif_cluster.py (not --latency-us)")
+    parser.add_argument("--per-node", type=int, default=1, help="what-if: workers per machine")
     args = parser.parse_args(argv)
+    if args.per_node < 1:
+        raise ValueError(f"--per-node {args.per_node} must be >= 1 (workers per machine)")
+    model = load_fit(args.fit) if args.fit else default_fit(args.latency_us)
+    source = f"fitted: {args.fit}" if args.fit else f"{args.latency_us} us per message round"
     root = Path(args.dir)
     if not root.is_dir():
         raise ValueError(f"{root} is not a directory; pass a run or sweep directory (outputs/...)")
@@ -177,7 +192,7 @@ def main(argv: list[str]) -> int:
         md += ["## Failed runs", ""] + [f"- `{r['job']}`: {r['error']}" for r in failed] + [""]
     pngs = plots(rows, root / "plots")
     md += (["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs]
-           + ["", whatif_section(rows, args.latency_us)])
+           + ["", whatif_section(rows, model, args.per_node, source)])
     (root / "report.md").write_text("\n".join(md) + "\n")
     with open(root / "report.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")

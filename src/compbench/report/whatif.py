@@ -1,50 +1,31 @@
-"""What-if scaling with the alpha-beta network model of ALGORITHMS.md (assumptions below)."""
+"""What-if scaling of a run: its measured phases plus the node-aware alpha-beta model of
+`cluster_model.py` (assumptions below)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-ASSUMPTIONS = """Assumptions of the model:
-- alpha (latency per message) and B (bandwidth per worker link) are the same for every link; the
-  collective algorithms are ring allreduce, direct allgather and PS (all-to-all + all-gather);
-- one collective per communicated group per step (as the run's scheduler did), each paying its
-  latency term; dense (uncompressed) groups go through ring allreduce;
+from compbench.report.cluster_model import Fit, Shape, features
+
+ASSUMPTIONS = """Assumptions of the model (`report/cluster_model.py`):
+- N workers, L per machine (`--per-node`, default 1: every worker its own machine), each machine one
+  link of G Gbit/s each way; collectives as Gloo runs them: ring allreduce and ring allgather (ranks
+  in machine order, so a machine link carries one chunk per round) and an all-to-all that posts every
+  message at once (a machine link carries L * (N-L) of them); comm=hierarchical sends one payload
+  per machine between machines and the dense gradients to and from the machine's leader inside it;
+- per step: a fixed cost per collective, a latency per message round, the busiest link's bytes at G
+  (times a link factor) and the bytes all workers send at the machine's copy rate; with `--fit FILE`
+  (fit.json of scripts/whatif_cluster.py) the four are the ones fitted on an emulated cluster, else
+  `--latency-us` per round and nothing else;
+- one collective per communicated group per step (as the run's scheduler did); dense (uncompressed)
+  groups go through ring allreduce;
 - compute, encode and optimizer times are the run's measured medians and do not change with N;
   decoding grows linearly with the number of payloads decoded (allgather decodes N, ring and PS
   about a constant amount);
 - no overlap of communication with back-propagation (an upper bound on the step time);
-- the payload size per rank does not depend on N (true for every compressor here);
-- comm=hierarchical: N counts nodes (one payload per node), the copies inside a node are free.
+- the payload size per rank does not depend on N (true for every compressor here).
 """
-
-
-def ring_allreduce_s(n: int, nbytes: float, alpha_s: float, bytes_per_s: float) -> float:
-    """2(N-1) alpha + 2(N-1)/N * S/B."""
-    if n <= 1:
-        return 0.0
-    return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * nbytes / bytes_per_s
-
-
-def allgather_s(n: int, nbytes: float, alpha_s: float, bytes_per_s: float) -> float:
-    """(N-1) alpha + (sum over the N-1 peers of S_j)/B, every rank sending S."""
-    if n <= 1:
-        return 0.0
-    return (n - 1) * alpha_s + (n - 1) * nbytes / bytes_per_s
-
-
-def ps_s(n: int, nbytes: float, alpha_s: float, bytes_per_s: float) -> float:
-    """All-to-all of S/N shards, then all-gather of the compressed S/N shards."""
-    if n <= 1:
-        return 0.0
-    shard = nbytes / n
-    return 2 * ((n - 1) * alpha_s + (n - 1) * shard / bytes_per_s)
-
-
-# hierarchical: N counts nodes (one payload per node crosses the network, as an allgather among the
-# leaders); its copies inside a node are not modelled.
-COMM_MODELS = {"allreduce": ring_allreduce_s, "allgather": allgather_s, "ps": ps_s, "ring": ring_allreduce_s,
-               "hierarchical": allgather_s}
 
 
 def break_even_workers(dense_bytes: float, sparse_bytes: float) -> float:
@@ -77,19 +58,40 @@ class RunProfile:
     dense_bytes: float  # uncompressed groups through allreduce
     compressed_calls: int
     dense_calls: int
+    gradient_bytes: float = 0.0  # fp32 size of all gradients (comm=hierarchical's traffic inside a machine)
 
 
-def predict_step_ms(p: RunProfile, n: int, gbps: float, alpha_us: float) -> float:
-    bytes_per_s = gbps * 1e9 / 8
-    alpha = alpha_us * 1e-6
-    model = COMM_MODELS.get(p.comm, allgather_s)
-    comm_s = 0.0
-    if p.compressed_calls:
-        comm_s += p.compressed_calls * model(n, p.compressed_bytes / p.compressed_calls, alpha, bytes_per_s)
-    if p.dense_calls:
-        comm_s += p.dense_calls * ring_allreduce_s(n, p.dense_bytes / p.dense_calls, alpha, bytes_per_s)
-    decode = p.decompress_ms * (n / p.world_size if p.comm == "allgather" else 1.0)
-    return p.compute_ms + p.compress_ms + decode + p.optimizer_ms + comm_s * 1e3
+def default_fit(alpha_us: float) -> Fit:
+    """The model without a fit: `alpha_us` per message round, links at their rate, no other cost."""
+    return Fit(ms_per_call=0.0, ms_per_round=alpha_us * 1e-3, link_factor=1.0, machine_gb_per_s=math.inf)
+
+
+def load_fit(path: str) -> Fit:
+    """A fit.json written by scripts/whatif_cluster.py; one-line ValueError when it is not one."""
+    import json
+
+    try:
+        return Fit(**json.loads(open(path).read()))
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"--fit {path}: not a fit.json of scripts/whatif_cluster.py ({e}); "
+                         f"run `python scripts/whatif_cluster.py --fit` or leave --fit out") from None
+
+
+def predict_step_ms(p: RunProfile, n: int, gbps: float, model: Fit, per_node: int = 1) -> float:
+    """The run's step time with N workers, `per_node` of them per machine, on links of `gbps`."""
+    comm = COMM_NAMES.get(p.comm, p.comm)  # an unknown one: cluster_model.features names it
+    shape = Shape(nodes=max(1, n // max(1, per_node)), workers=n, gbps=gbps)
+    row = {"comm": comm, "bytes_sent_per_step": p.compressed_bytes + p.dense_bytes,
+           "bytes_allreduce_per_step": p.dense_bytes, "bytes_dense_per_step": p.gradient_bytes,
+           "compressed_calls_per_step": p.compressed_calls, "dense_calls_per_step": p.dense_calls}
+    comm_ms = model.comm_ms(features(row, shape)) if n > 1 else 0.0
+    decode = p.decompress_ms * (n / p.world_size if comm == "allgather" else 1.0)
+    return p.compute_ms + p.compress_ms + decode + p.optimizer_ms + comm_ms
+
+
+# Communicators the model knows by their collectives (ddp and horovod_optimizer book dense calls).
+COMM_NAMES = {"allgather": "allgather", "ps": "ps", "hierarchical": "hierarchical", "ring": "ring",
+              "allreduce": "allreduce", "ddp": "allreduce", "horovod_optimizer": "allreduce"}
 
 
 def profile_from_results(results: dict) -> RunProfile:
@@ -105,4 +107,5 @@ def profile_from_results(results: dict) -> RunProfile:
         decompress_ms=s.get("decompress_ms") or 0.0, optimizer_ms=s.get("optimizer_ms") or 0.0,
         compressed_bytes=max(0.0, sent - dense), dense_bytes=dense,
         compressed_calls=int(calls_c or 0), dense_calls=int(calls_d or 0),
+        gradient_bytes=s.get("bytes_dense_per_step") or 0.0,
     )
