@@ -43,8 +43,8 @@ def test_sweep_then_report(tmp_path):
     assert "What-if scaling" in md and "Assumptions" in md and "- `4`: boom" in md
 
     fit = tmp_path / "fit.json"
-    fit.write_text(json.dumps({"ms_per_call": 1.0, "ms_per_round": 0.1, "link_factor": 1.2,
-                               "machine_gb_per_s": 2.0}))
+    fit.write_text(json.dumps({"ms_per_waited": 1.0, "ms_per_queued": 0.1, "ms_per_round": 0.1,
+                               "link_factor": 1.2, "machine_gb_per_s": 2.0}))
     rep = compbench("report", str(sweep), "--fit", str(fit), "--per-node", "4")
     assert rep.returncode == 0, rep.stderr
     assert "4 worker(s) per machine; fitted: " in (sweep / "report.md").read_text()

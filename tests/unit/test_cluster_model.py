@@ -44,24 +44,26 @@ def test_hierarchical_crosses_with_one_payload_per_node() -> None:
     assert hier["cross_s"] == pytest.approx(3 / 7 * flat["cross_s"])  # K-1 = 3 payloads, not N-1 = 7
     # members send the dense 100 MB to their leader and get it back: 4 nodes x 1 member x 2
     assert hier["machine_bytes"] == pytest.approx(4 * 7 * MB + 2 * 4 * 100 * MB)
-    assert hier["calls"] == 3
+    assert hier["waited"] == 3 and hier["queued"] == 0  # comm=hierarchical is blocking
+    assert flat["queued"] == 1 and flat["waited"] == 0
 
 
 def test_fit_recovers_the_coefficients_it_was_made_with() -> None:
-    truth = cluster_model.Fit(ms_per_call=2.0, ms_per_round=0.5, link_factor=1.1, machine_gb_per_s=3.0)
+    truth = cluster_model.Fit(ms_per_waited=2.0, ms_per_queued=0.2, ms_per_round=0.5, link_factor=1.1,
+                              machine_gb_per_s=3.0)
     rng = random.Random(0)
     rows = []
     for _ in range(40):
         shape = Shape(nodes=rng.choice([1, 2, 4]), workers=8, gbps=rng.choice([1.0, 10.0]))
-        comm = rng.choice(["allgather", "ps", "hierarchical"])
+        comm = rng.choice(["allgather", "ps", "hierarchical", "allreduce"])
         rows.append(features(_row(comm, rng.uniform(0.1, 100) * MB, calls=rng.randint(1, 20)), shape))
     got = fit(rows, [truth.comm_ms(t) for t in rows])
-    for name in ("ms_per_call", "ms_per_round", "link_factor", "machine_gb_per_s"):
+    for name in ("ms_per_waited", "ms_per_queued", "ms_per_round", "link_factor", "machine_gb_per_s"):
         assert math.isclose(getattr(got, name), getattr(truth, name), rel_tol=1e-6), name
 
 
 def test_fit_refuses_too_few_rows() -> None:
-    with pytest.raises(ValueError, match="at least 4"):
+    with pytest.raises(ValueError, match="at least 5"):
         fit([features(_row("allgather", MB), Shape(2, 2, 1.0))], [1.0])
 
 

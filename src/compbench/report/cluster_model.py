@@ -8,25 +8,29 @@ algorithm: Gloo's allgather and allreduce are rings over ranks in node order, so
 machine boundary carries a chunk per round, while its all-to-all posts every message at once, so a
 machine's link carries L * (N - L) of them. The model's four terms, per step:
 
-    comm_ms = a * calls + b * rounds + c * cross_bytes / G + d * machine_bytes
+    comm_ms = a * waited + a' * queued + b * rounds + c * cross_bytes / G + d * machine_bytes
 
-- calls: collectives started (Horovod negotiates each one in its background cycle, Python packs);
+- waited: collectives of a blocking communicator (its `traits.blocking`: ps, hierarchical, ring),
+  each started after the previous one ended, so each pays Horovod's negotiation round trip and
+  Python's packing in full; queued: the collectives an asynchronous one (allgather, allreduce)
+  starts together, which the engine negotiates and runs back to back;
 - rounds: message rounds that wait for the previous one (N-1 per ring allgather, 2(N-1) per ring
   allreduce, 1 per all-to-all, which posts its messages together);
 - cross_bytes / G: the bytes the busiest machine link carries one way, at its rate G (seconds);
 - machine_bytes: bytes all workers send, which the kernel copies through sockets; on an emulated
   cluster every node shares the same cores, on a real one this is the intra-node share.
-The terms are linear in (a, b, c, d), which are fitted by non-negative least squares on relative
-errors. A payload per rank `S` is the run's measured bytes per call (compbench books them).
+The terms are linear in their coefficients, which are fitted by non-negative least squares on
+relative errors. A payload per rank `S` is the run's measured bytes per call (compbench books them).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-TERMS = ("calls", "rounds", "cross_s", "machine_bytes")
+TERMS = ("waited", "queued", "rounds", "cross_s", "machine_bytes")
 
 
 @dataclass
@@ -50,7 +54,7 @@ def _zero() -> dict[str, float]:
 
 def _add(acc: dict[str, float], shape: Shape, calls: float, rounds: float, cross: float,
          machine: float) -> None:
-    acc["calls"] += calls
+    acc["queued"] += calls  # features() moves them to "waited" for a blocking communicator
     acc["rounds"] += rounds
     acc["cross_s"] += cross / shape.link_bytes_per_s if shape.nodes > 1 else 0.0
     acc["machine_bytes"] += machine
@@ -121,23 +125,34 @@ def features(row: dict, shape: Shape) -> dict[str, float]:
         ring_allreduce(acc, shape, per_call, calls)
     else:
         raise ValueError(f"comm={comm}: the cluster model knows allgather, ps, hierarchical, allreduce, ring")
+    if blocking(comm):
+        acc["waited"], acc["queued"] = acc["queued"], 0.0
     return acc
+
+
+def blocking(comm: str) -> bool:
+    """The communicator's declared `traits.blocking` (it finishes each exchange inside `reduce`)."""
+    from compbench import registry
+
+    return bool(registry.component_class("comm", comm).traits.blocking)
 
 
 @dataclass
 class Fit:
-    """Fitted coefficients: ms per call, ms per round, link efficiency (1 = the shaped rate, as
-    ms per ms of link time), and the machine's copy rate (GB/s, inf when not limiting)."""
+    """Fitted coefficients: ms per waited and per queued collective, ms per round, link factor (1 =
+    the shaped rate: ms per ms of link time), and the machine's copy rate (GB/s, inf: not limiting)."""
 
-    ms_per_call: float
+    ms_per_waited: float
+    ms_per_queued: float
     ms_per_round: float
     link_factor: float
     machine_gb_per_s: float
 
     def comm_ms(self, terms: dict[str, float]) -> float:
         per_byte_ms = 0.0 if self.machine_gb_per_s == float("inf") else 1e3 / (self.machine_gb_per_s * 1e9)
-        return (self.ms_per_call * terms["calls"] + self.ms_per_round * terms["rounds"]
-                + self.link_factor * terms["cross_s"] * 1e3 + per_byte_ms * terms["machine_bytes"])
+        return (self.ms_per_waited * terms["waited"] + self.ms_per_queued * terms["queued"]
+                + self.ms_per_round * terms["rounds"] + self.link_factor * terms["cross_s"] * 1e3
+                + per_byte_ms * terms["machine_bytes"])
 
 
 def fit(terms: list[dict[str, float]], comm_ms: list[float]) -> Fit:
@@ -146,11 +161,11 @@ def fit(terms: list[dict[str, float]], comm_ms: list[float]) -> Fit:
 
     if len(terms) < len(TERMS):
         raise ValueError(f"the cluster model needs at least {len(TERMS)} measured rows, got {len(terms)}")
-    scale = np.array([1.0, 1.0, 1e3, 1.0])  # cross_s in ms, like the target
+    scale = np.array([1.0, 1.0, 1.0, 1e3, 1.0])  # cross_s in ms, like the target
     x = np.array([[t[k] for k in TERMS] for t in terms]) * scale
     y = np.asarray(comm_ms, dtype=float)
     w = 1.0 / np.maximum(y, 1e-3)
     coef, _ = nnls(x * w[:, None], y * w)
-    machine_ms_per_byte = coef[3]
-    return Fit(ms_per_call=float(coef[0]), ms_per_round=float(coef[1]), link_factor=float(coef[2]),
-               machine_gb_per_s=float("inf") if machine_ms_per_byte == 0 else 1e3 / machine_ms_per_byte / 1e9)
+    waited, queued, rounds, link, per_byte = (float(c) for c in coef)
+    return Fit(ms_per_waited=waited, ms_per_queued=queued, ms_per_round=rounds, link_factor=link,
+               machine_gb_per_s=math.inf if per_byte == 0 else 1e3 / per_byte / 1e9)

@@ -14,10 +14,11 @@ ASSUMPTIONS = """Assumptions of the model (`report/cluster_model.py`):
   in machine order, so a machine link carries one chunk per round) and an all-to-all that posts every
   message at once (a machine link carries L * (N-L) of them); comm=hierarchical sends one payload
   per machine between machines and the dense gradients to and from the machine's leader inside it;
-- per step: a fixed cost per collective, a latency per message round, the busiest link's bytes at G
-  (times a link factor) and the bytes all workers send at the machine's copy rate; with `--fit FILE`
-  (fit.json of scripts/whatif_cluster.py) the four are the ones fitted on an emulated cluster, else
-  `--latency-us` per round and nothing else;
+- per step: a fixed cost per collective (one for those a blocking communicator waits for one by
+  one, one for those an asynchronous one starts together), a latency per message round, the busiest
+  link's bytes at G (times a link factor) and the bytes all workers send at the machine's copy rate;
+  with `--fit FILE` (fit.json of scripts/whatif_cluster.py) the five are the ones fitted on an
+  emulated cluster, else `--latency-us` per round and nothing else;
 - one collective per communicated group per step (as the run's scheduler did); dense (uncompressed)
   groups go through ring allreduce;
 - compute, encode and optimizer times are the run's measured medians and do not change with N;
@@ -63,7 +64,8 @@ class RunProfile:
 
 def default_fit(alpha_us: float) -> Fit:
     """The model without a fit: `alpha_us` per message round, links at their rate, no other cost."""
-    return Fit(ms_per_call=0.0, ms_per_round=alpha_us * 1e-3, link_factor=1.0, machine_gb_per_s=math.inf)
+    return Fit(ms_per_waited=0.0, ms_per_queued=0.0, ms_per_round=alpha_us * 1e-3, link_factor=1.0,
+               machine_gb_per_s=math.inf)
 
 
 def load_fit(path: str) -> Fit:
