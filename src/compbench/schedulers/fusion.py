@@ -64,6 +64,7 @@ class Part:
         self.numel = sum(p.numel() for _, p in members)
         self.shape = members[0][1].shape if not self.fused else torch.Size([self.numel])
         self._flat: Tensor | None = None
+        self._view_list: list[tuple[nn.Parameter, Tensor]] | None = None
         if self.fused and len({(p.dtype, p.device) for _, p in members}) > 1:
             raise ValueError(f"scheduler: {name} would fuse tensors of different dtypes or devices; "
                              "use scheduler=layerwise")
@@ -75,11 +76,14 @@ class Part:
         return self._flat
 
     def _views(self) -> list[tuple[nn.Parameter, Tensor]]:
-        flat, pos, out = self._buffer(), 0, []
-        for _, p in self.members:
-            out.append((p, flat[pos : pos + p.numel()].view(p.shape)))
-            pos += p.numel()
-        return out
+        """(member, its view of the flat buffer), made once: the same view objects every step, so a
+        bound member is recognised by identity (`p.grad is view`) without comparing memory."""
+        if self._view_list is None:
+            flat, pos, self._view_list = self._buffer(), 0, []
+            for _, p in self.members:
+                self._view_list.append((p, flat[pos : pos + p.numel()].view(p.shape)))
+                pos += p.numel()
+        return self._view_list
 
     def bind(self) -> None:
         """Before back-propagation: the members' gradients become zeroed views of the flat buffer."""
@@ -100,7 +104,7 @@ class Part:
         for p, view in self._views():
             if p.grad is None:
                 p.grad = view.zero_()
-            else:
+            elif p.grad is not view:  # not bound, or autograd replaced the bound view
                 land(view, p.grad)
         return self._buffer()
 
