@@ -70,3 +70,10 @@ def test_fit_refuses_too_few_rows() -> None:
 def test_unknown_comm_is_named() -> None:
     with pytest.raises(ValueError, match="comm=tree"):
         features(_row("tree", MB), Shape(2, 4, 1.0))
+
+
+def test_dense_path_is_queued_even_under_a_blocking_communicator() -> None:
+    row = {**_row("ps", 2 * MB, calls=2), "bytes_allreduce_per_step": MB, "dense_calls_per_step": 4}
+    t = features(row, Shape(nodes=2, workers=4, gbps=1.0))
+    assert t["queued"] == 4  # the dense allreduces
+    assert t["waited"] == 2 * 3  # per compressed call: counts, shards, the servers' allgather

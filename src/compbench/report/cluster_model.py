@@ -6,7 +6,7 @@ Why not the flat model of `whatif.py`: there every worker owns a link of rate B.
 L workers of a machine share its link, and which collective crosses it how often depends on the
 algorithm: Gloo's allgather and allreduce are rings over ranks in node order, so one hop per
 machine boundary carries a chunk per round, while its all-to-all posts every message at once, so a
-machine's link carries L * (N - L) of them. The model's four terms, per step:
+machine's link carries L * (N - L) of them. The model's five terms, per step:
 
     comm_ms = a * waited + a' * queued + b * rounds + c * cross_bytes / G + d * machine_bytes
 
@@ -95,16 +95,21 @@ def to_leaders(acc: dict[str, float], shape: Shape, nbytes: float, calls: float 
 
 def features(row: dict, shape: Shape) -> dict[str, float]:
     """The model's terms for one run (a rows.csv row or a results.json summary with its comm)."""
-    acc = _zero()
+    dense_acc, acc = _zero(), _zero()
     calls = float(row.get("compressed_calls_per_step") or 0)
     dense_calls = float(row.get("dense_calls_per_step") or 0)
     allreduced = float(row.get("bytes_allreduce_per_step") or 0)
     sent = float(row.get("bytes_sent_per_step") or 0) - allreduced
-    if dense_calls:
-        ring_allreduce(acc, shape, allreduced / dense_calls, dense_calls)
-    if not calls:
-        return acc
-    per_call = sent / calls
+    if dense_calls:  # the dense path: the engine's asynchronous allreduce, whatever the communicator
+        ring_allreduce(dense_acc, shape, allreduced / dense_calls, dense_calls)
+    if calls:
+        _compressed(acc, row, shape, sent / calls, calls)
+        if blocking(row["comm"]):
+            acc["waited"], acc["queued"] = acc["queued"], 0.0
+    return {k: acc[k] + dense_acc[k] for k in TERMS}
+
+
+def _compressed(acc: dict[str, float], row: dict, shape: Shape, per_call: float, calls: float) -> None:
     comm, n = row["comm"], shape.workers
     if comm == "allgather":
         ring_allgather(acc, shape, per_call, calls)
@@ -116,6 +121,7 @@ def features(row: dict, shape: Shape) -> dict[str, float]:
         alltoall(acc, shape, shards, calls)
         ring_allgather(acc, shape, shards / n, calls)
     elif comm == "hierarchical":
+        allreduced = float(row.get("bytes_allreduce_per_step") or 0)
         dense = (float(row.get("bytes_dense_per_step") or 0) - allreduced) / calls
         to_leaders(acc, shape, dense, calls)
         if shape.nodes > 1:
@@ -125,9 +131,6 @@ def features(row: dict, shape: Shape) -> dict[str, float]:
         ring_allreduce(acc, shape, per_call, calls)
     else:
         raise ValueError(f"comm={comm}: the cluster model knows allgather, ps, hierarchical, allreduce, ring")
-    if blocking(comm):
-        acc["waited"], acc["queued"] = acc["queued"], 0.0
-    return acc
 
 
 def blocking(comm: str) -> bool:
