@@ -12,7 +12,7 @@ import torch
 from compbench.compressors.dragonn import DRAGONN, _select, sample_indices, sampled_threshold
 from compbench.compressors.packing import _pack_signs_numpy
 from compbench.compressors.sparse import AbsIndex, Workspace
-from compbench.kernels import cpu
+from compbench.kernels import cpu, twins
 
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
 
@@ -129,3 +129,31 @@ def test_refuses_what_it_cannot_read():
         cpu.pack_signs(torch.zeros(8, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="contiguous CPU fp32"):
         cpu.block_absmax(torch.zeros(128, 2).t())
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 3, 4, 1001, 1 << 18])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_terngrad_codes_match_the_cuda_kernels_twin(n, threads):
+    x = _gradient(n, 4)
+    scale = x.nan_to_num(nan=0.0).abs().max().reshape(1)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu.terngrad_codes(x, scale, 2**40 + 9)  # seeds are taken mod 2^32, as on the GPU
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(got, twins.terngrad_codes(x, scale, 9))
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 5, 1 << 18])
+def test_tbq_step_matches_twin(n):
+    g = _gradient(n, 5)
+    r_kernel = torch.randn(n) * 0.5
+    r_twin = r_kernel.clone()
+    for _ in range(3):  # the residual carries over
+        got = cpu.tbq_step(r_kernel, g, 0.7)
+        want = twins.tbq_step(r_twin, g, 0.7)
+        assert torch.equal(got, want)
+        assert torch.allclose(r_kernel, r_twin, rtol=0, atol=0, equal_nan=True)

@@ -17,7 +17,7 @@ from compbench.compressors.packing import (
     ternary_codes,
     ternary_values,
 )
-from compbench.kernels import cuda_kernels_enabled
+from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
 
 
 class TBQ(PackedCodeCompressor):
@@ -54,6 +54,8 @@ class TBQ(PackedCodeCompressor):
             from compbench.kernels import ops
 
             return [ops.tbq_step(r, flat, self.tau)], make_ctx(x, name, tau=self.tau)
+        if cpu_kernels_enabled(flat):  # the same step in one compiled pass
+            return [cpu.tbq_step(r, flat, self.tau)], make_ctx(x, name, tau=self.tau)
         work = self._work.like(name, flat)
         return [_threshold_quantize(r, flat, self.tau, work)], make_ctx(x, name, tau=self.tau)
 

@@ -19,7 +19,7 @@ from compbench.compressors.packing import (
     ternary_values,
     uniform_noise,
 )
-from compbench.kernels import cuda_kernels_enabled
+from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
 
 
 class TernGrad(PackedCodeCompressor):
@@ -59,12 +59,18 @@ class TernGrad(PackedCodeCompressor):
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.reshape(-1).float()
         clip_sigma = self.clip_sigma if self.clip else None
-        if cuda_kernels_enabled(flat) and flat.numel():
-            from compbench.kernels import ops
-
-            # The kernel draws U from the counter-based stream of the seed (twins.terngrad_codes).
+        if flat.numel() and (cuda_kernels_enabled(flat) or cpu_kernels_enabled(flat)):
+            # The kernels (CUDA and compiled CPU alike) draw U from the counter-based stream of the
+            # seed (twins.terngrad_codes) in the pass that packs; without them numpy's PCG64 fills a
+            # noise tensor first (same distribution, another stream).
             scale = _scale(flat, clip_sigma)
-            packed = ops.terngrad_codes(flat, scale, noise_seed(self.seed, self.step, name))
+            seed = noise_seed(self.seed, self.step, name)
+            if flat.is_cuda:
+                from compbench.kernels import ops
+
+                packed = ops.terngrad_codes(flat, scale, seed)
+            else:
+                packed = cpu.terngrad_codes(flat, scale, seed)
             return [packed, scale.reshape(1)], make_ctx(x, name)
         noise = self._noise.like(name, flat)
         uniform_noise(noise, self.seed, self.step, name)

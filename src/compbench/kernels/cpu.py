@@ -118,6 +118,17 @@ def pack_signs(flat: Tensor) -> tuple[Tensor, Tensor]:
     return torch.ops.compbench_cpu.pack_signs(flat)
 
 
+def terngrad_codes(flat: Tensor, scale: Tensor, seed: int) -> Tensor:
+    """Packed 2-bit TernGrad codes with the counter-based stream of the CUDA kernel (seed mod 2^32).
+    Twin: `kernels.twins.terngrad_codes`."""
+    return torch.ops.compbench_cpu.terngrad_codes(flat, scale, seed & 0xFFFFFFFF)
+
+
+def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
+    """TBQ's step, residual `r` updated in place; packed 2-bit codes. Twin: `kernels.twins.tbq_step`."""
+    return torch.ops.compbench_cpu.tbq_step(r, g, tau)
+
+
 def main() -> None:
     """`make setup`: build (or find) the extension and say where it is."""
     try:
