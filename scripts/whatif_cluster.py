@@ -102,7 +102,7 @@ def fit_report(rows: list[dict]) -> str:
            "Predicted step = the row's measured compute + compress + decompress + optimizer + other, "
            "plus the model's communication; error = (predicted - measured) / measured step.", ""]
     for name, f in fits.items():
-        out.append(f"- fit on {name}: {f.ms_per_waited:.2f} ms per waited collective, "
+        out.append(f"- fit on {name}: {f.ms_per_waited:.2f} ms per waited collective and peer, "
                    f"{f.ms_per_queued:.2f} ms per queued one, {f.ms_per_round:.3f} ms per round, "
                    f"link time x {f.link_factor:.3f}, machine copies {f.machine_gb_per_s:.2f} GB/s")
     out += ["", "| K | Gbit/s | N | compressor | comm | step ms | comm ms | predicted (all) | error | "

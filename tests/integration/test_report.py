@@ -65,15 +65,16 @@ def test_whatif_model_by_hand():
                for comm, nbytes, n in [("allreduce", 100 * mb, 4), ("allgather", mb, 8)]}
     # one worker per machine: the flat alpha-beta model of ALGORITHMS.md
     assert comm_ms["allreduce"] == pytest.approx(1e3 * (2 * 3 * 1e-5 + 2 * 3 / 4 * 0.1))  # ring, S=100 MB
-    assert comm_ms["allgather"] == pytest.approx(1e3 * (7e-5 + 7e-3))  # 7 rounds, 7 payloads of 1 MB
+    # 7 rounds, 7 payloads of 1 MB; and 7 rounds of the sizes' allgather before them
+    assert comm_ms["allgather"] == pytest.approx(1e3 * (7e-5 + 7e-3 + 7e-5))
     # PS, S=4 MB: all-to-all (of counts, then shards; each one round) and an allgather of 1 MB shards;
     # the booked bytes are the shards plus the server's shard: S (1 + 1/N)
     ps = predict_step_ms(_profile("ps", 4 * mb * 5 / 4), 4, 8.0, model) - 10.0
-    assert ps == pytest.approx(1e3 * (2e-5 + 3e-3 + 3e-5 + 3e-3))
+    assert ps == pytest.approx(1e3 * (2e-5 + 3e-3 + 2 * 3e-5 + 3e-3))
     # 4 workers per machine on 2 machines: the allgather's link carries 7 payloads, the same as
     # above; comm=hierarchical sends 1 (K - 1) plus its two in-machine hops' latency
     hier = predict_step_ms(_profile("hierarchical", mb), 8, 8.0, model, per_node=4) - 10.0
-    assert hier == pytest.approx(1e3 * (2 * 1e-5 + 7e-5 + 1e-3))
+    assert hier == pytest.approx(1e3 * (2 * 1e-5 + 2 * 7e-5 + 1e-3))
     # break-even: N * S < 2(N-1)/N * D. D = 400, S = 8: N=98 -> 784 < 791.8 holds, N=99 -> 792 < 791.9 fails
     assert break_even_workers(400, 8) == 98
     assert 98 * 8 < 2 * 97 / 98 * 400 and not 99 * 8 < 2 * 98 / 99 * 400

@@ -20,14 +20,14 @@ def _row(comm: str, sent: float, calls: int = 1, dense: float = 100 * MB) -> dic
 
 def test_ring_allgather_sends_n_minus_1_payloads_over_each_machine_link() -> None:
     t = features(_row("allgather", MB), Shape(nodes=2, workers=8, gbps=1.0))
-    assert t["rounds"] == 7
+    assert t["rounds"] == 2 * 7  # the sizes' allgather, then the payloads'
     assert t["cross_s"] == pytest.approx(7 * MB / 125e6)  # 1 Gbit/s = 125 MB/s
     assert t["machine_bytes"] == pytest.approx(8 * 7 * MB)
 
 
 def test_one_machine_has_no_link_term() -> None:
     t = features(_row("allgather", MB), Shape(nodes=1, workers=4, gbps=1.0))
-    assert t["cross_s"] == 0 and t["rounds"] == 3
+    assert t["cross_s"] == 0 and t["rounds"] == 2 * 3
 
 
 def test_alltoall_loads_a_machine_link_with_l_times_n_minus_l_messages() -> None:
@@ -44,8 +44,9 @@ def test_hierarchical_crosses_with_one_payload_per_node() -> None:
     assert hier["cross_s"] == pytest.approx(3 / 7 * flat["cross_s"])  # K-1 = 3 payloads, not N-1 = 7
     # members send the dense 100 MB to their leader and get it back: 4 nodes x 1 member x 2
     assert hier["machine_bytes"] == pytest.approx(4 * 7 * MB + 2 * 4 * 100 * MB)
-    assert hier["waited"] == 3 and hier["queued"] == 0  # comm=hierarchical is blocking
-    assert flat["queued"] == 1 and flat["waited"] == 0
+    # blocking: (in, sizes + payloads between nodes, out) = 4 collectives x (N-1) peers
+    assert hier["waited"] == 4 * 7 and hier["queued"] == 0
+    assert flat["queued"] == 2 and flat["waited"] == 0  # the sizes, then the payloads
 
 
 def test_fit_recovers_the_coefficients_it_was_made_with() -> None:
@@ -76,4 +77,4 @@ def test_dense_path_is_queued_even_under_a_blocking_communicator() -> None:
     row = {**_row("ps", 2 * MB, calls=2), "bytes_allreduce_per_step": MB, "dense_calls_per_step": 4}
     t = features(row, Shape(nodes=2, workers=4, gbps=1.0))
     assert t["queued"] == 4  # the dense allreduces
-    assert t["waited"] == 2 * 3  # per compressed call: counts, shards, the servers' allgather
+    assert t["waited"] == 2 * 4 * 3  # per call: counts, shards, the servers' allgather (2); 3 peers

@@ -11,9 +11,11 @@ machine's link carries L * (N - L) of them. The model's five terms, per step:
     comm_ms = a * waited + a' * queued + b * rounds + c * cross_bytes / G + d * machine_bytes
 
 - waited: collectives of a blocking communicator (its `traits.blocking`: ps, hierarchical, ring),
-  each started after the previous one ended, so each pays Horovod's negotiation round trip and
-  Python's packing in full; queued: the collectives an asynchronous one (allgather, allreduce)
-  starts together, which the engine negotiates and runs back to back;
+  each started after the previous one ended, times N-1: each pays in full the engine's negotiation,
+  which passes through every rank (and, on an emulated cluster, waits for each of the N processes
+  to be scheduled on the shared cores; measured: the cost per waited collective grows with N);
+  queued: the collectives an asynchronous one (allgather, allreduce) starts together, which the
+  engine negotiates and runs back to back;
 - rounds: message rounds that wait for the previous one (N-1 per ring allgather, 2(N-1) per ring
   allreduce, 1 per all-to-all, which posts its messages together);
 - cross_bytes / G: the bytes the busiest machine link carries one way, at its rate G (seconds);
@@ -70,13 +72,15 @@ def ring_allreduce(acc: dict[str, float], shape: Shape, nbytes: float, calls: fl
 def ring_allgather(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0,
                    senders: int | None = None) -> None:
     """N-1 rounds, each passing one rank's payload along; `senders` ranks (one per node: the
-    leaders of comm=hierarchical) have a payload, the others send nothing of their own."""
+    leaders of comm=hierarchical) have a payload, the others send nothing of their own. Two
+    collectives each: compbench's engines exchange the payloads' sizes first (an allgather of its
+    own), since they differ between ranks."""
     n, k = shape.workers, shape.nodes
     if senders is None:  # every rank: each boundary carries N-1 payloads
         cross, machine = (n - 1) * nbytes, n * (n - 1) * nbytes
     else:  # one payload per node: a boundary carries the K-1 payloads from other nodes
         cross, machine = (k - 1) * nbytes, senders * (n - 1) * nbytes
-    _add(acc, shape, calls, calls * (n - 1), calls * cross, calls * machine)
+    _add(acc, shape, 2 * calls, 2 * calls * (n - 1), calls * cross, calls * machine)
 
 
 def alltoall(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0) -> None:
@@ -105,7 +109,7 @@ def features(row: dict, shape: Shape) -> dict[str, float]:
     if calls:
         _compressed(acc, row, shape, sent / calls, calls)
         if blocking(row["comm"]):
-            acc["waited"], acc["queued"] = acc["queued"], 0.0
+            acc["waited"], acc["queued"] = acc["queued"] * (shape.workers - 1), 0.0
     return {k: acc[k] + dense_acc[k] for k in TERMS}
 
 
@@ -142,8 +146,9 @@ def blocking(comm: str) -> bool:
 
 @dataclass
 class Fit:
-    """Fitted coefficients: ms per waited and per queued collective, ms per round, link factor (1 =
-    the shaped rate: ms per ms of link time), and the machine's copy rate (GB/s, inf: not limiting)."""
+    """Fitted coefficients: ms per waited collective and peer, ms per queued collective, ms per
+    round, link factor (1 = the shaped rate: ms per ms of link time), and the machine's copy rate
+    (GB/s, inf: not limiting)."""
 
     ms_per_waited: float
     ms_per_queued: float

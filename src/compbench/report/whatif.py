@@ -14,8 +14,8 @@ ASSUMPTIONS = """Assumptions of the model (`report/cluster_model.py`):
   in machine order, so a machine link carries one chunk per round) and an all-to-all that posts every
   message at once (a machine link carries L * (N-L) of them); comm=hierarchical sends one payload
   per machine between machines and the dense gradients to and from the machine's leader inside it;
-- per step: a fixed cost per collective (one for those a blocking communicator waits for one by
-  one, one for those an asynchronous one starts together), a latency per message round, the busiest
+- per step: a cost per collective (for those a blocking communicator waits for one by one, per
+  peer; for those an asynchronous one starts together, a fixed one), a latency per message round, the busiest
   link's bytes at G (times a link factor) and the bytes all workers send at the machine's copy rate;
   with `--fit FILE` (fit.json of scripts/whatif_cluster.py) the five are the ones fitted on an
   emulated cluster, else `--latency-us` per round and nothing else;
