@@ -15,8 +15,9 @@ ASSUMPTIONS = """Assumptions of the model (`report/cluster_model.py`):
   message at once (a machine link carries L * (N-L) of them); comm=hierarchical sends one payload
   per machine between machines and the dense gradients to and from the machine's leader inside it;
 - per step: a cost per collective (for those a blocking communicator waits for one by one, per
-  peer; for those an asynchronous one starts together, a fixed one), a latency per message round, the busiest
-  link's bytes at G (times a link factor) and the bytes all workers send at the machine's copy rate;
+  peer; for those an asynchronous one starts together, a fixed one), a latency per message round,
+  the busiest link's bytes at G (times a link factor) and the bytes all workers send at the
+  machine's copy rate;
   with `--fit FILE` (fit.json of scripts/whatif_cluster.py) the five are the ones fitted on an
   emulated cluster, else `--latency-us` per round and nothing else;
 - one collective per communicated group per step (as the run's scheduler did); dense (uncompressed)
