@@ -1,6 +1,6 @@
 """The what-if model measured: step times on emulated clusters (`compbench cluster`) for the report.
 
-    python scripts/whatif_cluster.py                  # the grid below (root; ~1 h on 2 cores)
+    python scripts/whatif_cluster.py                  # the grid below (root; hours on 2 cores)
     python scripts/whatif_cluster.py --nodes 2 --gbps 1 --workers 2,4 --compressors dgc --comms hierarchical
 
 Every row is a real job: `horovodrun -np N -H n1:N/K,...` inside a K-node cluster whose node links
