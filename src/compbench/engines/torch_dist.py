@@ -57,11 +57,9 @@ class TorchEngine(EngineBase):
         # tensor goes as chunks of DDP's bucket size, each its own collective, as DDP's buckets do:
         # Gloo runs queued collectives on its worker threads at once, so the reductions of the chunks
         # share the cores instead of one thread reducing 67 MB alone.
-        flat = t.view(-1) if t.is_contiguous() else None
-        if flat is None or t.device.type != "cpu":
-            pieces = [t]
-        else:
-            pieces = list(flat.split(max(1, DENSE_CHUNK_BYTES // t.element_size())))
+        pieces = [t]
+        if t.is_contiguous() and t.device.type == "cpu":
+            pieces = list(t.view(-1).split(max(1, DENSE_CHUNK_BYTES // t.element_size())))
         works = [dist.all_reduce(piece, async_op=True) for piece in pieces]
 
         def finish() -> Tensor:

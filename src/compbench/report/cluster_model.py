@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -107,14 +108,17 @@ def features(row: dict, shape: Shape) -> dict[str, float]:
     if dense_calls:  # the dense path: the engine's asynchronous allreduce, whatever the communicator
         ring_allreduce(dense_acc, shape, allreduced / dense_calls, dense_calls)
     if calls:
-        _compressed(acc, row, shape, sent / calls, calls)
+        # comm=hierarchical moves the compressed tensors' fp32 gradients inside a machine
+        dense_per_call = (float(row.get("bytes_dense_per_step") or 0) - allreduced) / calls
+        _compressed(acc, row["comm"], shape, sent / calls, dense_per_call, calls)
         if blocking(row["comm"]):
             acc["waited"], acc["queued"] = acc["queued"] * (shape.workers - 1), 0.0
     return {k: acc[k] + dense_acc[k] for k in TERMS}
 
 
-def _compressed(acc: dict[str, float], row: dict, shape: Shape, per_call: float, calls: float) -> None:
-    comm, n = row["comm"], shape.workers
+def _compressed(acc: dict[str, float], comm: str, shape: Shape, per_call: float, dense_per_call: float,
+                calls: float) -> None:
+    n = shape.workers
     if comm == "allgather":
         ring_allgather(acc, shape, per_call, calls)
     elif comm == "ps":
@@ -125,18 +129,17 @@ def _compressed(acc: dict[str, float], row: dict, shape: Shape, per_call: float,
         alltoall(acc, shape, shards, calls)
         ring_allgather(acc, shape, shards / n, calls)
     elif comm == "hierarchical":
-        allreduced = float(row.get("bytes_allreduce_per_step") or 0)
-        dense = (float(row.get("bytes_dense_per_step") or 0) - allreduced) / calls
-        to_leaders(acc, shape, dense, calls)
+        to_leaders(acc, shape, dense_per_call, calls)
         if shape.nodes > 1:
             ring_allgather(acc, shape, per_call, calls, senders=shape.nodes)
-        to_leaders(acc, shape, dense, calls)
+        to_leaders(acc, shape, dense_per_call, calls)
     elif comm in ("allreduce", "ring"):
         ring_allreduce(acc, shape, per_call, calls)
     else:
         raise ValueError(f"comm={comm}: the cluster model knows allgather, ps, hierarchical, allreduce, ring")
 
 
+@cache  # the registry reads the communicator's YAML file: once per name, not once per row
 def blocking(comm: str) -> bool:
     """The communicator's declared `traits.blocking` (it finishes each exchange inside `reduce`)."""
     from compbench import registry

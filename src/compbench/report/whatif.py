@@ -72,9 +72,10 @@ def default_fit(alpha_us: float) -> Fit:
 def load_fit(path: str) -> Fit:
     """A fit.json written by scripts/whatif_cluster.py; one-line ValueError when it is not one."""
     import json
+    from pathlib import Path
 
     try:
-        return Fit(**json.loads(open(path).read()))
+        return Fit(**json.loads(Path(path).read_text()))
     except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"--fit {path}: not a fit.json of scripts/whatif_cluster.py ({e}); "
                          f"run `python scripts/whatif_cluster.py --fit` or leave --fit out") from None
@@ -82,7 +83,7 @@ def load_fit(path: str) -> Fit:
 
 def predict_step_ms(p: RunProfile, n: int, gbps: float, model: Fit, per_node: int = 1) -> float:
     """The run's step time with N workers, `per_node` of them per machine, on links of `gbps`."""
-    comm = COMM_NAMES.get(p.comm, p.comm)  # an unknown one: cluster_model.features names it
+    comm = DENSE_BASELINES.get(p.comm, p.comm)  # an unknown one: cluster_model.features names it
     shape = Shape(nodes=max(1, n // max(1, per_node)), workers=n, gbps=gbps)
     row = {"comm": comm, "bytes_sent_per_step": p.compressed_bytes + p.dense_bytes,
            "bytes_allreduce_per_step": p.dense_bytes, "bytes_dense_per_step": p.gradient_bytes,
@@ -92,9 +93,8 @@ def predict_step_ms(p: RunProfile, n: int, gbps: float, model: Fit, per_node: in
     return p.compute_ms + p.compress_ms + decode + p.optimizer_ms + comm_ms
 
 
-# Communicators the model knows by their collectives (ddp and horovod_optimizer book dense calls).
-COMM_NAMES = {"allgather": "allgather", "ps": "ps", "hierarchical": "hierarchical", "ring": "ring",
-              "allreduce": "allreduce", "ddp": "allreduce", "horovod_optimizer": "allreduce"}
+# The baselines' own communicators: their dense calls are ring allreduces, as comm=allreduce's.
+DENSE_BASELINES = {"ddp": "allreduce", "horovod_optimizer": "allreduce"}
 
 
 def profile_from_results(results: dict) -> RunProfile:
