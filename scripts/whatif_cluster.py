@@ -88,16 +88,23 @@ def _read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def fit_report(rows: list[dict]) -> str:
-    """model.md: both fits' coefficients and, per row, measured and predicted step times; fit.json:
-    the fit on every row."""
+def write_model(rows_csv: Path) -> Path:
+    """Fit the model to the rows; writes model.md (fit_report) and fit.json; returns model.md."""
+    report, fit_all = fit_report(_read_rows(rows_csv))
+    (OUT / "fit.json").write_text(json.dumps(dataclasses.asdict(fit_all), indent=1) + "\n")
+    (OUT / "model.md").write_text(report)
+    return OUT / "model.md"
+
+
+def fit_report(rows: list[dict]) -> tuple[str, cluster_model.Fit]:
+    """model.md's text: both fits' coefficients and, per row, measured and predicted step times;
+    and the fit on every row."""
     shapes = [cluster_model.Shape(int(r["nodes"]), int(r["workers"]), r["gbps"]) for r in rows]
     terms = [cluster_model.features(r, s) for r, s in zip(rows, shapes, strict=True)]
     comm = [r["comm_ms"] for r in rows]
     two = [i for i, r in enumerate(rows) if r["nodes"] == 2]
     fits = {"all rows": cluster_model.fit(terms, comm),
             "2-node rows": cluster_model.fit([terms[i] for i in two], [comm[i] for i in two])}
-    (OUT / "fit.json").write_text(json.dumps(dataclasses.asdict(fits["all rows"]), indent=1) + "\n")
     out = ["# What-if model against the emulated cluster", "",
            "Predicted step = the row's measured compute + compress + decompress + optimizer + other, "
            "plus the model's communication; error = (predicted - measured) / measured step.", ""]
@@ -125,7 +132,7 @@ def fit_report(rows: list[dict]) -> str:
             out.append(f"- fit on {name}, on {label}: largest error {100 * max(errs):.1f}%, "
                        f"{sum(e <= 0.15 for e in errs)} of {len(errs)} within 15%")
     out += ["", "Step time in ms (error of the fit on all rows):", "", *pivot(rows, errors["all rows"])]
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n", fits["all rows"]
 
 
 def pivot(rows: list[dict], errors: list[float]) -> list[str]:
@@ -156,8 +163,7 @@ def main() -> int:
     args = p.parse_args()
     rows_csv = OUT / "rows.csv"
     if args.fit:
-        (OUT / "model.md").write_text(fit_report(_read_rows(rows_csv)))
-        print((OUT / "model.md").read_text())
+        print(write_model(rows_csv).read_text())
         return 0
     nodes.check_machine()
     if nodes.leftovers():
@@ -184,8 +190,7 @@ def main() -> int:
                     print(f"K={k} G={gbps:g} N={n} {compressor}/{comm}: {row['step_ms']:.1f} ms", flush=True)
             finally:
                 nodes.remove()
-    (OUT / "model.md").write_text(fit_report(_read_rows(rows_csv)))
-    print(f"wrote {OUT / 'model.md'}")
+    print(f"wrote {write_model(rows_csv)}")
     return 0
 
 
