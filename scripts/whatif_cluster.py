@@ -2,12 +2,15 @@
 
     python scripts/whatif_cluster.py                  # the grid below (root; hours on 2 cores)
     python scripts/whatif_cluster.py --nodes 2 --gbps 1 --workers 2,4 --compressors dgc --comms hierarchical
+    python scripts/whatif_cluster.py --groups 4 --comms ps,hierarchical   # MergeComp's 4 fused groups
 
 Every row is a real job: `horovodrun -np N -H n1:N/K,...` inside a K-node cluster whose node links
 carry G Gbit/s each way, training model=profiled (ResNet-50's 161 gradients, 25.6M elements, a
 backward that sleeps 100 ms split by layer: N workers on 2 cores measure communication and
 compression, not a fight over compute) for `--steps` steps, without overlap (scheduler.overlap=false:
-the report's model assumes none). The step time is the median after the warm-up steps
+the report's model assumes none); one collective per tensor (scheduler=layerwise), or with
+`--groups G` MergeComp's G fused groups (scheduler=mergecomp), which takes the per-collective
+waiting of blocking communicators (ps, hierarchical) out. The step time is the median after the warm-up steps
 (results.json). Rows go to outputs/whatif_cluster/rows.csv as they finish (a row already there is
 not run again), one run folder each.
 
@@ -34,7 +37,7 @@ from compbench.cluster.nodes import Cluster
 from compbench.report import cluster_model
 
 OUT = Path("outputs/whatif_cluster")
-FIELDS = ["nodes", "gbps", "workers", "compressor", "comm", "step_ms", "compute_ms", "compress_ms",
+FIELDS = ["nodes", "gbps", "workers", "compressor", "comm", "groups", "step_ms", "compute_ms", "compress_ms",
           "decompress_ms", "optimizer_ms", "comm_ms", "other_ms", "bytes_sent_per_step",
           "bytes_dense_per_step", "bytes_allreduce_per_step", "compressed_calls_per_step",
           "dense_calls_per_step", "run_dir"]
@@ -51,41 +54,69 @@ def _floats(text: str) -> list[float]:
     return [float(v) for v in text.split(",")]
 
 
-def measure_row(cluster: Cluster, workers: int, compressor: str, comm: str, steps: int) -> dict:
+def scheduler_overrides(groups: int) -> list[str]:
+    """0: one collective per tensor (layer-wise); G > 0: MergeComp's G fused groups."""
+    return ["scheduler=mergecomp", f"scheduler.groups={groups}"] if groups else ["scheduler=layerwise"]
+
+
+def measure_row(cluster: Cluster, workers: int, compressor: str, comm: str, groups: int, steps: int) -> dict:
     per_node = workers // cluster.nodes
     hosts = ",".join(f"{cluster.host(i)}:{per_node}" for i in range(1, cluster.nodes + 1))
-    run_dir = (OUT / f"k{cluster.nodes}-g{cluster.gbps:g}" / f"n{workers}-{compressor}-{comm}").resolve()
+    name = f"n{workers}-{compressor}-{comm}" + (f"-g{groups}" if groups else "")
+    run_dir = (OUT / f"k{cluster.nodes}-g{cluster.gbps:g}" / name).resolve()
     bin_dir = Path(sys.executable).parent
     cmd = [*cluster.exec_prefix(1), str(bin_dir / "horovodrun"), "-np", str(workers), "-H", hosts,
-           str(bin_dir / "compbench"), "train", *WORKLOAD, f"max_steps={steps}", f"compressor={compressor}",
-           f"comm={comm}", f"output_dir={run_dir}"]
+           str(bin_dir / "compbench"), "train", *scheduler_overrides(groups), *WORKLOAD, f"max_steps={steps}",
+           f"compressor={compressor}", f"comm={comm}", f"output_dir={run_dir}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         raise RuntimeError(f"{compressor}/{comm} N={workers}: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
     summary = json.loads((run_dir / "results.json").read_text())["summary"]
     row = {"nodes": cluster.nodes, "gbps": cluster.gbps, "workers": workers, "compressor": compressor,
-           "comm": comm, "run_dir": str(run_dir)}
+           "comm": comm, "groups": groups, "run_dir": str(run_dir)}
     row.update({k: summary.get(k) for k in FIELDS if k not in row})
     return row
 
 
-def _done(path: Path) -> set[tuple]:
+def _key(r: dict) -> tuple:
+    return int(r["nodes"]), float(r["gbps"]), int(r["workers"]), r["compressor"], r["comm"], int(r["groups"])
+
+
+def _raw_rows(path: Path) -> list[dict]:
+    """rows.csv as strings; rows written before the `groups` column were layer-wise (0)."""
     if not path.exists():
-        return set()
+        return []
     with path.open() as f:
-        return {(int(r["nodes"]), float(r["gbps"]), int(r["workers"]), r["compressor"], r["comm"])
-                for r in csv.DictReader(f)}
+        return [{**r, "groups": r.get("groups") or "0"} for r in csv.DictReader(f)]
+
+
+def _append(path: Path, row: dict) -> None:
+    """Add a row; a file with older columns is rewritten with FIELDS first."""
+    old = _raw_rows(path)
+    with path.open() as f:
+        header = f.readline().strip().split(",") if old else []
+    if header != FIELDS:
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, FIELDS)
+            writer.writeheader()
+            writer.writerows(old)
+    with path.open("a", newline="") as f:
+        csv.DictWriter(f, FIELDS).writerow(row)
 
 
 def _read_rows(path: Path) -> list[dict]:
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
+    rows = _raw_rows(path)
     for r in rows:
         for k, v in r.items():
             if k not in ("compressor", "comm", "run_dir"):
                 r[k] = float(v) if v not in ("", "None") else 0.0
     return rows
+
+
+def _label(r: dict) -> str:
+    """The communicator as the tables show it: with MergeComp's group count when fused."""
+    return r["comm"] + (f" g{r['groups']:.0f}" if r["groups"] else "")
 
 
 def write_model(rows_csv: Path) -> Path:
@@ -122,7 +153,7 @@ def fit_report(rows: list[dict]) -> tuple[str, cluster_model.Fit]:
             errors[name].append((pred - r["step_ms"]) / r["step_ms"])
             cells += [f"{pred:.0f}", f"{100 * errors[name][-1]:+.1f}%"]
         out.append(f"| {r['nodes']:.0f} | {r['gbps']:g} | {r['workers']:.0f} | {r['compressor']} | "
-                   f"{r['comm']} | {r['step_ms']:.0f} | {r['comm_ms']:.0f} | " + " | ".join(cells) + " |")
+                   f"{_label(r)} | {r['step_ms']:.0f} | {r['comm_ms']:.0f} | " + " | ".join(cells) + " |")
     out.append("")
     unseen = [i for i, r in enumerate(rows) if r["nodes"] != 2]
     for name, which in (("all rows", range(len(rows))), ("2-node rows", unseen)):
@@ -138,10 +169,10 @@ def fit_report(rows: list[dict]) -> tuple[str, cluster_model.Fit]:
 def pivot(rows: list[dict], errors: list[float]) -> list[str]:
     """One line per cluster (K, G, N), one column per compressor/comm: measured ms (error)."""
     order = {name: i for i, name in enumerate(["allgather", "ps", "hierarchical", "none", "fp16", "dgc"])}
-    cols = sorted({(r["comm"], r["compressor"]) for r in rows},
-                  key=lambda mc: (order.get(mc[0], 9), order.get(mc[1], 9), mc))
+    cols = sorted({(_label(r), r["compressor"]) for r in rows},
+                  key=lambda mc: (order.get(mc[0].split()[0], 9), mc[0], order.get(mc[1], 9), mc))
     keys = sorted({(r["nodes"], r["gbps"], r["workers"]) for r in rows})
-    cell = {(r["nodes"], r["gbps"], r["workers"], r["comm"], r["compressor"]):
+    cell = {(r["nodes"], r["gbps"], r["workers"], _label(r), r["compressor"]):
             f"{r['step_ms']:.0f} ({100 * e:+.0f}%)" for r, e in zip(rows, errors, strict=True)}
     lines = ["| K | Gbit/s | N | " + " | ".join(f"{c} {m}" for m, c in cols) + " |",
              "|" + "---|" * (3 + len(cols))]
@@ -158,6 +189,8 @@ def main() -> int:
     p.add_argument("--workers", type=_ints, default=[2, 4, 8])
     p.add_argument("--compressors", type=lambda s: s.split(","), default=["none", "fp16", "dgc", "dragonn"])
     p.add_argument("--comms", type=lambda s: s.split(","), default=["allgather", "ps", "hierarchical"])
+    p.add_argument("--groups", type=int, default=0,
+                   help="0: one collective per tensor (layer-wise); G: MergeComp's G fused groups")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--fit", action="store_true", help="only fit the model to rows.csv (no runs)")
     args = p.parse_args()
@@ -169,25 +202,21 @@ def main() -> int:
     if nodes.leftovers():
         raise SystemExit("error: a cluster is up (or left over); run `compbench cluster down` first")
     OUT.mkdir(parents=True, exist_ok=True)
-    done = _done(rows_csv)
+    done = {_key(r) for r in _raw_rows(rows_csv)}
     for k in args.nodes:
         for gbps in args.gbps:
-            todo = [(n, c, m) for n in args.workers if n >= k and n % k == 0
-                    for c in args.compressors for m in args.comms if (k, gbps, n, c, m) not in done]
+            todo = [(n, c, m) for n in args.workers if n >= k and n % k == 0 for c in args.compressors
+                    for m in args.comms if (k, gbps, n, c, m, args.groups) not in done]
             if not todo:
                 continue
             cluster = Cluster(k, gbps, owner_pid=os.getpid())
             nodes.create(cluster)
             try:
                 for n, compressor, comm in todo:
-                    row = measure_row(cluster, n, compressor, comm, args.steps)
-                    new = not rows_csv.exists()
-                    with rows_csv.open("a", newline="") as f:
-                        writer = csv.DictWriter(f, FIELDS)
-                        if new:
-                            writer.writeheader()
-                        writer.writerow(row)
-                    print(f"K={k} G={gbps:g} N={n} {compressor}/{comm}: {row['step_ms']:.1f} ms", flush=True)
+                    row = measure_row(cluster, n, compressor, comm, args.groups, args.steps)
+                    _append(rows_csv, row)
+                    print(f"K={k} G={gbps:g} N={n} {compressor}/{comm} groups={args.groups}: "
+                          f"{row['step_ms']:.1f} ms", flush=True)
             finally:
                 nodes.remove()
     print(f"wrote {write_model(rows_csv)}")
