@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -262,6 +263,130 @@ std::tuple<at::Tensor, at::Tensor> pack_signs(const at::Tensor& x) {
   return {packed, at::full({1}, static_cast<float>(total), x.options())};
 }
 
+// Sign bits as pack_signs writes them, in parallel chunks of kSignChunkBytes bytes: `byte8(i)`
+// returns the byte of elements 8i..8i+7 (all inside the tensor), `one(k)` the bit of element k
+// (the partial last byte). Each chunk's `chunk_done(c)` runs after its bytes, on the chunk's thread.
+template <typename Byte8, typename One, typename Done>
+void sign_pass(int64_t n, uint8_t* out, Byte8 byte8, One one, Done chunk_done) {
+  const int64_t nbytes = (n + 7) / 8, whole = n / 8;
+  const int64_t chunks = (nbytes + kSignChunkBytes - 1) / kSignChunkBytes;
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t first = c * kSignChunkBytes, last = std::min(whole, first + kSignChunkBytes);
+      for (int64_t i = first; i < last; ++i) out[i] = static_cast<uint8_t>(byte8(i));
+      if (whole < nbytes && first <= whole && whole < first + kSignChunkBytes) {  // a partial last byte
+        unsigned bits = 0;
+        for (int64_t k = 8 * whole; k < n; ++k) bits |= one(k) << (k - 8 * whole);
+        out[whole] = static_cast<uint8_t>(bits);
+      }
+      chunk_done(c);
+    }
+  });
+}
+
+// (uint8 bits of x < 0, fp32 [mean of the negative elements, mean of the others], 0 for an empty
+// side): 1-bit SGD's step in one read. NaN counts with the non-negatives and makes both means NaN,
+// as the twin's clamped sums do. Twin: compressors.onebit._onebit.
+std::tuple<at::Tensor, at::Tensor> onebit_pack(const at::Tensor& x) {
+  check_flat_f32(x, "onebit_pack");
+  const int64_t n = x.numel(), chunks = ((n + 7) / 8 + kSignChunkBytes - 1) / kSignChunkBytes;
+  at::Tensor packed = at::empty({(n + 7) / 8}, x.options().dtype(at::kByte));
+  const float* p = x.data_ptr<float>();
+  struct Sums { double neg = 0, pos = 0; int64_t count = 0; };  // count: negative elements
+  std::vector<Sums> partial(static_cast<size_t>(chunks));
+  // Per chunk: eight fp64 lanes per side (a fixed summation order at any number of threads). The
+  // neg/pos parts keep NaN: min/max_ps return their second operand (x) when either is NaN.
+  auto neg_part = [](float v) { return std::isnan(v) || v < 0.f ? v : 0.f; };
+  auto pos_part = [](float v) { return std::isnan(v) || v >= 0.f ? v : 0.f; };
+  std::vector<std::array<double, 16>> lanes(static_cast<size_t>(chunks));
+  std::vector<int64_t> counts(static_cast<size_t>(chunks), 0);
+  sign_pass(n, packed.data_ptr<uint8_t>(),
+    [&](int64_t i) {
+      const int64_t c = i / kSignChunkBytes;
+      double* l = lanes[static_cast<size_t>(c)].data();
+      unsigned bits = 0;
+#if defined(__AVX2__)
+      const __m256 v = _mm256_loadu_ps(p + 8 * i), zero = _mm256_setzero_ps();
+      bits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ)));
+      const __m256 lo = _mm256_min_ps(zero, v), hi = _mm256_max_ps(zero, v);
+      _mm256_storeu_pd(l, _mm256_add_pd(_mm256_loadu_pd(l), _mm256_cvtps_pd(_mm256_castps256_ps128(lo))));
+      _mm256_storeu_pd(l + 4, _mm256_add_pd(_mm256_loadu_pd(l + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1))));
+      _mm256_storeu_pd(l + 8, _mm256_add_pd(_mm256_loadu_pd(l + 8), _mm256_cvtps_pd(_mm256_castps256_ps128(hi))));
+      _mm256_storeu_pd(l + 12, _mm256_add_pd(_mm256_loadu_pd(l + 12), _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1))));
+#else
+      for (int j = 0; j < 8; ++j) {
+        const float v = p[8 * i + j];
+        bits |= static_cast<unsigned>(v < 0.f) << j;
+        l[j] += neg_part(v);
+        l[8 + j] += pos_part(v);
+      }
+#endif
+      counts[static_cast<size_t>(c)] += __builtin_popcount(bits);
+      return bits;
+    },
+    [&](int64_t k) {
+      const float v = p[k];
+      const size_t c = static_cast<size_t>(k / 8 / kSignChunkBytes);
+      lanes[c][0] += neg_part(v);
+      lanes[c][8] += pos_part(v);
+      counts[c] += v < 0.f;
+      return static_cast<unsigned>(v < 0.f);
+    },
+    [&](int64_t c) {
+      const auto& l = lanes[static_cast<size_t>(c)];
+      Sums& out = partial[static_cast<size_t>(c)];
+      out.neg = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+      out.pos = ((l[8] + l[9]) + (l[10] + l[11])) + ((l[12] + l[13]) + (l[14] + l[15]));
+      out.count = counts[static_cast<size_t>(c)];
+    });
+  Sums total;
+  for (const Sums& s : partial) {
+    total.neg += s.neg;
+    total.pos += s.pos;
+    total.count += s.count;
+  }
+  const int64_t n_pos = n - total.count;
+  at::Tensor means = at::empty({2}, x.options());
+  float* mean = means.data_ptr<float>();
+  mean[0] = static_cast<float>(total.neg / static_cast<double>(std::max<int64_t>(total.count, 1)));
+  mean[1] = static_cast<float>(total.pos / static_cast<double>(std::max<int64_t>(n_pos, 1)));
+  return {packed, means};
+}
+
+// Signum's step: m = beta * m + (1 - beta) * g in place (torch's mul_ then add_ with alpha: a
+// product rounded, then one fused multiply-add, as ATen's vectorized add does), and the packed bits
+// of m < 0. One pass over m and g. Twin: compressors.signum._momentum_sign.
+at::Tensor signum_step(at::Tensor& m, const at::Tensor& g, double beta) {
+  check_flat_f32(m, "signum_step");
+  check_flat_f32(g, "signum_step");
+  TORCH_CHECK(m.numel() == g.numel(), "signum_step: momentum and gradient sizes differ");
+  const int64_t n = m.numel();
+  at::Tensor packed = at::empty({(n + 7) / 8}, m.options().dtype(at::kByte));
+  float* mp = m.data_ptr<float>();
+  const float* gp = g.data_ptr<float>();
+  const float b = static_cast<float>(beta), a = static_cast<float>(1.0 - beta);
+  auto one = [&](int64_t k) {
+    mp[k] = std::fma(gp[k], a, mp[k] * b);
+    return static_cast<unsigned>(mp[k] < 0.f);
+  };
+  sign_pass(n, packed.data_ptr<uint8_t>(),
+    [&](int64_t i) {
+#if defined(__AVX2__) && defined(__FMA__)
+      float* q = mp + 8 * i;
+      const __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(gp + 8 * i), _mm256_set1_ps(a),
+                                       _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_set1_ps(b)));
+      _mm256_storeu_ps(q, v);
+      return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ)));
+#else
+      unsigned bits = 0;
+      for (int j = 0; j < 8; ++j) bits |= one(8 * i + j) << j;
+      return bits;
+#endif
+    },
+    one, [](int64_t) {});
+  return packed;
+}
+
 // Bytes of 2-bit codes per unit of parallel work in the ternary kernels (65536 elements).
 constexpr int64_t kCodeChunkBytes = 16384;
 
@@ -415,4 +540,6 @@ TORCH_LIBRARY(compbench_cpu, m) {
   m.def("pack_signs(Tensor x) -> (Tensor, Tensor)", &pack_signs);
   m.def("terngrad_codes(Tensor x, Tensor scale, int seed) -> Tensor", &terngrad_codes);
   m.def("tbq_step(Tensor(a!) r, Tensor g, float tau) -> Tensor", &tbq_step);
+  m.def("onebit_pack(Tensor x) -> (Tensor, Tensor)", &onebit_pack);
+  m.def("signum_step(Tensor(a!) m, Tensor g, float beta) -> Tensor", &signum_step);
 }

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from compbench.compressors.dragonn import DRAGONN, _select, sample_indices, sampled_threshold
+from compbench.compressors.onebit import _onebit
 from compbench.compressors.packing import _pack_signs_numpy
+from compbench.compressors.signum import _momentum_sign
 from compbench.compressors.sparse import AbsIndex, Workspace
 from compbench.kernels import cpu, twins
 
@@ -157,3 +159,52 @@ def test_tbq_step_matches_twin(n):
         want = twins.tbq_step(r_twin, g, 0.7)
         assert torch.equal(got, want)
         assert torch.allclose(r_kernel, r_twin, rtol=0, atol=0, equal_nan=True)
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 131072, 2 * 131072 + 5])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_onebit_pack_matches_twin(n, threads):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)) + 0.3  # the two sides differ
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        bits, means = cpu.onebit_pack(x)
+        with_nan = x.clone()
+        with_nan[n // 2] = float("nan")
+        nan_bits, nan_means = cpu.onebit_pack(with_nan)
+    finally:
+        torch.set_num_threads(old)
+    want_bits, want_means = _onebit(x, torch.empty_like(x))
+    assert torch.equal(bits, want_bits)
+    torch.testing.assert_close(means, want_means, rtol=2e-6, atol=1e-7)
+    twin_bits, twin_means = _onebit(with_nan, torch.empty_like(x))
+    assert torch.equal(nan_bits, twin_bits)  # NaN: bit 0, and both means NaN, as the twin's sums
+    assert nan_means.isnan().all() and twin_means.isnan().all()
+
+
+@needs_kernels
+def test_onebit_pack_of_one_sign():
+    for x in (torch.full((20,), -2.0), torch.full((20,), 3.0), torch.zeros(20)):
+        bits, means = cpu.onebit_pack(x)
+        want_bits, want_means = _onebit(x, torch.empty_like(x))
+        assert torch.equal(bits, want_bits) and torch.equal(means, want_means)  # an empty side: mean 0
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 9, 1 << 18])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_signum_step_matches_twin(monkeypatch, n, threads):
+    g = _gradient(n, 6)
+    m_kernel = torch.randn(n, generator=torch.Generator().manual_seed(7))
+    m_twin = m_kernel.clone()
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for _ in range(3):  # the momentum carries over
+            got = cpu.signum_step(m_kernel, g, 0.9)
+            want = _twin(monkeypatch, _momentum_sign, m_twin, g, 0.9)
+            assert torch.equal(got, want)
+            assert torch.allclose(m_kernel, m_twin, rtol=0, atol=0, equal_nan=True)  # bit for bit
+    finally:
+        torch.set_num_threads(old)

@@ -8,6 +8,7 @@ from torch import Tensor
 from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, Ctx, make_ctx
 from compbench.compressors.buffers import Scratch
 from compbench.compressors.packing import PackedCodeCompressor, decode_bits, pack_bits, packed_nbytes
+from compbench.kernels import cpu, cpu_kernels_enabled
 
 
 class OneBit(PackedCodeCompressor):
@@ -30,8 +31,10 @@ class OneBit(PackedCodeCompressor):
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.reshape(-1).float()
-        work = self._work.like(name, flat)
-        packed, means = _onebit(flat, work)
+        if cpu_kernels_enabled(flat):
+            packed, means = cpu.onebit_pack(flat)
+        else:
+            packed, means = _onebit(flat, self._work.like(name, flat))
         return [packed, means], make_ctx(x, name)
 
     def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
@@ -46,6 +49,8 @@ def _onebit(flat: Tensor, work: Tensor) -> tuple[Tensor, Tensor]:
     """The hot step: flat fp32 -> (packed sign bits, [mean of negatives, mean of non-negatives]).
 
     `work` (same size) is overwritten. An empty side gets mean 0 (no element decodes to it).
+    The twin of the compiled CPU kernel (`kernels.cpu.onebit_pack`: one read, fp64 sums, so the
+    means agree to fp32 rounding).
     """
     neg = flat < 0
     n_neg = torch.count_nonzero(neg).to(flat.dtype)

@@ -8,6 +8,7 @@ from torch import Tensor
 from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
 from compbench.compressors.packing import decode_bits, pack_bits, packed_nbytes, unpack_bits
 from compbench.compressors.sparse import stable_seed
+from compbench.kernels import cpu, cpu_kernels_enabled
 
 
 class Signum(CompressorBase):
@@ -79,6 +80,9 @@ class Signum(CompressorBase):
 
 
 def _momentum_sign(m: Tensor, g: Tensor, beta: float) -> Tensor:
-    """The hot step: m = beta*m + (1 - beta)*g in place, then the packed bits of (m < 0)."""
+    """The hot step: m = beta*m + (1 - beta)*g in place, then the packed bits of (m < 0); on CPU
+    one compiled pass (the same momentum bits: a rounded product, then a fused multiply-add)."""
+    if cpu_kernels_enabled(m) and cpu_kernels_enabled(g):
+        return cpu.signum_step(m, g, beta)
     m.mul_(beta).add_(g, alpha=1.0 - beta)
     return pack_bits(m < 0)

@@ -129,6 +129,16 @@ def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
     return torch.ops.compbench_cpu.tbq_step(r, g, tau)
 
 
+def onebit_pack(flat: Tensor) -> tuple[Tensor, Tensor]:
+    """(packed bits of flat < 0, fp32 [mean of negatives, mean of the others]). Twin: `onebit._onebit`."""
+    return torch.ops.compbench_cpu.onebit_pack(flat)
+
+
+def signum_step(m: Tensor, g: Tensor, beta: float) -> Tensor:
+    """m = beta*m + (1 - beta)*g in place; packed bits of m < 0. Twin: `signum._momentum_sign`."""
+    return torch.ops.compbench_cpu.signum_step(m, g, beta)
+
+
 def main() -> None:
     """`make setup`: build (or find) the extension and say where it is."""
     try:
