@@ -15,6 +15,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <queue>
 #include <tuple>
@@ -496,6 +497,79 @@ at::Tensor terngrad_codes(const at::Tensor& x, const at::Tensor& scale, int64_t 
   return packed;
 }
 
+// QSGD in one read: per bucket of `bucket_size` elements the L2 norm (fp64 sum of squares, the
+// bucket then re-read from L1), scale = levels / norm (0 for an all-zero bucket), and the uint8
+// offset-binary codes floor(clamp((U_i + levels) + x_i * scale, 0, 2 levels)), U_i the counter-based
+// stream of terngrad_codes (quantize.cu): the CUDA kernel's codes for the same norms. Returns
+// (codes, fp32 norms). Twin: kernels.twins.bucket_norms and qsgd_codes.
+std::tuple<at::Tensor, at::Tensor> qsgd_quantize(const at::Tensor& x, int64_t levels, int64_t bucket_size,
+                                                 int64_t seed) {
+  check_flat_f32(x, "qsgd_quantize");
+  TORCH_CHECK(bucket_size > 0 && 0 < levels && levels <= 127, "qsgd_quantize: needs bucket_size > 0, 1 <= levels <= 127");
+  TORCH_CHECK(x.numel() < (int64_t{1} << 32), "qsgd_quantize: counts 32-bit indices; split the tensor");
+  const int64_t n = x.numel(), buckets = (n + bucket_size - 1) / bucket_size;
+  at::Tensor codes = at::empty({n}, x.options().dtype(at::kByte));
+  at::Tensor norms = at::empty({buckets}, x.options());
+  const float* p = x.data_ptr<float>();
+  uint8_t* out = codes.data_ptr<uint8_t>();
+  float* np_ = norms.data_ptr<float>();
+  const uint32_t s = static_cast<uint32_t>(seed);
+  const float lv = static_cast<float>(levels), top = static_cast<float>(2 * levels);
+  constexpr float kU24 = 5.9604644775390625e-08f;  // 2^-24
+  // Two roundings, (U + s) and x * scale, then their sum (FLAGS keep the compiler from fusing them).
+  auto one = [&](int64_t i, float scale) {
+    const float u = static_cast<float>(murmur3_32(static_cast<uint32_t>(i), s) >> 8) * kU24;
+    const float v = std::min(std::max((u + lv) + p[i] * scale, 0.f), top);  // NaN: 0
+    return static_cast<uint8_t>(static_cast<int>(v));
+  };
+  const int64_t grain = std::max<int64_t>(1, 65536 / bucket_size);
+  at::parallel_for(0, buckets, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t lo = b * bucket_size, hi = std::min(n, lo + bucket_size);
+      int64_t i = lo;
+      double sq = 0.0;
+#if defined(__AVX2__)
+      __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+      for (; i + 8 <= hi; i += 8) {
+        const __m256 v = _mm256_loadu_ps(p + i);
+        const __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), c = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        acc0 = _mm256_add_pd(acc0, _mm256_mul_pd(a, a));
+        acc1 = _mm256_add_pd(acc1, _mm256_mul_pd(c, c));
+      }
+      alignas(32) double lanes[4];
+      _mm256_store_pd(lanes, _mm256_add_pd(acc0, acc1));
+      sq = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+#endif
+      for (; i < hi; ++i) sq += static_cast<double>(p[i]) * p[i];
+      const float norm = static_cast<float>(std::sqrt(sq));
+      np_[b] = norm;
+      const float scale = norm > 0.f ? lv / norm : 0.f;
+      i = lo;
+#if defined(__AVX2__)
+      const __m256 vl = _mm256_set1_ps(lv), vtop = _mm256_set1_ps(top), vscale = _mm256_set1_ps(scale);
+      const __m256 vu = _mm256_set1_ps(kU24), zero = _mm256_setzero_ps();
+      const __m256i lanes8 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      // Byte 0 of each 32-bit lane, gathered into the low 4 bytes of each 128-bit half.
+      const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                            0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+      for (; i + 8 <= hi; i += 8) {
+        const __m256i key = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(i))), lanes8);
+        const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(murmur3_32x8(key, s), 8)), vu);
+        __m256 v = _mm256_add_ps(_mm256_add_ps(u, vl), _mm256_mul_ps(_mm256_loadu_ps(p + i), vscale));
+        v = _mm256_min_ps(_mm256_max_ps(v, zero), vtop);  // max_ps(NaN, 0) is 0
+        const __m256i q = _mm256_shuffle_epi8(_mm256_cvttps_epi32(v), pick);
+        const uint32_t low = static_cast<uint32_t>(_mm256_extract_epi32(q, 0));
+        const uint32_t high = static_cast<uint32_t>(_mm256_extract_epi32(q, 4));
+        std::memcpy(out + i, &low, 4);
+        std::memcpy(out + i + 4, &high, 4);
+      }
+#endif
+      for (; i < hi; ++i) out[i] = one(i, scale);
+    }
+  });
+  return {codes, norms};
+}
+
 // TBQ's step with the residual update in one pass: R += g; code +1 where R >= tau, -1 where
 // R <= -tau (R -= tau * q), else 0; returns the packed 2-bit codes. Twin: kernels.twins.tbq_step.
 at::Tensor tbq_step(at::Tensor& r, const at::Tensor& g, double tau) {
@@ -542,4 +616,5 @@ TORCH_LIBRARY(compbench_cpu, m) {
   m.def("tbq_step(Tensor(a!) r, Tensor g, float tau) -> Tensor", &tbq_step);
   m.def("onebit_pack(Tensor x) -> (Tensor, Tensor)", &onebit_pack);
   m.def("signum_step(Tensor(a!) m, Tensor g, float beta) -> Tensor", &signum_step);
+  m.def("qsgd_quantize(Tensor x, int levels, int bucket_size, int seed) -> (Tensor, Tensor)", &qsgd_quantize);
 }

@@ -208,3 +208,19 @@ def test_signum_step_matches_twin(monkeypatch, n, threads):
             assert torch.allclose(m_kernel, m_twin, rtol=0, atol=0, equal_nan=True)  # bit for bit
     finally:
         torch.set_num_threads(old)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "bucket"), [(1, 512), (7, 3), (1000, 512), (1 << 18, 512), (100_003, 100)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_qsgd_quantize_matches_the_cuda_kernels_twin(n, bucket, threads):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    x[: min(n, bucket)] = 0.0  # an all-zero bucket: scale 0, every code s
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        codes, norms = cpu.qsgd_quantize(x, 127, bucket, 2**40 + 11)  # seeds are taken mod 2^32
+    finally:
+        torch.set_num_threads(old)
+    torch.testing.assert_close(norms, twins.bucket_norms(x, bucket), rtol=1e-6, atol=0)
+    assert torch.equal(codes, twins.qsgd_codes(x, twins.qsgd_scale(norms, 127), 127, bucket, 11))

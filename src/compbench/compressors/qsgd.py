@@ -16,7 +16,7 @@ from compbench.compressors.packing import (
     uniform_noise,
     unpack_uint,
 )
-from compbench.kernels import cuda_kernels_enabled
+from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
 from compbench.kernels.twins import bucket_norms, qsgd_scale
 
 # Codes are packed from uint8: sign + level must fit in 8 bits.
@@ -40,9 +40,10 @@ class QSGD(PackedCodeCompressor):
     q = s*x/norm is the same distribution as the paper's sign(x)*floor(|q| + U') (U' = 1 - U) without
     an abs pass. Unbiased up to fp32 rounding of q + s + U (about 2^-16 of a level at s = 127).
 
-    Rounding noise comes from a generator seeded by (seed, rank, step, tensor name), see
-    `packing.uniform_noise`: runs are reproducible, and ranks never share noise (shared noise
-    would correlate their rounding errors and the average would lose the 1/N variance reduction).
+    Rounding noise comes from a stream seeded by (seed, rank, step, tensor name): the counter-based
+    stream of the CUDA and compiled CPU kernels, else numpy's generator (`packing.uniform_noise`):
+    runs are reproducible, and ranks never share noise (shared noise would correlate their
+    rounding errors and the average would lose the 1/N variance reduction).
 
     DRAGONN's QSGD sends half of the payload and duplicates it on decode; compbench sends all codes.
     """
@@ -75,7 +76,11 @@ class QSGD(PackedCodeCompressor):
         if cuda_kernels_enabled(flat):
             seed = noise_seed(self.seed, self.step, name)
             codes, norms = _quantize_cuda(flat, self.levels, self.bucket_size, seed)
-        else:
+        elif cpu_kernels_enabled(flat) and flat.numel():
+            # One compiled read: norms, then codes from the CUDA kernel's counter-based stream.
+            seed = noise_seed(self.seed, self.step, name)
+            codes, norms = cpu.qsgd_quantize(flat, self.levels, self.bucket_size, seed)
+        else:  # the twin: numpy's PCG64 fills a noise tensor (same distribution, another stream)
             noise = self._noise.like(name, flat)
             uniform_noise(noise, self.seed, self.step, name)
             codes, norms = _quantize(flat, self.levels, self.bucket_size, noise)

@@ -21,7 +21,9 @@ import torch
 from torch import Tensor
 
 NAME = "compbench_cpu"
-FLAGS = ("-O3", "-march=native", "-std=c++17")
+# -ffp-contract=off: a product and a sum stay two roundings, as in the twins (fused only where a
+# kernel says std::fma / _mm256_fmadd_ps, as ATen's own vectorized add does).
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-ffp-contract=off")
 
 
 def source() -> Path:
@@ -137,6 +139,12 @@ def onebit_pack(flat: Tensor) -> tuple[Tensor, Tensor]:
 def signum_step(m: Tensor, g: Tensor, beta: float) -> Tensor:
     """m = beta*m + (1 - beta)*g in place; packed bits of m < 0. Twin: `signum._momentum_sign`."""
     return torch.ops.compbench_cpu.signum_step(m, g, beta)
+
+
+def qsgd_quantize(flat: Tensor, levels: int, bucket_size: int, seed: int) -> tuple[Tensor, Tensor]:
+    """(uint8 codes, fp32 bucket norms) in one read, the counter-based stream of `seed` (mod 2^32).
+    Twin: `kernels.twins.bucket_norms` and `qsgd_codes`."""
+    return torch.ops.compbench_cpu.qsgd_quantize(flat, levels, bucket_size, seed & 0xFFFFFFFF)
 
 
 def main() -> None:
