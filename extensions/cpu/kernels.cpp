@@ -12,7 +12,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -266,9 +265,9 @@ std::tuple<at::Tensor, at::Tensor> pack_signs(const at::Tensor& x) {
 
 // Sign bits as pack_signs writes them, in parallel chunks of kSignChunkBytes bytes: `byte8(i)`
 // returns the byte of elements 8i..8i+7 (all inside the tensor), `one(k)` the bit of element k
-// (the partial last byte). Each chunk's `chunk_done(c)` runs after its bytes, on the chunk's thread.
-template <typename Byte8, typename One, typename Done>
-void sign_pass(int64_t n, uint8_t* out, Byte8 byte8, One one, Done chunk_done) {
+// (the partial last byte).
+template <typename Byte8, typename One>
+void sign_pass(int64_t n, uint8_t* out, Byte8 byte8, One one) {
   const int64_t nbytes = (n + 7) / 8, whole = n / 8;
   const int64_t chunks = (nbytes + kSignChunkBytes - 1) / kSignChunkBytes;
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
@@ -280,7 +279,6 @@ void sign_pass(int64_t n, uint8_t* out, Byte8 byte8, One one, Done chunk_done) {
         for (int64_t k = 8 * whole; k < n; ++k) bits |= one(k) << (k - 8 * whole);
         out[whole] = static_cast<uint8_t>(bits);
       }
-      chunk_done(c);
     }
   });
 }
@@ -290,56 +288,66 @@ void sign_pass(int64_t n, uint8_t* out, Byte8 byte8, One one, Done chunk_done) {
 // as the twin's clamped sums do. Twin: compressors.onebit._onebit.
 std::tuple<at::Tensor, at::Tensor> onebit_pack(const at::Tensor& x) {
   check_flat_f32(x, "onebit_pack");
-  const int64_t n = x.numel(), chunks = ((n + 7) / 8 + kSignChunkBytes - 1) / kSignChunkBytes;
-  at::Tensor packed = at::empty({(n + 7) / 8}, x.options().dtype(at::kByte));
+  const int64_t n = x.numel(), nbytes = (n + 7) / 8, whole = n / 8;
+  const int64_t chunks = (nbytes + kSignChunkBytes - 1) / kSignChunkBytes;
+  at::Tensor packed = at::empty({nbytes}, x.options().dtype(at::kByte));
   const float* p = x.data_ptr<float>();
+  uint8_t* out = packed.data_ptr<uint8_t>();
   struct Sums { double neg = 0, pos = 0; int64_t count = 0; };  // count: negative elements
   std::vector<Sums> partial(static_cast<size_t>(chunks));
-  // Per chunk: eight fp64 lanes per side (a fixed summation order at any number of threads). The
-  // neg/pos parts keep NaN: min/max_ps return their second operand (x) when either is NaN.
+  // The two sides keep NaN: min/max_ps return their second operand (x) when either is NaN.
   auto neg_part = [](float v) { return std::isnan(v) || v < 0.f ? v : 0.f; };
   auto pos_part = [](float v) { return std::isnan(v) || v >= 0.f ? v : 0.f; };
-  std::vector<std::array<double, 16>> lanes(static_cast<size_t>(chunks));
-  std::vector<int64_t> counts(static_cast<size_t>(chunks), 0);
-  sign_pass(n, packed.data_ptr<uint8_t>(),
-    [&](int64_t i) {
-      const int64_t c = i / kSignChunkBytes;
-      double* l = lanes[static_cast<size_t>(c)].data();
-      unsigned bits = 0;
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t first = c * kSignChunkBytes, last = std::min(whole, first + kSignChunkBytes);
+      Sums sums;
+      int64_t i = first;
 #if defined(__AVX2__)
-      const __m256 v = _mm256_loadu_ps(p + 8 * i), zero = _mm256_setzero_ps();
-      bits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ)));
-      const __m256 lo = _mm256_min_ps(zero, v), hi = _mm256_max_ps(zero, v);
-      _mm256_storeu_pd(l, _mm256_add_pd(_mm256_loadu_pd(l), _mm256_cvtps_pd(_mm256_castps256_ps128(lo))));
-      _mm256_storeu_pd(l + 4, _mm256_add_pd(_mm256_loadu_pd(l + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1))));
-      _mm256_storeu_pd(l + 8, _mm256_add_pd(_mm256_loadu_pd(l + 8), _mm256_cvtps_pd(_mm256_castps256_ps128(hi))));
-      _mm256_storeu_pd(l + 12, _mm256_add_pd(_mm256_loadu_pd(l + 12), _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1))));
-#else
-      for (int j = 0; j < 8; ++j) {
-        const float v = p[8 * i + j];
-        bits |= static_cast<unsigned>(v < 0.f) << j;
-        l[j] += neg_part(v);
-        l[8 + j] += pos_part(v);
+      // Per chunk, in registers: four fp64 lanes per side and half (a fixed order at any threads).
+      const __m256 zero = _mm256_setzero_ps();
+      __m256d n0 = _mm256_setzero_pd(), n1 = n0, p0 = n0, p1 = n0;
+      for (; i < last; ++i) {
+        const __m256 v = _mm256_loadu_ps(p + 8 * i);
+        const unsigned bits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ)));
+        const __m256 lo = _mm256_min_ps(zero, v), hi = _mm256_max_ps(zero, v);
+        n0 = _mm256_add_pd(n0, _mm256_cvtps_pd(_mm256_castps256_ps128(lo)));
+        n1 = _mm256_add_pd(n1, _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)));
+        p0 = _mm256_add_pd(p0, _mm256_cvtps_pd(_mm256_castps256_ps128(hi)));
+        p1 = _mm256_add_pd(p1, _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1)));
+        sums.count += __builtin_popcount(bits);
+        out[i] = static_cast<uint8_t>(bits);
       }
+      alignas(32) double l[8];
+      _mm256_store_pd(l, _mm256_add_pd(n0, n1));
+      _mm256_store_pd(l + 4, _mm256_add_pd(p0, p1));
+      sums.neg = (l[0] + l[1]) + (l[2] + l[3]);
+      sums.pos = (l[4] + l[5]) + (l[6] + l[7]);
 #endif
-      counts[static_cast<size_t>(c)] += __builtin_popcount(bits);
-      return bits;
-    },
-    [&](int64_t k) {
-      const float v = p[k];
-      const size_t c = static_cast<size_t>(k / 8 / kSignChunkBytes);
-      lanes[c][0] += neg_part(v);
-      lanes[c][8] += pos_part(v);
-      counts[c] += v < 0.f;
-      return static_cast<unsigned>(v < 0.f);
-    },
-    [&](int64_t c) {
-      const auto& l = lanes[static_cast<size_t>(c)];
-      Sums& out = partial[static_cast<size_t>(c)];
-      out.neg = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-      out.pos = ((l[8] + l[9]) + (l[10] + l[11])) + ((l[12] + l[13]) + (l[14] + l[15]));
-      out.count = counts[static_cast<size_t>(c)];
-    });
+      for (; i < last; ++i) {
+        unsigned bits = 0;
+        for (int j = 0; j < 8; ++j) {
+          const float v = p[8 * i + j];
+          bits |= static_cast<unsigned>(v < 0.f) << j;
+          sums.neg += neg_part(v);
+          sums.pos += pos_part(v);
+        }
+        sums.count += __builtin_popcount(bits);
+        out[i] = static_cast<uint8_t>(bits);
+      }
+      if (whole < nbytes && first <= whole && whole < first + kSignChunkBytes) {  // a partial last byte
+        unsigned bits = 0;
+        for (int64_t k = 8 * whole; k < n; ++k) {
+          bits |= static_cast<unsigned>(p[k] < 0.f) << (k - 8 * whole);
+          sums.neg += neg_part(p[k]);
+          sums.pos += pos_part(p[k]);
+        }
+        sums.count += __builtin_popcount(bits);
+        out[whole] = static_cast<uint8_t>(bits);
+      }
+      partial[static_cast<size_t>(c)] = sums;
+    }
+  });
   Sums total;
   for (const Sums& s : partial) {
     total.neg += s.neg;
@@ -384,7 +392,7 @@ at::Tensor signum_step(at::Tensor& m, const at::Tensor& g, double beta) {
       return bits;
 #endif
     },
-    one, [](int64_t) {});
+    one);
   return packed;
 }
 
