@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <queue>
 #include <tuple>
@@ -226,6 +227,94 @@ at::Tensor block_absmax(const at::Tensor& x) {
   at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) o[b] = absmax(p + b * kBlock, kBlock);
   });
+  return out;
+}
+
+// fp64 [max abs(x), population variance of x] in one read: TernGrad's scale and clipping bound.
+// Per chunk of 16384 elements (re-read from cache for the squares) the sum and the squared
+// deviations from the chunk's own mean, merged in chunk order with Chan's formula: a constant
+// tensor has variance exactly 0, as torch.std gives (sum(x^2)/n - mean^2 would leave rounding
+// noise). Any NaN makes both NaN, as aminmax and std do. Twin: compressors.terngrad._scale.
+at::Tensor absmax_var(const at::Tensor& x) {
+  check_flat_f32(x, "absmax_var");
+  constexpr int64_t kChunk = 16384;
+  const int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;
+  const float* p = x.data_ptr<float>();
+  struct Part { double amax = 0, mean = 0, m2 = 0; bool nan = false; };
+  std::vector<Part> parts(static_cast<size_t>(chunks));
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk), len = hi - lo;
+      Part& part = parts[static_cast<size_t>(c)];
+      double sum = 0.0;
+      float amax = 0.f;
+      bool nan = false;
+      int64_t i = lo;
+#if defined(__AVX2__)
+      const __m256 sign = _mm256_set1_ps(-0.f);
+      __m256 vmax = _mm256_setzero_ps(), vnan = _mm256_setzero_ps();
+      __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+      for (; i + 8 <= hi; i += 8) {
+        const __m256 v = _mm256_loadu_ps(p + i);
+        vmax = _mm256_max_ps(_mm256_andnot_ps(sign, v), vmax);
+        vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+      }
+      alignas(32) float m8[8];
+      alignas(32) double l[4];
+      _mm256_store_ps(m8, vmax);
+      for (float m : m8) amax = std::max(amax, m);
+      nan = _mm256_movemask_ps(vnan) != 0;
+      _mm256_store_pd(l, _mm256_add_pd(s0, s1));
+      sum = (l[0] + l[1]) + (l[2] + l[3]);
+#endif
+      for (; i < hi; ++i) {
+        amax = std::max(amax, std::fabs(p[i]));
+        nan = nan || std::isnan(p[i]);
+        sum += p[i];
+      }
+      const double mean = sum / static_cast<double>(len);
+      double m2 = 0.0;
+      i = lo;
+#if defined(__AVX2__)
+      const __m256d vmean = _mm256_set1_pd(mean);
+      __m256d q0 = _mm256_setzero_pd(), q1 = _mm256_setzero_pd();
+      for (; i + 8 <= hi; i += 8) {
+        const __m256 v = _mm256_loadu_ps(p + i);
+        const __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), vmean);
+        const __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), vmean);
+        q0 = _mm256_add_pd(q0, _mm256_mul_pd(d0, d0));
+        q1 = _mm256_add_pd(q1, _mm256_mul_pd(d1, d1));
+      }
+      _mm256_store_pd(l, _mm256_add_pd(q0, q1));
+      m2 = (l[0] + l[1]) + (l[2] + l[3]);
+#endif
+      for (; i < hi; ++i) {
+        const double d = static_cast<double>(p[i]) - mean;
+        m2 += d * d;
+      }
+      part = {amax, mean, m2, nan};
+    }
+  });
+  double amax = 0.0, mean = 0.0, m2 = 0.0;
+  int64_t seen = 0;
+  bool nan = false;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const Part& part = parts[static_cast<size_t>(c)];
+    const int64_t len = std::min(n, (c + 1) * kChunk) - c * kChunk, total = seen + len;
+    const double delta = part.mean - mean;
+    mean += delta * static_cast<double>(len) / static_cast<double>(total);
+    m2 += part.m2 + delta * delta * static_cast<double>(seen) * static_cast<double>(len) / static_cast<double>(total);
+    seen = total;
+    amax = std::max(amax, part.amax);
+    nan = nan || part.nan;
+  }
+  const double qnan = std::numeric_limits<double>::quiet_NaN();
+  at::Tensor out = at::empty({2}, x.options().dtype(at::kDouble));
+  double* o = out.data_ptr<double>();
+  o[0] = nan ? qnan : amax;
+  o[1] = nan ? qnan : (n ? m2 / static_cast<double>(n) : qnan);
   return out;
 }
 
@@ -620,6 +709,7 @@ TORCH_LIBRARY(compbench_cpu, m) {
   m.def("block_absmax(Tensor x) -> Tensor", &block_absmax);
   m.def("sampled_threshold(Tensor x, int m, int j, int seed) -> Tensor", &sampled_threshold);
   m.def("pack_signs(Tensor x) -> (Tensor, Tensor)", &pack_signs);
+  m.def("absmax_var(Tensor x) -> Tensor", &absmax_var);
   m.def("terngrad_codes(Tensor x, Tensor scale, int seed) -> Tensor", &terngrad_codes);
   m.def("tbq_step(Tensor(a!) r, Tensor g, float tau) -> Tensor", &tbq_step);
   m.def("onebit_pack(Tensor x) -> (Tensor, Tensor)", &onebit_pack);

@@ -14,6 +14,7 @@ from compbench.compressors.onebit import _onebit
 from compbench.compressors.packing import _pack_signs_numpy
 from compbench.compressors.signum import _momentum_sign
 from compbench.compressors.sparse import AbsIndex, Workspace
+from compbench.compressors.terngrad import _scale
 from compbench.kernels import cpu, twins
 
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
@@ -224,3 +225,22 @@ def test_qsgd_quantize_matches_the_cuda_kernels_twin(n, bucket, threads):
         torch.set_num_threads(old)
     torch.testing.assert_close(norms, twins.bucket_norms(x, bucket), rtol=1e-6, atol=0)
     assert torch.equal(codes, twins.qsgd_codes(x, twins.qsgd_scale(norms, 127), 127, bucket, 11))
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 9, 16384, 100_003])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_terngrad_scale_matches_twin(monkeypatch, n, threads):
+    cases = [torch.randn(n, generator=torch.Generator().manual_seed(n)) * 3 + 0.5, torch.full((n,), -1.25)]
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for x in cases:  # a constant tensor: std 0, no clipping (sum(x^2)/n - mean^2 would not be 0)
+            for clip in (None, 2.5, 0.1):
+                want = _twin(monkeypatch, _scale, x, clip)
+                torch.testing.assert_close(_scale(x, clip), want, rtol=1e-6, atol=0)
+        x = cases[0].clone()
+        x[n // 2] = float("nan")
+        assert _scale(x, 2.5).isnan() and _twin(monkeypatch, _scale, x, 2.5).isnan()
+    finally:
+        torch.set_num_threads(old)

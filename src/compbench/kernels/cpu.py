@@ -120,6 +120,11 @@ def pack_signs(flat: Tensor) -> tuple[Tensor, Tensor]:
     return torch.ops.compbench_cpu.pack_signs(flat)
 
 
+def absmax_var(flat: Tensor) -> Tensor:
+    """fp64 [max abs, population variance] in one read (NaN if any element is). Twin: `terngrad._scale`."""
+    return torch.ops.compbench_cpu.absmax_var(flat)
+
+
 def terngrad_codes(flat: Tensor, scale: Tensor, seed: int) -> Tensor:
     """Packed 2-bit TernGrad codes with the counter-based stream of the CUDA kernel (seed mod 2^32).
     Twin: `kernels.twins.terngrad_codes`."""
