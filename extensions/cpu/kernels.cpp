@@ -19,6 +19,7 @@
 #include <mutex>
 #include <queue>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__)
@@ -485,6 +486,47 @@ at::Tensor signum_step(at::Tensor& m, const at::Tensor& g, double beta) {
   return packed;
 }
 
+// Decodes packed codes of `bits` = 1 or 2 bits (code j of byte i at bits bits*j..) into out[0, numel):
+// out = values[code], `values` fp32 with 2^bits entries; returns out. Each byte's row of 8 / bits
+// floats comes from a 256-row table built per call (8 KB / 4 KB: stays in L1), so the pass is
+// the speed of writing out. Twin: packing.decode_bits / decode_2bit (a torch row gather).
+at::Tensor decode_codes(const at::Tensor& packed, int64_t numel, int64_t bits, const at::Tensor& values,
+                        at::Tensor& out) {
+  TORCH_CHECK(bits == 1 || bits == 2, "decode_codes: bits must be 1 or 2, got ", bits);
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              "decode_codes: packed must be contiguous CPU uint8");
+  const int64_t per = 8 / bits;
+  TORCH_CHECK(packed.numel() * per >= numel, "decode_codes: ", packed.numel(), " bytes hold fewer than ", numel, " codes");
+  TORCH_CHECK(values.numel() == (int64_t{1} << bits), "decode_codes: needs ", int64_t{1} << bits, " values");
+  check_flat_f32(out, "decode_codes");
+  TORCH_CHECK(out.numel() >= numel, "decode_codes: out has ", out.numel(), " elements, needs ", numel);
+  const at::Tensor v = values.to(at::kFloat).contiguous();
+  const float* val = v.data_ptr<float>();
+  std::vector<float> table(static_cast<size_t>(256 * per));
+  const unsigned mask = (1u << bits) - 1u;
+  for (int b = 0; b < 256; ++b) {
+    for (int64_t j = 0; j < per; ++j) table[static_cast<size_t>(b * per + j)] = val[(static_cast<unsigned>(b) >> (bits * j)) & mask];
+  }
+  const uint8_t* in = packed.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  const float* rows = table.data();
+  const int64_t whole = numel / per;
+  // A row's width known at compile time: one 32- or 16-byte move per byte, not a memcpy call.
+  auto rows_of = [&](auto width) {
+    constexpr int64_t w = decltype(width)::value;
+    at::parallel_for(0, whole, 16384, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) std::memcpy(o + i * w, rows + in[i] * w, sizeof(float) * w);
+    });
+  };
+  if (bits == 1) {
+    rows_of(std::integral_constant<int64_t, 8>{});
+  } else {
+    rows_of(std::integral_constant<int64_t, 4>{});
+  }
+  for (int64_t k = whole * per; k < numel; ++k) o[k] = rows[in[whole] * per + (k - whole * per)];
+  return out;
+}
+
 // Bytes of 2-bit codes per unit of parallel work in the ternary kernels (65536 elements).
 constexpr int64_t kCodeChunkBytes = 16384;
 
@@ -710,6 +752,7 @@ TORCH_LIBRARY(compbench_cpu, m) {
   m.def("sampled_threshold(Tensor x, int m, int j, int seed) -> Tensor", &sampled_threshold);
   m.def("pack_signs(Tensor x) -> (Tensor, Tensor)", &pack_signs);
   m.def("absmax_var(Tensor x) -> Tensor", &absmax_var);
+  m.def("decode_codes(Tensor packed, int numel, int bits, Tensor values, Tensor(a!) out) -> Tensor(a!)", &decode_codes);
   m.def("terngrad_codes(Tensor x, Tensor scale, int seed) -> Tensor", &terngrad_codes);
   m.def("tbq_step(Tensor(a!) r, Tensor g, float tau) -> Tensor", &tbq_step);
   m.def("onebit_pack(Tensor x) -> (Tensor, Tensor)", &onebit_pack);

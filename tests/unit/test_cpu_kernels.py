@@ -11,7 +11,7 @@ import torch
 
 from compbench.compressors.dragonn import DRAGONN, _select, sample_indices, sampled_threshold
 from compbench.compressors.onebit import _onebit
-from compbench.compressors.packing import _pack_signs_numpy
+from compbench.compressors.packing import _pack_signs_numpy, decode_2bit, decode_bits
 from compbench.compressors.signum import _momentum_sign
 from compbench.compressors.sparse import AbsIndex, Workspace
 from compbench.compressors.terngrad import _scale
@@ -244,3 +244,27 @@ def test_terngrad_scale_matches_twin(monkeypatch, n, threads):
         assert _scale(x, 2.5).isnan() and _twin(monkeypatch, _scale, x, 2.5).isnan()
     finally:
         torch.set_num_threads(old)
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1001, 1 << 18])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_codes_match_twins(monkeypatch, n, threads):
+    gen = torch.Generator().manual_seed(n)
+    packed1 = torch.randint(0, 256, ((n + 7) // 8,), dtype=torch.uint8, generator=gen)
+    packed2 = torch.randint(0, 256, ((n + 3) // 4,), dtype=torch.uint8, generator=gen)
+    one, zero = torch.tensor([0.75]), torch.tensor([-1.5])
+    values = torch.tensor([0.0, 2.0, float("nan"), -2.0])
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got1, got2 = decode_bits(packed1, n, one, zero), decode_2bit(packed2, n, values)
+        out = torch.full((n + 9,), 5.0)  # a larger `out`: the decode fills its first n elements
+        into = decode_2bit(packed2, n, values, out)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(got1, _twin(monkeypatch, decode_bits, packed1, n, one, zero))
+    want2 = _twin(monkeypatch, decode_2bit, packed2, n, values)
+    assert torch.allclose(got2, want2, equal_nan=True) and got2.shape == (n,)
+    assert into.data_ptr() == out.data_ptr() and torch.allclose(into, want2, equal_nan=True)
+    assert (out[n:] == 5.0).all()

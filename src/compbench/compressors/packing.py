@@ -192,8 +192,21 @@ def decode_bits(packed: Tensor, numel: int, one: Tensor, zero: Tensor, out: Tens
         from compbench.kernels import ops
 
         return ops.decode_bits(packed, numel, one, zero, out)
+    if _cpu_kernel_decodes(packed, out, one, zero):
+        return _cpu_decode(packed, numel, 1, torch.cat([zero.reshape(1), one.reshape(1)]), out)
     table = torch.where(_bit_table(packed.device), one.reshape(1, 1), zero.reshape(1, 1))
     return _gather_rows(table, packed, numel, out)
+
+
+def _cpu_kernel_decodes(packed: Tensor, out: Tensor | None, *values: Tensor) -> bool:
+    """The compiled CPU decode applies: CPU, fp32 values and output (`kernels.cpu.decode_codes`)."""
+    return (packed.device.type == "cpu" and all(cpu_kernels_enabled(v) for v in values)
+            and (out is None or cpu_kernels_enabled(out.reshape(-1))))
+
+
+def _cpu_decode(packed: Tensor, numel: int, bits: int, values: Tensor, out: Tensor | None) -> Tensor:
+    flat = torch.empty(numel, dtype=torch.float32) if out is None else out.reshape(-1)
+    return cpu.decode_codes(packed.contiguous(), numel, bits, values, flat)[:numel]
 
 
 def _kernel_decodes(packed: Tensor, out: Tensor | None, *values: Tensor) -> bool:
@@ -244,6 +257,8 @@ def decode_2bit(packed: Tensor, numel: int, values: Tensor, out: Tensor | None =
         from compbench.kernels import ops
 
         return ops.decode_2bit(packed, numel, values, out)
+    if _cpu_kernel_decodes(packed, out, values):
+        return _cpu_decode(packed, numel, 2, values.reshape(-1), out)
     table = values.reshape(-1)[_code2_table(packed.device)]  # (256, 4)
     return _gather_rows(table, packed, numel, out)
 

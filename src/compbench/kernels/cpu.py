@@ -152,6 +152,12 @@ def qsgd_quantize(flat: Tensor, levels: int, bucket_size: int, seed: int) -> tup
     return torch.ops.compbench_cpu.qsgd_quantize(flat, levels, bucket_size, seed & 0xFFFFFFFF)
 
 
+def decode_codes(packed: Tensor, numel: int, bits: int, values: Tensor, out: Tensor) -> Tensor:
+    """out[:numel] = values[code] of packed 1- or 2-bit codes; returns out. Twin: `packing.decode_bits`
+    and `decode_2bit`'s row gather."""
+    return torch.ops.compbench_cpu.decode_codes(packed, numel, bits, values, out)
+
+
 def main() -> None:
     """`make setup`: build (or find) the extension and say where it is."""
     try:
