@@ -709,6 +709,33 @@ std::tuple<at::Tensor, at::Tensor> qsgd_quantize(const at::Tensor& x, int64_t le
   return {codes, norms};
 }
 
+// QSGD's decode in one pass: out[i] = (codes[i] - levels) * (norm[bucket] / levels), fp32 with
+// the twin's roundings (the step norm / levels, then a subtraction and a product). Returns out.
+// Twin: compressors.qsgd._dequantize.
+at::Tensor qsgd_dequantize(const at::Tensor& codes, const at::Tensor& norms, int64_t levels, int64_t bucket_size,
+                           at::Tensor& out) {
+  TORCH_CHECK(codes.device().is_cpu() && codes.scalar_type() == at::kByte && codes.is_contiguous(),
+              "qsgd_dequantize: codes must be contiguous CPU uint8");
+  check_flat_f32(norms, "qsgd_dequantize");
+  check_flat_f32(out, "qsgd_dequantize");
+  const int64_t n = codes.numel();
+  TORCH_CHECK(bucket_size > 0 && norms.numel() == (n + bucket_size - 1) / bucket_size && out.numel() >= n,
+              "qsgd_dequantize: sizes of codes, norms and out disagree");
+  const uint8_t* c = codes.data_ptr<uint8_t>();
+  const float* nm = norms.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const float lv = static_cast<float>(levels);
+  const int64_t buckets = norms.numel();
+  at::parallel_for(0, buckets, std::max<int64_t>(1, 65536 / bucket_size), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float step = nm[b] / lv;
+      const int64_t hi = std::min(n, (b + 1) * bucket_size);
+      for (int64_t i = b * bucket_size; i < hi; ++i) o[i] = (static_cast<float>(c[i]) - lv) * step;
+    }
+  });
+  return out;
+}
+
 // TBQ's step with the residual update in one pass: R += g; code +1 where R >= tau, -1 where
 // R <= -tau (R -= tau * q), else 0; returns the packed 2-bit codes. Twin: kernels.twins.tbq_step.
 at::Tensor tbq_step(at::Tensor& r, const at::Tensor& g, double tau) {
@@ -757,5 +784,7 @@ TORCH_LIBRARY(compbench_cpu, m) {
   m.def("tbq_step(Tensor(a!) r, Tensor g, float tau) -> Tensor", &tbq_step);
   m.def("onebit_pack(Tensor x) -> (Tensor, Tensor)", &onebit_pack);
   m.def("signum_step(Tensor(a!) m, Tensor g, float beta) -> Tensor", &signum_step);
+  m.def("qsgd_dequantize(Tensor codes, Tensor norms, int levels, int bucket_size, Tensor(a!) out) -> Tensor(a!)",
+        &qsgd_dequantize);
   m.def("qsgd_quantize(Tensor x, int levels, int bucket_size, int seed) -> (Tensor, Tensor)", &qsgd_quantize);
 }

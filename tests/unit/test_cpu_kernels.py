@@ -12,6 +12,7 @@ import torch
 from compbench.compressors.dragonn import DRAGONN, _select, sample_indices, sampled_threshold
 from compbench.compressors.onebit import _onebit
 from compbench.compressors.packing import _pack_signs_numpy, decode_2bit, decode_bits
+from compbench.compressors.qsgd import _dequantize
 from compbench.compressors.signum import _momentum_sign
 from compbench.compressors.sparse import AbsIndex, Workspace
 from compbench.compressors.terngrad import _scale
@@ -268,3 +269,17 @@ def test_decode_codes_match_twins(monkeypatch, n, threads):
     assert torch.allclose(got2, want2, equal_nan=True) and got2.shape == (n,)
     assert into.data_ptr() == out.data_ptr() and torch.allclose(into, want2, equal_nan=True)
     assert (out[n:] == 5.0).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "bucket"), [(1, 512), (7, 3), (100_003, 512)])
+def test_qsgd_dequantize_matches_twin(monkeypatch, n, bucket):
+    gen = torch.Generator().manual_seed(n)
+    codes = torch.randint(0, 255, (n,), dtype=torch.uint8, generator=gen)
+    norms = torch.rand((n + bucket - 1) // bucket, generator=gen) * 10
+    norms[0] = 0.0
+    want = _twin(monkeypatch, _dequantize, codes, norms, 127, bucket, None)
+    assert torch.equal(_dequantize(codes, norms, 127, bucket, None), want)
+    out = torch.empty(n + 5)
+    got = _dequantize(codes, norms, 127, bucket, out)
+    assert got.data_ptr() == out.data_ptr() and torch.equal(got, want)

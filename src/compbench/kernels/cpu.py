@@ -158,6 +158,12 @@ def decode_codes(packed: Tensor, numel: int, bits: int, values: Tensor, out: Ten
     return torch.ops.compbench_cpu.decode_codes(packed, numel, bits, values, out)
 
 
+def qsgd_dequantize(codes: Tensor, norms: Tensor, levels: int, bucket_size: int, out: Tensor) -> Tensor:
+    """out[:n] = (code - levels) * norm / levels per bucket, in one pass; returns out.
+    Twin: `qsgd._dequantize`."""
+    return torch.ops.compbench_cpu.qsgd_dequantize(codes, norms, levels, bucket_size, out)
+
+
 def main() -> None:
     """`make setup`: build (or find) the extension and say where it is."""
     try:
