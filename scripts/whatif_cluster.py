@@ -162,8 +162,21 @@ def fit_report(rows: list[dict]) -> tuple[str, cluster_model.Fit]:
             label = "every row" if name == "all rows" else "the 4-node rows it did not see"
             out.append(f"- fit on {name}, on {label}: largest error {100 * max(errs):.1f}%, "
                        f"{sum(e <= 0.15 for e in errs)} of {len(errs)} within 15%")
+    out += ["", "By communicator: the fit on all rows, and a fit on that communicator's rows alone "
+            "(its own coefficients: whether the model's form holds there):", ""]
+    for label in sorted({_label(r) for r in rows}):
+        mine = [i for i, r in enumerate(rows) if _label(r) == label]
+        own = cluster_model.fit([terms[i] for i in mine], [comm[i] for i in mine])
+        own_errors = [(own.comm_ms(terms[i]) - comm[i]) / rows[i]["step_ms"] for i in mine]
+        out.append(f"- {label}: {_within([errors['all rows'][i] for i in mine])}; "
+                   f"fitted alone {_within(own_errors)}")
     out += ["", "Step time in ms (error of the fit on all rows):", "", *pivot(rows, errors["all rows"])]
     return "\n".join(out) + "\n", fits["all rows"]
+
+
+def _within(errors: list[float]) -> str:
+    worst = max(abs(e) for e in errors)
+    return f"{sum(abs(e) <= 0.15 for e in errors)} of {len(errors)} within 15% (largest {100 * worst:.0f}%)"
 
 
 def pivot(rows: list[dict], errors: list[float]) -> list[str]:
