@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml scripts/build_horovod.sh
 
 setup: $(STAMP) dataset sshd kernels
 
-# The CPU kernels (extensions/cpu/kernels.cpp, a torch C++ extension, ~30 s): built once per source,
+# The CPU kernels (extensions/cpu/*.cpp, a torch C++ extension, ~30 s): built once per source,
 # torch version and CPU into ~/.cache/compbench/cpu_kernels/; a failed build is a note (the torch twins
 # run), and tests/unit/test_cpu_kernels.py fails where a compiler exists but nothing was built.
 kernels: $(STAMP)

@@ -1,4 +1,4 @@
-"""The compiled CPU kernels (`extensions/cpu/kernels.cpp`) against their twins, which
+"""The compiled CPU kernels (`extensions/cpu/*.cpp`) against their twins, which
 COMPBENCH_KERNELS=0 selects: the same tables, bits and payloads, at any number of threads."""
 
 from __future__ import annotations

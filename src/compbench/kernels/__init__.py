@@ -1,6 +1,6 @@
 """CUDA hot paths as CuPy RawKernels (sources in `extensions/cuda/*.cu`), used for CUDA tensors when
 CuPy is installed (`pip install .[gpu]`); CPU hot paths as a torch C++ extension
-(`extensions/cpu/kernels.cpp`, built by `make setup`: `compbench.kernels.cpu`).
+(`extensions/cpu/*.cpp`, built by `make setup`: `compbench.kernels.cpu`).
 
 Nothing here imports CuPy until a CUDA tensor asks for a kernel: CPU paths never touch it. Every
 kernel has a pure-torch twin (`compbench.kernels.twins` or the compressor's own torch path) with the

@@ -1,10 +1,10 @@
-"""The CPU hot paths as a torch C++ extension (`extensions/cpu/kernels.cpp`, ops `torch.ops.compbench_cpu.*`).
+"""The CPU hot paths as a torch C++ extension (`extensions/cpu/*.cpp`, ops `torch.ops.compbench_cpu.*`).
 
 `make setup` builds it (`make kernels`: `compbench.kernels.cpu.main`, ~30 s) into
-~/.cache/compbench/cpu_kernels/KEY/, KEY a hash of the source, torch's version, the flags and the
-CPU model (the code is built for this CPU: -march=native). Processes load the built library; nothing
-compiles at run time, so a job's workers never race to build it. Where it is not built, or with
-`COMPBENCH_KERNELS=0`, the compressors run their torch/numpy twins (same results), and
+~/.cache/compbench/cpu_kernels/KEY/, KEY a hash of the sources (*.cpp, *.h), torch's version, the
+flags and the CPU model (the code is built for this CPU: -march=native). Processes load the built
+library; nothing compiles at run time, so a job's workers never race to build it. Where it is not
+built, or with `COMPBENCH_KERNELS=0`, the compressors run their torch/numpy twins (same results), and
 `status()` says so: `compbench bench` records it in its environment.
 """
 
@@ -26,10 +26,15 @@ NAME = "compbench_cpu"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-ffp-contract=off")
 
 
-def source() -> Path:
-    """`extensions/cpu/kernels.cpp` of the repository (editable install) or $COMPBENCH_CPU_SOURCE."""
+def source_dir() -> Path:
+    """`extensions/cpu/` of the repository (editable install) or $COMPBENCH_CPU_SOURCE."""
     env = os.environ.get("COMPBENCH_CPU_SOURCE")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "extensions" / "cpu" / "kernels.cpp"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "extensions" / "cpu"
+
+
+def sources() -> list[Path]:
+    """The translation units (ops.cpp registers what the others define); common.h is hashed too."""
+    return sorted(source_dir().glob("*.cpp"))
 
 
 def cpu_model() -> str | None:
@@ -45,7 +50,8 @@ def cpu_model() -> str | None:
 
 def build_dir() -> Path:
     key = hashlib.sha256()
-    for part in (source().read_bytes(), torch.__version__.encode(), " ".join(FLAGS).encode(),
+    files = [*sources(), *sorted(source_dir().glob("*.h"))]
+    for part in (*(f.read_bytes() for f in files), torch.__version__.encode(), " ".join(FLAGS).encode(),
                  (cpu_model() or '').encode(), platform.machine().encode()):
         key.update(part)
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "compbench" / "cpu_kernels"
@@ -66,16 +72,16 @@ def build(verbose: bool = False) -> Path:
 
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     lib.parent.mkdir(parents=True, exist_ok=True)
-    load(name=NAME, sources=[str(source())], extra_cflags=list(FLAGS), build_directory=str(lib.parent),
-         is_python_module=False, verbose=verbose)
+    load(name=NAME, sources=[str(f) for f in sources()], extra_cflags=list(FLAGS),
+         build_directory=str(lib.parent), is_python_module=False, verbose=verbose)
     return lib
 
 
 @cache
 def _load() -> str | None:
     """Load the built library once per process; None when loaded, else why not."""
-    if not source().is_file():
-        return f"no source at {source()}"
+    if not sources():
+        return f"no sources in {source_dir()}"
     lib = library()
     if not lib.is_file():
         return "not built (make kernels)"

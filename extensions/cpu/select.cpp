@@ -1,0 +1,172 @@
+// The sparsifiers' scans: DRAGONN's hashed selection and sampled threshold, the per-block maxima
+// behind every threshold compaction (dgc, topk, graddrop).
+
+#include "common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <queue>
+#include <vector>
+
+namespace compbench_cpu {
+namespace {
+
+// Largest abs over p[0..m); NaN elements are ignored (they never pass a threshold either).
+inline float absmax(const float* p, int64_t m) {
+  float hi = 0.f;
+  int64_t j = 0;
+#if defined(__AVX2__)
+  // max_ps(a, b) returns b when a is NaN: NaN elements drop out, as in the scalar loop.
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 h0 = _mm256_setzero_ps(), h1 = _mm256_setzero_ps();
+  for (; j + 16 <= m; j += 16) {
+    h0 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p + j)), h0);
+    h1 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p + j + 8)), h1);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(h0, h1));
+  for (float v : lanes) hi = v > hi ? v : hi;
+#endif
+  for (; j < m; ++j) {
+    const float a = std::fabs(p[j]);
+    hi = a > hi ? a : hi;
+  }
+  return hi;
+}
+
+}  // namespace
+
+// int64 table of `slots` entries: slot murmur3_32(i, seed) % slots holds the largest i with
+// abs(x_i) >= threshold, -1 if none (twin: compressors.dragonn._select's CPU path; CUDA: dragonn.cu).
+// Each scanned range fills its own table with plain stores (its indices increase, so the last
+// write is the largest), then the tables are merged by max: the same table at any number of
+// threads. Not an atomic max on one shared table: a locked compare-exchange per passing element
+// drains the memory pipeline, a full miss on the table each (~100 ns: 2.3 ms at k = 25k), where
+// plain stores retire without waiting.
+at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, int64_t seed) {
+  check_flat_f32(x, "dragonn_select");
+  TORCH_CHECK(slots > 0, "dragonn_select: slots=", slots, " must be positive");
+  TORCH_CHECK(x.numel() < (int64_t{1} << 32), "dragonn_select: hashes 32-bit indices; split the tensor");
+  const float* p = x.data_ptr<float>();
+  const float thr = static_cast<float>(threshold);
+  const uint32_t s = static_cast<uint32_t>(seed);
+  const uint64_t m = static_cast<uint64_t>(slots);
+  const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+  std::mutex lock;
+  at::Tensor table;  // the merged tables of the ranges scanned so far
+  at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
+    at::Tensor mine = at::full({slots}, -1, x.options().dtype(at::kLong));
+    int64_t* t = mine.data_ptr<int64_t>();
+    auto pass = [&](int64_t i) { t[murmur3_32(static_cast<uint32_t>(i), s) % m] = i; };
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t lo = b * kBlock;
+      const int64_t hi = std::min(n, lo + kBlock);
+#if defined(__AVX2__)
+      // One mask of abs(x) >= thr per 8 lanes (ordered compare: NaN never passes), OR-ed over the
+      // block: a block with none is skipped after its one read; set bits name the passing elements.
+      const __m256 sign = _mm256_set1_ps(-0.f), vt = _mm256_set1_ps(thr);
+      unsigned masks[kBlock / 8];
+      unsigned any = 0;
+      const int64_t whole = (hi - lo) / 8;
+      for (int64_t v = 0; v < whole; ++v) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(p + lo + 8 * v));
+        masks[v] = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, vt, _CMP_GE_OQ)));
+        any |= masks[v];
+      }
+      if (any) {
+        for (int64_t v = 0; v < whole; ++v) {
+          for (unsigned bits = masks[v]; bits; bits &= bits - 1) pass(lo + 8 * v + __builtin_ctz(bits));
+        }
+      }
+      lo += 8 * whole;  // the tail of a partial last block
+#endif
+      for (int64_t i = lo; i < hi; ++i) {
+        if (std::fabs(p[i]) >= thr) pass(i);
+      }
+    }
+    const std::lock_guard<std::mutex> guard(lock);
+    if (!table.defined()) {
+      table = mine;
+    } else {
+      int64_t* out = table.data_ptr<int64_t>();
+      for (int64_t j = 0; j < slots; ++j) out[j] = std::max(out[j], t[j]);
+    }
+  });
+  return table.defined() ? table : at::full({slots}, -1, x.options().dtype(at::kLong));  // n == 0
+}
+
+// Sample i of sampled_threshold: element (murmur3_32(i, seed) * n) >> 32, uniform over [0, n) up to
+// n / 2^32 (0.6% at n = 25M); twin: compressors.dragonn.sample_indices.
+inline int64_t sample_index(uint32_t i, uint32_t seed, uint64_t n) {
+  return static_cast<int64_t>((static_cast<uint64_t>(murmur3_32(i, seed)) * n) >> 32);
+}
+
+// numpy's order for np.partition: NaN above every number.
+inline bool below(float a, float b) { return a < b || (!std::isnan(a) && std::isnan(b)); }
+
+struct Above {  // std::priority_queue with Above keeps its smallest element (in numpy's order) on top
+  bool operator()(float a, float b) const { return below(b, a); }
+};
+
+// 1-element fp32: the j-th largest of abs(x[sample_index(i)]) over i < m (NaN largest), i.e. the
+// threshold of DRAGONN's sampled top-k, in one pass over the samples: each chunk keeps its j largest
+// in a heap (a random sample rarely enters it), the chunks' heaps are merged. The gathers are
+// prefetched a batch ahead: they are cache misses at random places of the gradient.
+at::Tensor sampled_threshold(const at::Tensor& x, int64_t m, int64_t j, int64_t seed) {
+  check_flat_f32(x, "sampled_threshold");
+  const int64_t n = x.numel();
+  TORCH_CHECK(n > 0 && n < (int64_t{1} << 32), "sampled_threshold: needs 0 < numel < 2^32, got ", n);
+  TORCH_CHECK(0 < m && m < (int64_t{1} << 32) && 0 < j && j <= m, "sampled_threshold: needs 0 < j <= m < 2^32");
+  const float* p = x.data_ptr<float>();
+  const uint32_t s = static_cast<uint32_t>(seed);
+  constexpr int64_t kChunk = 65536, kAhead = 64;  // prefetch distance: ~64 misses in flight
+  const int64_t chunks = (m + kChunk - 1) / kChunk;
+  std::vector<std::vector<float>> tops(static_cast<size_t>(chunks));
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    int64_t ring[kAhead];
+    for (int64_t c = c0; c < c1; ++c) {
+      std::priority_queue<float, std::vector<float>, Above> heap;
+      const int64_t begin = c * kChunk, end = std::min(m, begin + kChunk);
+      auto draw = [&](int64_t i) {
+        const int64_t at = sample_index(static_cast<uint32_t>(i), s, static_cast<uint64_t>(n));
+        __builtin_prefetch(p + at);
+        ring[i % kAhead] = at;
+      };
+      for (int64_t i = begin; i < std::min(end, begin + kAhead); ++i) draw(i);
+      for (int64_t i = begin; i < end; ++i) {
+        const float v = std::fabs(p[ring[i % kAhead]]);
+        if (i + kAhead < end) draw(i + kAhead);
+        if (static_cast<int64_t>(heap.size()) < j) {
+          heap.push(v);
+        } else if (below(heap.top(), v)) {
+          heap.pop();
+          heap.push(v);
+        }
+      }
+      auto& out = tops[static_cast<size_t>(c)];
+      for (; !heap.empty(); heap.pop()) out.push_back(heap.top());
+    }
+  });
+  std::vector<float> all;
+  for (const auto& t : tops) all.insert(all.end(), t.begin(), t.end());
+  // The j-th largest of the union of every chunk's j largest is the j-th largest of all samples.
+  std::nth_element(all.begin(), all.begin() + (j - 1), all.end(), [](float a, float b) { return below(b, a); });
+  return at::full({1}, all[static_cast<size_t>(j - 1)], x.options());
+}
+
+// fp32, n / 64 entries: the largest abs of each whole block of 64 elements, NaN ignored (the tail of
+// n % 64 elements has no entry). sparse.AbsIndex's summary; twin: amax(abs) of the rows.
+at::Tensor block_absmax(const at::Tensor& x) {
+  check_flat_f32(x, "block_absmax");
+  const int64_t blocks = x.numel() / kBlock;
+  at::Tensor out = at::empty({blocks}, x.options());
+  const float* p = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) o[b] = absmax(p + b * kBlock, kBlock);
+  });
+  return out;
+}
+
+}  // namespace compbench_cpu
