@@ -94,8 +94,7 @@ def _raw_rows(path: Path) -> list[dict]:
 def _append(path: Path, row: dict) -> None:
     """Add a row; a file with older columns is rewritten with FIELDS first."""
     old = _raw_rows(path)
-    with path.open() as f:
-        header = f.readline().strip().split(",") if old else []
+    header = path.read_text().splitlines()[0].split(",") if old else []
     if header != FIELDS:
         with path.open("w", newline="") as f:
             writer = csv.DictWriter(f, FIELDS)
