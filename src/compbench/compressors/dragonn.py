@@ -91,7 +91,7 @@ def _select(
     atomicMax, so GPU and CPU select identical sets. (The reference lets an arbitrary GPU writer win.)
     Empty slots hold -1, so element 0 can be selected (the reference marks empty slots with 0 and so
     never sends element 0). On CPU the compiled kernel (`kernels.cpu`) does the same in one pass
-    (blocks of 64 below the threshold skipped, atomic max per slot); its twin below hashes only the
+    (blocks of 64 below the threshold skipped, per-range tables merged by max); its twin hashes only the
     candidates: `AbsIndex` finds them from per-block maxima, numpy hashes the ~k of them.
     """
     flat = x.detach().reshape(-1)
