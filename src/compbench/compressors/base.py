@@ -57,6 +57,8 @@ class Capabilities:
     shared_indices: the selected indices come from a seed shared by every rank (`indices`): only
       values travel, and a peer's indices are drawn again on decode.
     lossless: decode(encode(x)) = x; error feedback would have nothing to feed back.
+    identity: the payload is the tensor itself, unchanged (none): comm=allreduce then averages the
+      gradient in place, as the dense path does (no copy out, none back, DDP's bucket-sized chunks).
     decodes_into: `decompress_all(payloads, ctx, out=buf)` decodes into a caller's flat buffer
       (`buffers.check_out`): comm=allgather then decodes straight into the gradient it was handed
       (a .grad, or the fused buffer the .grads view), so nothing is copied back.
@@ -74,6 +76,7 @@ class Capabilities:
     sparse: bool = False
     shared_indices: bool = False
     lossless: bool = False
+    identity: bool = False
     decodes_into: bool = False
     recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention (deep-copyable)
     why_not_summable: str = "sends rank-dependent payloads that cannot be summed element-wise"

@@ -176,7 +176,13 @@ class Trainer:
         bad = [n for n, p in self.model.named_parameters()
                if p.grad is not None and not torch.isfinite(p.grad.sum())
                and not torch.isfinite(p.grad).all()]
+        # Booked as exposed communication: this allreduce queues behind the collectives an overlapping
+        # scheduler already started, so its wait is their transfer time, not "other".
+        t0 = time.perf_counter()
         ranks_with_bad = self.engine.allreduce(torch.tensor([float(bool(bad))]), "nonfinite", average=False)
+        waited = (time.perf_counter() - t0) * 1e3
+        self.stats.add_ms("comm", waited)
+        self.stats.add_ms("comm_exposed", waited)
         if ranks_with_bad.item() == 0:
             return True
         if self.cfg.on_nonfinite == "raise":
