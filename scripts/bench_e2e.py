@@ -11,8 +11,8 @@ network namespace whose loopback carries 2 x `--gbps` Gbit/s (net.emulate_gbps, 
 Rows: compbench none (torch and horovod engines), dragonn and dgc at ratio 1e-3 over allgather
 (each with its usual memory), DDP fp32 and PowerSGD rank 1 (comm=ddp), Horovod's
 DistributedOptimizer with and without fp16 (comm=horovod_optimizer), and, outside compbench, a
-plain DDP and a plain Horovod training script (same model, optimizer and batch on fixed random
-tensors, started by compbench's launcher): the harness's own cost. The table, the targets of
+plain DDP and a plain Horovod training script (same model, optimizer, batch, synthetic data and
+flush_denormal, started by compbench's launcher): the harness's own cost. The table, the targets of
 the issue checked, the machine's load before and after, and every run directory go to
 outputs/bench_e2e/DATE-TIME/ (table.md, results.json). Timings on a shared machine are noisy:
 compare the ratios of one table, measured side by side.
@@ -59,6 +59,7 @@ def plain_worker(kind: str, out: Path, steps: int) -> None:
     import torch
     import torch.nn.functional as F
 
+    from compbench.data.synthetic import synthetic
     from compbench.models.mlp import mlp
 
     torch.set_num_threads(int(os.environ.get("COMPBENCH_THREADS", "1")))
@@ -80,7 +81,11 @@ def plain_worker(kind: str, out: Path, steps: int) -> None:
         rank = hvd.rank()
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    batches = [(torch.randn(32, 4, 32, 32), torch.randint(0, 10, (32,))) for _ in range(4)]
+    # compbench's data (dataset=synthetic: learnable, so that the model reaches the same denormal
+    # range as in compbench's rows) and its default flush_denormal=true
+    torch.set_flush_denormal(True)
+    train, _ = synthetic(num_classes=10, image_size=32, channels=4)
+    batches = [train[(2 * i + rank) * 32 : (2 * i + rank + 1) * 32] for i in range(len(train) // 64)]
     times = []
     for i in range(steps):
         x, y = batches[i % len(batches)]

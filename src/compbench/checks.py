@@ -106,7 +106,7 @@ def _check_run_settings(cfg: DictConfig) -> None:
     require_int("num_workers", cfg.num_workers, 0)
     if cfg.threads is not None:
         require_int("threads", cfg.threads, 1, "or threads=null for cores / workers")
-    for key in ("eval", "checkpoint", "progress"):
+    for key in ("eval", "checkpoint", "progress", "flush_denormal"):
         if not isinstance(cfg[key], bool):
             raise ValueError(f"{key}={_show(cfg[key])} must be true or false")
 

@@ -17,6 +17,7 @@ CASES = [
      "no folder dataset.root=/nonexistent; apt-get update && apt-get install -y dataset-fashion-mnist"),
     (["model.pretrained=/nonexistent.npz"], "pretrained file /nonexistent.npz does not exist"),
     (["no_such_setting=1"], "Could not override 'no_such_setting'"),
+    (["flush_denormal=maybe"], "flush_denormal=maybe must be true or false"),
 ]
 
 

@@ -49,8 +49,8 @@ def math_settings(config: dict[str, Any]) -> dict[str, Any]:
     separately, the number of workers.
     Free to differ: epochs (to extend a run: a cosine or step schedule then follows the new length),
     max_steps, eval, eval_batch_size, checkpoint, checkpoint_every_steps, resume, output_dir,
-    outputs_root, progress, num_workers, threads, on_nonfinite (e.g. skip past a NaN), net.*, sweep
-    settings, and the `ratio` shorthand (compared as compressor.ratio).
+    outputs_root, progress, num_workers, threads, flush_denormal, on_nonfinite (e.g. skip past a
+    NaN), net.*, sweep settings, and the `ratio` shorthand (compared as compressor.ratio).
     """
     choices = config.get("choices") or {}
     out: dict[str, Any] = {g: choices.get(g) for g in _MATH_GROUPS}
