@@ -1,6 +1,6 @@
 """Which combinations work: every compressor x memory x comm x scheduler x engine x optimizer
 question, answered in one place from the records the components declare (`Capabilities`,
-`MemoryTraits`, `CommTraits`, `SchedulerTraits`), at compose time, before anything is written.
+`MemoryTraits`, `CommTraits`, `SchedulerTraits`, `SyncTraits`), at compose time, before anything is written.
 
 A combination either does what its settings say or is refused with one line that names a valid
 alternative. Recipes (a compressor's known-good memory and optimizer settings) are applied here too,
@@ -16,18 +16,26 @@ from compbench.comm.base import CommTraits
 from compbench.compressors.base import Capabilities
 from compbench.memory.base import MemoryTraits
 from compbench.schedulers import SchedulerTraits
+from compbench.sync import SyncTraits
+
+STEP = SyncTraits()  # sync=step, the default mode
+# Settings of the `optim` group that shape the learning-rate schedule, whatever the optimizer.
+SCHEDULE_KEYS = ("lr_schedule", "warmup_epochs", "lr_min_factor", "lr_step_epochs", "lr_gamma")
 
 # Optimizer keys of a recipe were tuned with plain SGD; other optimizers keep their own settings.
 RECIPE_OPTIMIZER = "sgd"
 
 
-def recipe(caps: Capabilities, comm_traits: CommTraits, optim: str) -> dict[str, Any]:
-    """The settings a compressor runs with by default over a communicator with these traits and
-    optimizer `optim` (key -> value)."""
+def recipe(caps: Capabilities, comm_traits: CommTraits, optim: str,
+           sync: SyncTraits = STEP) -> dict[str, Any]:
+    """The settings a compressor runs with by default over a communicator with these traits,
+    optimizer `optim` and synchronization mode `sync` (key -> value)."""
     out = dict(caps.recipe)
     if _runs_collective(caps, comm_traits):
         out["memory"] = "none"  # the collective keeps its own error feedback
-    if optim != RECIPE_OPTIMIZER:
+    if not sync.pipeline:
+        return {}  # the mode exchanges what its optimizer decides; the compressor is not used
+    if optim != RECIPE_OPTIMIZER or not sync.per_step:  # tuned for per-step SGD on gradients
         out = {k: v for k, v in out.items() if not k.startswith("optim.")}
     if comm_traits.baseline:
         out = {}  # the baseline synchronizes by itself; nothing of compbench's runs
@@ -39,31 +47,75 @@ def _runs_collective(caps: Capabilities, comm_traits: CommTraits) -> bool:
 
 
 def check(choices: Mapping[str, str], caps: Capabilities, memory: MemoryTraits, comm: CommTraits,
-          scheduler: SchedulerTraits, optim: Mapping[str, Any]) -> None:
+          scheduler: SchedulerTraits, optim: Mapping[str, Any], sync: SyncTraits = STEP,
+          optim_defaults: Mapping[str, Any] | None = None) -> None:
     """ValueError (one line, naming an alternative) unless the combination works as configured.
 
-    `choices` are the options picked per group (compressor, memory, comm, scheduler, engine, optim);
-    `optim` the optimizer's settings."""
+    `choices` are the options picked per group (compressor, memory, comm, scheduler, sync, engine,
+    optim); `optim` the optimizer's settings, `optim_defaults` those of its config file."""
     c, m, k, s, e = (choices[g] for g in ("compressor", "memory", "comm", "scheduler", "engine"))
+    y = choices.get("sync", "step")
     if e not in comm.engines:
         raise ValueError(f"comm={k} runs on engine={' or engine='.join(comm.engines)}, not engine={e}; "
                          f"add engine={comm.engines[0]}")
     if comm.baseline:
+        if y != "step":
+            raise ValueError(f"comm={k} synchronizes gradients by itself every step, so sync={y} would "
+                             f"not be used; drop sync= (or use comm=allreduce with sync={y})")
         _check_baseline(k, c, m, s)
+        return
+    _check_sync_optimizer(y, sync, choices["optim"], optim, optim_defaults or {})
+    if not sync.pipeline:
+        _check_unused(f"sync={y} exchanges what its optimizer decides", "sync=step",
+                      (("compressor", c, "none"), ("memory", m, "none"), ("comm", k, "allreduce"),
+                       ("scheduler", s, "layerwise")))
         return
     check_comm(c, k, caps, comm)
     _check_memory(c, m, k, caps, memory, comm)
+    if not sync.per_step:
+        _check_rounds(y, m, s, memory)
+        return
     _check_optimizer(c, m, caps, memory, choices["optim"], optim)
     _check_scheduler(c, m, k, s, caps, memory, scheduler)
 
 
+def _check_sync_optimizer(y: str, sync: SyncTraits, optim_name: str, optim: Mapping[str, Any],
+                          defaults: Mapping[str, Any]) -> None:
+    if sync.optimizers is not None and optim_name not in sync.optimizers:
+        raise ValueError(f"sync={y} builds its own optimizer from {_either('optim', sync.optimizers)}'s "
+                         f"settings, not optim={optim_name}'s; add optim={sync.optimizers[0]}")
+    if sync.optimizer_keys is None:
+        return
+    taken = {*sync.optimizer_keys, *SCHEDULE_KEYS, "name"}
+    for key, value in optim.items():
+        if key not in taken and key in defaults and value != defaults[key]:
+            raise ValueError(f"sync={y} takes only optim.{', optim.'.join(sync.optimizer_keys)} and the "
+                             f"schedule from optim={optim_name}, so optim.{key}={value} would not be used; "
+                             f"drop optim.{key}")
+
+
+def _check_rounds(y: str, m: str, s: str, memory: MemoryTraits) -> None:
+    """A periodic mode sends the outer gradient once per round, tensor by tensor."""
+    if s != "layerwise":
+        raise ValueError(f"sync={y} sends the outer gradient once per round, tensor by tensor, so "
+                         f"scheduler={s} would not be used; drop scheduler=")
+    if memory.owns_momentum:
+        raise ValueError(f"memory={m} applies SGD momentum to each step's gradient, which sync={y} does not "
+                         "send; use memory=residual")
+
+
 def _check_baseline(comm: str, compressor: str, memory: str, scheduler: str) -> None:
-    unused = [f"{g}={v}" for g, v, default in (("compressor", compressor, "none"), ("memory", memory, "none"),
-                                                ("scheduler", scheduler, "layerwise")) if v != default]
+    _check_unused(f"comm={comm} synchronizes by itself", "comm=allgather to run compbench's pipeline",
+                  (("compressor", compressor, "none"), ("memory", memory, "none"),
+                   ("scheduler", scheduler, "layerwise")))
+
+
+def _check_unused(who: str, instead: str, picked: Iterable[tuple[str, str, str]]) -> None:
+    """Refuse group choices (group, picked, default) that `who` would not use."""
+    unused = [f"{g}={v}" for g, v, default in picked if v != default]
     if unused:
-        raise ValueError(f"comm={comm} synchronizes by itself, so {' and '.join(unused)} would not be "
-                         f"used; drop {unused[0].split('=')[0]}= (or use comm=allgather to run compbench's "
-                         "pipeline)")
+        raise ValueError(f"{who}, so {' and '.join(unused)} would not be used; drop "
+                         f"{unused[0].split('=')[0]}= (or use {instead})")
 
 
 def check_comm(c: str, k: str, caps: Capabilities, comm: CommTraits) -> None:

@@ -20,7 +20,7 @@ from compbench.compressors.base import check_ratio
 if TYPE_CHECKING:
     from compbench.comm.base import CommTraits
 
-GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "engine", "optim", "net")
+GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "engine", "optim", "net")
 
 
 def _check_group_choices(overrides: list[str]) -> None:
@@ -68,7 +68,8 @@ def _recipe_to_apply(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     choices = cfg.hydra.runtime.choices
     caps = registry.component_class("compressor", choices["compressor"]).caps
     comm_traits = registry.component_class("comm", choices["comm"]).traits
-    wanted = compat.recipe(caps, comm_traits, choices["optim"])
+    sync_traits = registry.component_class("sync", choices["sync"]).sync_traits
+    wanted = compat.recipe(caps, comm_traits, choices["optim"], sync_traits)
     user = {o.lstrip("+~").partition("=")[0] for o in overrides}
     if choices.get("experiment"):
         user |= _experiment_keys(choices["experiment"])
@@ -116,14 +117,19 @@ def check(cfg: DictConfig) -> DictConfig:
     for group, drop, passed in (("model", (), ()), ("dataset", (), ()), ("compressor", SELECTION_KEYS, ()),
                                 ("memory", (), ("world_size",)),
                                 ("comm", (), ("engine", "compressor", "stats")),
-                                ("scheduler", (), ()), ("engine", ("np",), ())):
+                                ("scheduler", (), ()),
+                                ("sync", (), ("pipeline", "scheduler", "engine", "stats")),
+                                ("engine", ("np",), ())):
         registry.check_settings(cfg[group], f"{group}={picked[group]}", drop=drop, passed=passed)
     compressor, _ = build_compressor_and_selection(cfg)
     comm_cls = registry.locate(cfg.comm._target_)
     comm_cls.check_options(**{k: v for k, v in registry.plain(cfg.comm).items() if k != "_target_"})
+    sync_cls = registry.locate(cfg.sync._target_)
+    sync_cls.check_options(**{k: v for k, v in registry.plain(cfg.sync).items() if k != "_target_"})
     memory = build_memory(cfg, np)
     compat.check(picked, compressor.caps, memory.traits, comm_cls.traits,
-                 registry.locate(cfg.scheduler._target_).traits, registry.plain(cfg.optim))
+                 registry.locate(cfg.scheduler._target_).traits, registry.plain(cfg.optim),
+                 sync_cls.sync_traits, registry.option_config("optim", picked["optim"]))
     _check_one_machine(picked, comm_cls.traits)
     registry.build(cfg.scheduler)  # e.g. scheduler.groups=foo stops here, before any output exists
     _check_dataset(cfg)

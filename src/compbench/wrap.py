@@ -5,7 +5,7 @@
     ...; loss.backward(); optimizer.step()      # gradients are compressed, exchanged and averaged
 
 Run the script under `horovodrun -np 2 python train.py` or `compbench launch -np 2 train.py`.
-It is built from the same parts as `compbench train` (registry, pipeline, scheduler).
+It is assembled by the same function as `compbench train` (compbench.sync.build).
 """
 
 from __future__ import annotations
@@ -18,18 +18,17 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from compbench import compat, registry
-from compbench.train.build import build_compressor_and_selection, build_memory
+from compbench.sync import Synchronizer
+from compbench.sync.build import build_synchronizer
+from compbench.train.build import build_compressor_and_selection
 from compbench.train.metrics import StepStats
-from compbench.train.pipeline import GradientPipeline
 
 
 class CompressedOptimizer:
     """The user's optimizer, with gradient synchronization through compbench before each step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, pipeline: GradientPipeline, scheduler: Any,
-                 engine: Any, stats: StepStats) -> None:
-        self.optimizer, self.pipeline, self.scheduler = optimizer, pipeline, scheduler
-        self.engine, self.stats = engine, stats
+    def __init__(self, optimizer: torch.optim.Optimizer, sync: Synchronizer, stats: StepStats) -> None:
+        self.optimizer, self.sync, self.stats = optimizer, sync, stats
         self.steps = 0
         self._armed = False
 
@@ -40,15 +39,15 @@ class CompressedOptimizer:
 
     def _arm(self) -> None:
         self.stats.reset()
-        self.pipeline.begin_step(self.steps, 0.0)
-        self.scheduler.before_backward(self.pipeline)
+        self.sync.begin_step(self.steps, 0.0)
+        self.sync.before_backward()
         self._armed = True
 
     def synchronize(self) -> None:
         """Compress, exchange and average the gradients now (step() calls it)."""
         if not self._armed:  # zero_grad was not called through the wrapper
             self._arm()
-        self.scheduler.synchronize(self.pipeline)
+        self.sync.synchronize()
         self._armed = False
 
     def step(self, closure=None):
@@ -84,27 +83,24 @@ def wrap_compress_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, 
     if comm_cls.traits.baseline:
         raise ValueError(f"comm={comm} is a baseline that synchronizes by itself; use comm=allgather, "
                          "allreduce, ps or ring")
-    comp, selection = build_compressor_and_selection(cfg)
+    caps = build_compressor_and_selection(cfg)[0].caps  # the built one's: a setting may change them
     memory_traits = registry.component_class("memory", memory).traits
     optim_name = type(optimizer).__name__.lower()
     momentum = optimizer.param_groups[0].get("momentum", 0.0)
     choices = {"compressor": compressor, "memory": memory, "comm": comm, "scheduler": scheduler,
                "engine": engine, "optim": optim_name}
-    compat.check(choices, comp.caps, memory_traits, comm_cls.traits,
+    compat.check(choices, caps, memory_traits, comm_cls.traits,
                  registry.component_class("scheduler", scheduler).traits, {"momentum": momentum})
     if memory_traits.owns_momentum and momentum:
         raise ValueError(f"memory={memory} applies momentum itself: build your optimizer with momentum=0")
     eng = registry.build(registry.option_config("engine", engine), drop=("np",))
-    mem = build_memory(cfg, eng.size)
     stats = StepStats()
-    pipeline = GradientPipeline(eng, comp, mem,
-                                registry.build(registry.option_config("comm", comm), engine=eng,
-                                               compressor=comp, stats=stats),
-                                selection, stats)
-    sched = registry.build({**registry.option_config("scheduler", scheduler), **(scheduler_options or {})})
-    sched.setup(model)
+    cfg.comm = registry.option_config("comm", comm)
+    cfg.scheduler = {**registry.option_config("scheduler", scheduler), **(scheduler_options or {})}
+    sync = build_synchronizer(cfg, eng, stats)
+    sync.setup(model)
     if broadcast_parameters:
         with torch.no_grad():
             for name, t in [*model.named_parameters(), *model.named_buffers()]:
                 eng.broadcast_(t.data, 0, f"init.{name}")
-    return CompressedOptimizer(optimizer, pipeline, sched, eng, stats)
+    return CompressedOptimizer(optimizer, sync, stats)

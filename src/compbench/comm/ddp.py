@@ -34,7 +34,9 @@ from torch import nn
 from compbench.comm.base import CommTraits
 from compbench.comm.ddp_topk_hook import TopKHookState, topk_hook
 from compbench.engines.base import Engine
+from compbench.sync import BASELINE
 from compbench.train.metrics import StepStats
+from compbench.train.optim import plain_optimizer
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "topk")
 
@@ -74,15 +76,18 @@ class _DDP(nn.parallel.DistributedDataParallel):
 
 
 class DDPComm:
-    """torch DistributedDataParallel with one of its comm hooks, as the trainer's synchronizer.
+    """torch DistributedDataParallel with one of its comm hooks, as the trainer's synchronizer
+    (compbench.sync's protocol).
 
-    `wrap_model` returns the DDP module (the trainer trains through it); the scheduler methods
-    (`setup`, `before_backward`, `synchronize`, `summary`) only book bytes and times: DDP has
-    averaged every gradient by the time `loss.backward()` returns.
+    `setup` returns the DDP module (the trainer trains through it); the other methods only book
+    bytes and times: DDP has averaged every gradient by the time `loss.backward()` returns.
     """
 
     name = "ddp"
     traits = CommTraits(engines=("torch",), baseline=True)
+    sync_traits = BASELINE
+    pipeline = None
+    scheduler = None
     check_options = staticmethod(check_options)
 
     def __init__(self, engine: Engine, compressor: Any, stats: StepStats, hook: str = "allreduce",
@@ -101,7 +106,20 @@ class DDPComm:
 
     # -- the trainer's seam --------------------------------------------------------------------
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def setup(self, model: nn.Module) -> nn.Module:
+        ddp = self._wrap(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for p in params)
+        buffers = list(model.buffers()) if self.broadcast_buffers else []
+        self.buffer_bytes = sum(b.numel() * b.element_size() for b in buffers)
+        self._after_before = 0  # PowerSGD's count of elements sent, before this step
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+        self._armed = False
+        self._marks: list[float] = []
+        return ddp
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
@@ -124,18 +142,9 @@ class DDPComm:
             ddp.register_comm_hook(self.state, topk_hook)
         return ddp
 
-    def setup(self, model: nn.Module) -> None:
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.numel = sum(p.numel() for p in params)
-        buffers = list(model.buffers()) if self.broadcast_buffers else []
-        self.buffer_bytes = sum(b.numel() * b.element_size() for b in buffers)
-        self._after_before = 0  # PowerSGD's count of elements sent, before this step
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._on_grad)
-        self._armed = False
-        self._marks: list[float] = []
+    make_optimizer = staticmethod(plain_optimizer)
 
-    def before_backward(self, pipeline: Any) -> None:
+    def before_backward(self) -> None:
         self._armed, self._marks = True, []
         if self.hook == "powersgd":
             self._after_before = self.state.total_numel_after_compression
@@ -156,7 +165,7 @@ class DDPComm:
 
             engine.queue_callback(first)
 
-    def synchronize(self, pipeline: Any) -> None:
+    def synchronize(self) -> None:
         self._armed = False
         if len(self._marks) == 2:
             waited = (self._marks[1] - self._marks[0]) * 1e3
@@ -178,6 +187,21 @@ class DDPComm:
         if self.hook == "topk":
             return self.state.bytes_sent
         return 4 * self.numel
+
+    def begin_step(self, step: int, epoch: float) -> None:
+        pass
+
+    def after_step(self) -> None:
+        pass
+
+    def drain(self) -> None:
+        pass  # DDP finished every bucket inside backward
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the model and the optimizer are all there is
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": "ddp", "hook": self.hook, "bucket_cap_mb": self.bucket_cap_mb,

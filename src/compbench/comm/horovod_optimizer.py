@@ -33,7 +33,9 @@ from torch import nn
 
 from compbench.comm.base import CommTraits
 from compbench.engines.base import Engine
+from compbench.sync import BASELINE
 from compbench.train.metrics import StepStats
+from compbench.train.optim import plain_optimizer
 
 COMPRESSIONS = ("none", "fp16")
 
@@ -50,6 +52,9 @@ class HorovodOptimizerComm:
 
     name = "horovod_optimizer"
     traits = CommTraits(engines=("horovod",), baseline=True)
+    sync_traits = BASELINE
+    pipeline = None
+    scheduler = None
     check_options = staticmethod(check_options)
 
     def __init__(self, engine: Engine, compressor: Any, stats: StepStats, compression: str = "none") -> None:
@@ -58,10 +63,8 @@ class HorovodOptimizerComm:
 
     # -- the trainer's seam --------------------------------------------------------------------
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        return model  # Horovod leaves the model alone; its hooks go on in setup()
-
-    def setup(self, model: nn.Module) -> None:
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Horovod leaves the model alone: its hooks go on the parameters' gradient accumulators."""
         import horovod.torch as hvd
 
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -72,8 +75,11 @@ class HorovodOptimizerComm:
         for _, p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
         self._armed, self._waited = False, None
+        return model
 
-    def before_backward(self, pipeline: Any) -> None:
+    make_optimizer = staticmethod(plain_optimizer)
+
+    def before_backward(self) -> None:
         # A step dropped before synchronizing left Horovod's allreduces in flight: finish them and
         # clear the gradients, or the next backward trips Horovod's checks.
         if self.optimizer._handles:
@@ -94,7 +100,7 @@ class HorovodOptimizerComm:
         self.optimizer.synchronize()
         self._waited = (time.perf_counter() - t0) * 1e3
 
-    def synchronize(self, pipeline: Any) -> None:
+    def synchronize(self) -> None:
         self._armed = False
         if self._waited is None:  # no backward hook fired (a user's own loop, no gradients)
             self._synchronize()
@@ -108,6 +114,21 @@ class HorovodOptimizerComm:
         # HOROVOD_FUSION_THRESHOLD): that many collectives for the what-if model.
         sent = (2 if self.compression == "fp16" else 4) * self.numel
         self.stats.add_dense_allreduce(sent, calls=max(1, math.ceil(sent / 2**26)))
+
+    def begin_step(self, step: int, epoch: float) -> None:
+        pass
+
+    def after_step(self) -> None:
+        pass
+
+    def drain(self) -> None:
+        pass  # the next before_backward finishes what Horovod still has in flight
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the model and the optimizer are all there is
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "compression": self.compression, "overlap": True}

@@ -15,6 +15,12 @@ what it decided across a resume. What it accepts is its `traits`, read by the co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from compbench.train.pipeline import GradientPipeline
 
 
 @dataclass(frozen=True)
@@ -33,3 +39,18 @@ class SchedulerTraits:
     plans: bool = False
     comms: tuple[str, ...] | None = None
     momentum_memory: bool = True
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """The protocol every scheduler implements (see the module docstring for when each is called)."""
+
+    name: str
+    traits: ClassVar[SchedulerTraits]
+
+    def setup(self, model: nn.Module) -> None: ...
+    def before_backward(self, pipeline: GradientPipeline) -> None: ...
+    def synchronize(self, pipeline: GradientPipeline) -> None: ...
+    def summary(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...

@@ -1,8 +1,10 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically by rank 0.
 
-Model, optimizer, LR schedule and scheduler are the same on every rank; error-feedback memories,
-compressor state (momentum, residuals, warm starts), communicator state (the ps server's memory) and
-RNG states are per rank, so they are gathered to rank 0 through the engine (only rank 0 writes files).
+Model, optimizer and LR schedule are rank 0's; the synchronizer's state (error-feedback memories,
+compressor state such as momentum, residuals, warm starts, communicator state such as the ps
+server's memory, the scheduler's decisions, and where ranks diverge inside a round their own
+parameters and optimizer state) and RNG states are per rank, so they are gathered to rank 0
+through the engine (only rank 0 writes files).
 Every stateful part saves and loads through its own `state_dict` / `load_state_dict`.
 The file is written to a temporary name and renamed: a crash mid-write leaves the previous checkpoint
 intact. `position` is where training continues: (epoch, index of the next batch in that epoch).
@@ -26,11 +28,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 FILE = "checkpoint.pt"
-FORMAT = 2  # 2: holds the run's config; plain data only
+FORMAT = 3  # 2: holds the run's config; plain data only. 3: the synchronizer's state per rank
 
 # The groups whose choice and parameters change a run's arithmetic (`net` only models or shapes the
 # network: a SeCoPa plan made from it is saved with the scheduler's state).
-_MATH_GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "engine", "optim")
+_MATH_GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "engine", "optim")
 # Group parameters that may change on resume: the weights come from the checkpoint, not from
 # `pretrained`; the same data may move (`root`); the world size is compared as the number of workers
 # that wrote the file (also right under an external launcher); a timeout is not arithmetic.
@@ -111,8 +113,8 @@ def read_checkpoint(path: Path, who: str, map_location: str | None = "cpu") -> d
     if not isinstance(state, dict) or "model" not in state or "position" not in state:
         raise ValueError(f"{who}: {path} is not a compbench checkpoint; pass a run directory or its {FILE}")
     if state.get("format") != FORMAT or not isinstance(state.get("config"), dict):
-        raise ValueError(f"{who}: {path} was written by an older compbench (it does not record its run's "
-                         f"settings); start a new run")
+        raise ValueError(f"{who}: {path} was written by an older compbench (checkpoint format "
+                         f"{state.get('format', 1)}, this one reads {FORMAT}); start a new run")
     return state
 
 
@@ -184,19 +186,10 @@ def check_same_run(state: dict[str, Any], config: dict[str, Any], world: int, wh
 # -- writing and restoring (in the workers) ------------------------------------------------------
 
 
-def _baseline(trainer: Any) -> bool:
-    """A baseline synchronization mode (comm=ddp, comm=horovod_optimizer) stands in for communicator
-    and scheduler and keeps no state of its own: the model and the optimizer are all there is."""
-    return trainer.pipeline.comm.traits.baseline
-
-
 def _rank_state(trainer: Any) -> dict[str, Any]:
-    return {
-        "memory": trainer.memory.state_dict(),
-        "compressor": trainer.compressor.state_dict(),
-        "comm": {} if _baseline(trainer) else trainer.pipeline.comm.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-    }
+    # The synchronizer's per-rank state: memories, compressor and communicator state, scheduler
+    # decisions, and, where ranks diverge inside a round (diloco), their parameters and optimizer.
+    return {**trainer.sync.state_dict(), "torch_rng": torch.get_rng_state()}
 
 
 def _gather_to_all(engine: Any, obj: Any) -> list[Any]:
@@ -225,8 +218,6 @@ def save_checkpoint(trainer: Any, epoch: int, batch: int) -> None:
         "model": trainer.model.state_dict(),
         "optimizer": trainer.optimizer.state_dict(),
         "lr_schedule": trainer.lr_schedule.state_dict(),
-        # e.g. SeCoPa's plan, MergeComp's grouping and search: decided again on resume they could differ
-        "scheduler": {} if _baseline(trainer) else trainer.scheduler.state_dict(),
         "per_rank": per_rank,
     }
     path = trainer.run_dir / FILE
@@ -249,11 +240,7 @@ def load_checkpoint(trainer: Any, path: Path) -> tuple[int, int]:
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.lr_schedule.load_state_dict(state["lr_schedule"])
     mine = state["per_rank"][trainer.engine.rank]
-    if not _baseline(trainer):
-        trainer.scheduler.load_state_dict(state["scheduler"])
-        trainer.pipeline.comm.load_state_dict(mine["comm"])
-    trainer.memory.load_state_dict(mine["memory"])
-    trainer.compressor.load_state_dict(mine["compressor"])
+    trainer.sync.load_state_dict(mine)  # after the model and optimizer: a rank's own replace rank 0's
     torch.set_rng_state(mine["torch_rng"])
     trainer.step = state["step"]
     return state["position"]["epoch"], state["position"]["batch"]

@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from compbench import registry
 from compbench.data.loader import ShardedLoader
 from compbench.errors import as_peer_lost
-from compbench.train.build import build_compressor_and_selection, build_datasets, build_memory, build_model
+from compbench.sync.build import build_synchronizer
+from compbench.train.build import build_datasets, build_model
 from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from compbench.train.metrics import (
     PHASES,
@@ -31,8 +32,7 @@ from compbench.train.metrics import (
     split_ms,
     write_json_atomic,
 )
-from compbench.train.optim import build_optimizer, build_schedule, param_groups
-from compbench.train.pipeline import GradientPipeline
+from compbench.train.optim import build_schedule
 
 
 def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
@@ -79,25 +79,14 @@ class Trainer:
                              f"{len(train_ds)} training samples; lower batch_size")
 
         self.stats = StepStats()
-        self.compressor, selection = build_compressor_and_selection(cfg)
-        self.memory = build_memory(cfg, engine.size)
-        comm = registry.build(cfg.comm, engine=engine, compressor=self.compressor, stats=self.stats)
-        self.pipeline = GradientPipeline(engine, self.compressor, self.memory, comm, selection, self.stats)
-        # With overlap, groups are compressed inside backward, before the finiteness check: the
-        # pipeline then refuses non-finite groups itself so no NaN enters error-feedback memory.
-        self.pipeline.guard_nonfinite = cfg.on_nonfinite == "skip"
-        self.scheduler = registry.build(cfg.scheduler)
-        if comm.traits.baseline:
-            # The synchronization mode, chosen here only: baselines (comm=ddp, comm=horovod_optimizer)
-            # synchronize gradients their own way; they wrap the model and stand in for the
-            # scheduler, and compbench's pipeline is not used (compbench.compat refuses settings of it).
-            self.model = comm.wrap_model(self.model)
-            self.scheduler = comm
-        self.scheduler.setup(self.model)
-        optim = registry.plain(cfg.optim)
-        groups = param_groups(self.model, self.memory.traits.owns_momentum,
-                              lambda p: selection.compresses(p, selection.dense_steps), optim)
-        self.optimizer = build_optimizer(groups, **optim)
+        # The synchronization mode, assembled in one place (compbench.sync.build): per step through
+        # compbench's pipeline, a baseline's own, in rounds (diloco) or inside the optimizer.
+        self.sync = build_synchronizer(cfg, engine, self.stats, guard_nonfinite=cfg.on_nonfinite == "skip")
+        self.pipeline, self.scheduler = self.sync.pipeline, self.sync.scheduler
+        if self.pipeline is not None:
+            self.compressor, self.memory = self.pipeline.compressor, self.pipeline.memory
+        self.model = self.sync.setup(self.model)
+        self.optimizer = self.sync.make_optimizer(self.model, registry.plain(cfg.optim))
         self.epochs = cfg.epochs
         self.lr_schedule = build_schedule(self.optimizer, len(self.train_loader), self.epochs,
                                           **registry.plain(cfg.optim))
@@ -145,21 +134,22 @@ class Trainer:
                 return i
             stats.reset()
             t0 = time.perf_counter()
-            self.pipeline.begin_step(self.step, epoch + i / steps)
+            self.sync.begin_step(self.step, epoch + i / steps)
             with stats.time("compute"):
                 loss = F.cross_entropy(model(x), y)
                 self.optimizer.zero_grad()
-                self.scheduler.before_backward(self.pipeline)  # overlapping schedulers arm their hooks
+                self.sync.before_backward()  # overlapping schedulers arm their hooks
                 loss.backward()
             # Overlapping schedulers compressed and started groups inside backward: not compute.
             stats.add_ms("compute", -(stats.ms["compress"] + stats.ms["comm"]))
             if cfg.on_nonfinite != "ignore" and not self.gradients_finite():
                 self.step += 1  # on_nonfinite=skip: every rank drops this step together
                 continue
-            self.scheduler.synchronize(self.pipeline)  # memory -> compress -> communicate -> decompress
+            self.sync.synchronize()  # per step: memory -> compress -> communicate -> decompress
             with stats.time("optimizer"):
                 self.optimizer.step()
                 self.lr_schedule.step()
+            self.sync.after_step()  # a periodic mode ends its round here
             stats.add_ms("step", (time.perf_counter() - t0) * 1e3)
             self.record_step(loss.item(), len(y) * engine.size)
             bar.update(1)
@@ -192,7 +182,7 @@ class Trainer:
             where = f"rank {self.engine.rank}: {', '.join(bad[:3])}" if bad else "another rank"
             raise FloatingPointError(f"non-finite gradient at step {self.step} ({where}); "
                                      f"lower the learning rate or pass on_nonfinite=skip")
-        self.pipeline.collect()  # drain groups an overlapping scheduler already submitted
+        self.sync.drain()  # e.g. groups an overlapping scheduler already submitted
         self.optimizer.zero_grad()
         if self.rank0:
             print(f"warning: skipped step {self.step}: "
@@ -263,7 +253,7 @@ class Trainer:
                    "environment": environment(self.engine),
                    "hparams": run_hparams(self.cfg, self.engine.size), "summary": summary,
                    "summary_method": {k: SUMMARY[k] for k in summary if k in SUMMARY},
-                   "scheduler": self.scheduler.summary()}
+                   "scheduler": self.sync.summary()}
         write_json_atomic(self.run_dir / "results.json", results)
         print(format_summary(results, self.run_dir), flush=True)
         return results

@@ -100,6 +100,11 @@ def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any
     return _OPTIMIZERS[name](param_groups, **kwargs)
 
 
+def plain_optimizer(model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
+    """The `optim` group's optimizer over every trainable parameter, in one group."""
+    return build_optimizer([{"params": [p for p in model.parameters() if p.requires_grad]}], **optim)
+
+
 def build_schedule(optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int,
                    lr_schedule: str = "constant", warmup_epochs: float = 0.0, lr_min_factor: float = 0.0,
                    lr_step_epochs: list[int] | None = None, lr_gamma: float = 0.1, **_: Any) -> LambdaLR:

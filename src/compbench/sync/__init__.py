@@ -1,0 +1,96 @@
+"""Synchronization modes: the one seam for every way of keeping workers in agreement.
+
+The trainer loop asks its synchronizer, once per step, around the optimizer's step:
+
+    sync.before_backward(); loss.backward(); sync.synchronize(); optimizer.step(); sync.after_step()
+
+Whether a step talks, and what it sends, is the synchronizer's:
+- `step` (per step): a scheduler runs each step's gradients through memory -> compressor ->
+  communicator (compbench's pipeline) and writes the averages into `p.grad` in `synchronize`.
+- the baselines (`comm=ddp`, `comm=horovod_optimizer`) synchronize gradients their own way; they
+  are communicators that implement this protocol themselves (their `traits.baseline`).
+- `diloco` (periodic): workers step their own optimizer H times without talking; in `after_step`
+  every H steps the outer gradient goes through the same pipeline and an outer optimizer moves the
+  global parameters (SparseLoCo and quantized Streaming DiLoCo are compositions of it).
+- `demo`, `onebit_adam` (optimizer level): the optimizer decides what is exchanged, in its `step`.
+
+Every synchronizer saves and loads its per-rank state (memories, compressor and communicator
+state, outer optimizer, local parameters where ranks diverge) through `state_dict`, so that a
+resume mid-round is exact. What a mode accepts is its `sync_traits`, read by compbench.compat.
+Adding a mode = its file here + `conf/sync/NAME.yaml`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from compbench.schedulers import Scheduler
+    from compbench.train.pipeline import GradientPipeline
+
+
+@dataclass(frozen=True)
+class SyncTraits:
+    """What a synchronization mode does, declared once per class; compbench.compat reads only this.
+
+    pipeline: what it exchanges goes through compbench's memory -> compressor -> communicator
+      (configured by the compressor/memory/comm groups); without it those must stay at their defaults.
+    per_step: exchanges gradients every step through a scheduler (with `pipeline`: the scheduler
+      group applies; otherwise scheduler must stay layerwise).
+    period_key: the setting that names the number of steps per round (a round's steps all count
+      in the per-step figures: a step that sends nothing books 0 bytes); None: every step.
+    optimizers: the `optim=` options it works with (None: any).
+    optimizer_keys: for a mode that builds its own optimizer, the optim settings it takes; every
+      other optim setting must keep its default (nothing is silently ignored).
+    """
+
+    pipeline: bool = True
+    per_step: bool = True
+    period_key: str | None = None
+    optimizers: tuple[str, ...] | None = None
+    optimizer_keys: tuple[str, ...] | None = None
+
+
+# A baseline communicator (comm=ddp, comm=horovod_optimizer) is its own synchronizer: gradients
+# every step, its own way, through none of compbench's pipeline.
+BASELINE = SyncTraits(pipeline=False)
+
+
+@runtime_checkable
+class Synchronizer(Protocol):
+    sync_traits: ClassVar[SyncTraits]
+    # The pipeline it sends through and the scheduler that feeds it; None where the mode has none
+    # (the baselines, the optimizer-level modes).
+    pipeline: GradientPipeline | None
+    scheduler: Scheduler | None
+
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Once, before training; returns the module the trainer trains (a baseline wraps it)."""
+        ...
+
+    def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
+        """The run's optimizer from the `optim` group's settings (after `setup`)."""
+        ...
+
+    def begin_step(self, step: int, epoch: float) -> None: ...
+    def before_backward(self) -> None: ...
+    def synchronize(self) -> None:
+        """After back-propagation, before the optimizer's step: averaged gradients into `p.grad`
+        (or nothing, for modes that do not exchange gradients)."""
+        ...
+
+    def after_step(self) -> None:
+        """After the optimizer's step (a periodic mode ends its round here)."""
+        ...
+
+    def drain(self) -> None:
+        """Drop a step (non-finite gradients): finish what was already started."""
+        ...
+
+    def summary(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...

@@ -1,0 +1,39 @@
+"""The one place the synchronization is assembled, for the trainer, `wrap_compress_optimizer` and
+tests: compressor, memory, communicator and scheduler built from their config nodes, handed to the
+synchronization mode (`sync` group), or the communicator itself where it synchronizes by itself."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from compbench import registry
+from compbench.engines.base import Engine
+from compbench.sync import Synchronizer
+from compbench.train.build import build_compressor_and_selection, build_memory
+from compbench.train.metrics import StepStats
+from compbench.train.pipeline import GradientPipeline
+
+STEP_SYNC = {"_target_": "compbench.sync.step.StepSync"}
+
+
+def build_synchronizer(nodes: Mapping[str, Any], engine: Engine, stats: StepStats, *,
+                       guard_nonfinite: bool = False) -> Synchronizer:
+    """`nodes`: the config nodes of compressor, memory, comm, scheduler and (optionally) sync.
+
+    `guard_nonfinite`: with on_nonfinite=skip an overlapping scheduler compresses groups inside
+    backward, before the trainer's finiteness check: the pipeline then refuses non-finite groups
+    itself so that no NaN enters error-feedback memory."""
+    cfg = nodes if isinstance(nodes, DictConfig) else OmegaConf.create(dict(nodes))
+    compressor, selection = build_compressor_and_selection(cfg)
+    comm = registry.build(cfg.comm, engine=engine, compressor=compressor, stats=stats)
+    if comm.traits.baseline:
+        return comm  # DDP's hooks, Horovod's DistributedOptimizer: the protocol is theirs
+    memory = build_memory(cfg, engine.size)
+    pipeline = GradientPipeline(engine, compressor, memory, comm, selection, stats)
+    pipeline.guard_nonfinite = guard_nonfinite
+    sync_node = cfg.get("sync") or STEP_SYNC
+    return registry.build(sync_node, pipeline=pipeline, scheduler=registry.build(cfg.scheduler),
+                          engine=engine, stats=stats)

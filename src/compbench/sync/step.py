@@ -1,0 +1,75 @@
+"""`sync=step`: every step's gradients through a scheduler and compbench's pipeline (memory ->
+compressor -> communicator), the averages written into `p.grad` before the optimizer steps."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from compbench.schedulers import Scheduler
+from compbench.sync import SyncTraits
+from compbench.train.optim import build_optimizer, param_groups
+from compbench.train.pipeline import GradientPipeline
+
+
+class StepSync:
+    """Per-step synchronization: the seed papers' setting (and `wrap_compress_optimizer`'s)."""
+
+    name = "step"
+    sync_traits: ClassVar[SyncTraits] = SyncTraits()
+
+    @staticmethod
+    def check_options() -> None:
+        """Config-time check of the mode's own settings: it has none."""
+
+    def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, **_: Any) -> None:
+        self.pipeline, self.scheduler = pipeline, scheduler
+
+    def setup(self, model: nn.Module) -> nn.Module:
+        self.scheduler.setup(model)
+        return model
+
+    def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
+        selection = self.pipeline.selection
+        groups = param_groups(model, self.pipeline.memory.traits.owns_momentum,
+                              lambda p: selection.compresses(p, selection.dense_steps), optim)
+        return build_optimizer(groups, **optim)
+
+    def begin_step(self, step: int, epoch: float) -> None:
+        self.pipeline.begin_step(step, epoch)
+
+    def before_backward(self) -> None:
+        self.scheduler.before_backward(self.pipeline)  # overlapping schedulers arm their hooks
+
+    def synchronize(self) -> None:
+        self.scheduler.synchronize(self.pipeline)  # memory -> compress -> communicate -> decompress
+
+    def after_step(self) -> None:
+        pass
+
+    def drain(self) -> None:
+        self.pipeline.collect()  # groups an overlapping scheduler already submitted
+
+    def summary(self) -> dict[str, Any]:
+        return self.scheduler.summary()
+
+    def state_dict(self) -> dict[str, Any]:
+        return pipeline_state(self.pipeline, scheduler=self.scheduler.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        load_pipeline_state(self.pipeline, state)
+
+
+def pipeline_state(pipeline: GradientPipeline, **extra: Any) -> dict[str, Any]:
+    """The pipeline's per-rank state: error-feedback memory, compressor and communicator."""
+    return {"memory": pipeline.memory.state_dict(), "compressor": pipeline.compressor.state_dict(),
+            "comm": pipeline.comm.state_dict(), **extra}
+
+
+def load_pipeline_state(pipeline: GradientPipeline, state: dict[str, Any]) -> None:
+    pipeline.memory.load_state_dict(state["memory"])
+    pipeline.compressor.load_state_dict(state["compressor"])
+    pipeline.comm.load_state_dict(state["comm"])
