@@ -7,7 +7,8 @@ outer gradient Δ = θ − θ_local goes, tensor by tensor, through compbench's 
 compressor -> communicator: the `compressor`, `memory` and `comm` groups), its average becomes θ's
 gradient, the outer optimizer (SGD, Nesterov momentum; `outer_lr`, `outer_momentum`) steps θ, and
 every worker continues from the new θ. Bytes per step = a round's bytes / H: the steps inside a
-round book 0 bytes and every step counts in the run's per-step figures.
+round book 0 bytes sent (and the 4n dense bytes a per-step exchange would send, so the effective
+ratio compares with DDP) and every step counts in the run's per-step figures.
 
 Compositions, not new code paths:
 - DiLoCo: compressor=none comm=allreduce (the dense allreduce of the reference).
@@ -60,6 +61,7 @@ class DiLoCo:
     name = "diloco"
     sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps")
     check_options = staticmethod(check_options)
+    scheduler = None  # the outer gradient goes tensor by tensor, once per round
 
     def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, engine: Engine, stats: StepStats,
                  inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
@@ -97,9 +99,11 @@ class DiLoCo:
     def after_step(self) -> None:
         self.inner += 1
         if self.inner == self.inner_steps:
-            self.outer_step()
+            self.outer_step()  # the pipeline books the dense bytes of what it sends
             self.inner = 0
             self.rounds += 1
+        else:  # what a per-step exchange would have sent: the effective ratio compares with it
+            self.stats.bytes_dense += 4 * sum(p.numel() for _, p in self.params)
 
     @torch.no_grad()
     def outer_step(self) -> None:

@@ -56,10 +56,11 @@ class StepSync:
         return self.scheduler.summary()
 
     def state_dict(self) -> dict[str, Any]:
-        return pipeline_state(self.pipeline, scheduler=self.scheduler.state_dict())
+        """Per rank; the scheduler's decisions are the same on every rank and the checkpoint keeps
+        them apart (rank 0's)."""
+        return pipeline_state(self.pipeline)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
         load_pipeline_state(self.pipeline, state)
 
 

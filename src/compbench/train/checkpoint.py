@@ -1,8 +1,8 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically by rank 0.
 
-Model, optimizer and LR schedule are rank 0's; the synchronizer's state (error-feedback memories,
-compressor state such as momentum, residuals, warm starts, communicator state such as the ps
-server's memory, the scheduler's decisions, and where ranks diverge inside a round their own
+Model, optimizer, LR schedule and scheduler are rank 0's; the synchronizer's state (error-feedback
+memories, compressor state such as momentum, residuals, warm starts, communicator state such as the
+ps server's memory, and where ranks diverge inside a round their own
 parameters and optimizer state) and RNG states are per rank, so they are gathered to rank 0
 through the engine (only rank 0 writes files).
 Every stateful part saves and loads through its own `state_dict` / `load_state_dict`.
@@ -218,6 +218,8 @@ def save_checkpoint(trainer: Any, epoch: int, batch: int) -> None:
         "model": trainer.model.state_dict(),
         "optimizer": trainer.optimizer.state_dict(),
         "lr_schedule": trainer.lr_schedule.state_dict(),
+        # e.g. SeCoPa's plan, MergeComp's grouping and search: decided again on resume they could differ
+        "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else {},
         "per_rank": per_rank,
     }
     path = trainer.run_dir / FILE
@@ -239,6 +241,8 @@ def load_checkpoint(trainer: Any, path: Path) -> tuple[int, int]:
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.lr_schedule.load_state_dict(state["lr_schedule"])
+    if trainer.scheduler is not None:
+        trainer.scheduler.load_state_dict(state["scheduler"])
     mine = state["per_rank"][trainer.engine.rank]
     trainer.sync.load_state_dict(mine)  # after the model and optimizer: a rank's own replace rank 0's
     torch.set_rng_state(mine["torch_rng"])

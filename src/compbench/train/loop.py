@@ -22,6 +22,7 @@ from compbench.train.build import build_datasets, build_model
 from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from compbench.train.metrics import (
     PHASES,
+    ROUND_MEAN,
     SPLIT,
     SUMMARY,
     WARMUP_STEPS,
@@ -223,12 +224,23 @@ class Trainer:
             print(f"epoch {epoch + 1}/{self.epochs}: eval/acc1 {acc1:.2f}%  step {self.step}", flush=True)
         return acc1
 
+    def period(self) -> int:
+        """Steps per round of the synchronization mode (1: it talks every step)."""
+        key = self.sync.sync_traits.period_key
+        return int(self.cfg.sync[key]) if key else 1
+
     def finish(self, acc1: float, seconds: float) -> dict[str, Any] | None:
         if self.recorder is None:
             return None
         r = self.recorder
         skip = min(WARMUP_STEPS, max(0, len(r.history["time/step_ms"]) - 1))  # first steps include warm-up
-        sent, dense = r.median("comm/bytes_sent", skip), r.median("comm/bytes_dense", skip)
+        period = self.period()
+
+        def per_step(tag: str) -> float | None:  # a round's quiet steps count: means over whole rounds
+            return r.median(tag, skip) if period == 1 else r.round_mean(tag, skip, period)
+
+        sent, dense = per_step("comm/bytes_sent"), per_step("comm/bytes_dense")
+        step_ms = per_step("time/step_ms")
         summary = {
             "status": "completed",
             "steps": self.step,
@@ -236,15 +248,16 @@ class Trainer:
             "final_acc1": acc1,
             "best_acc1": max(r.history["eval/acc1"], default=float("nan")),
             "final_loss": r.history["train/loss"][-1] if r.history["train/loss"] else float("nan"),
-            "throughput": r.median("train/throughput", skip),
-            **{f"{p}_ms": r.median(f"time/{p}_ms", skip) for p in PHASES},
+            "throughput": per_step("train/throughput") if period == 1 or not step_ms
+            else self.cfg.batch_size * self.engine.size / (step_ms / 1e3),
+            **{f"{p}_ms": per_step(f"time/{p}_ms") for p in PHASES},
             "other_ms": None,
             "bytes_sent_per_step": sent,
             "bytes_dense_per_step": dense,
             "ratio_effective": (dense / sent) if sent else None,
-            "bytes_allreduce_per_step": r.median("comm/bytes_allreduce", skip),
-            "compressed_calls_per_step": r.median("comm/calls_compressed", skip),
-            "dense_calls_per_step": r.median("comm/calls_dense", skip),
+            "bytes_allreduce_per_step": per_step("comm/bytes_allreduce"),
+            "compressed_calls_per_step": per_step("comm/calls_compressed"),
+            "dense_calls_per_step": per_step("comm/calls_dense"),
         }
         split = split_ms(summary)
         summary["other_ms"] = split["other"] if split else None
@@ -252,7 +265,8 @@ class Trainer:
         results = {"config": OmegaConf.to_container(self.cfg, resolve=True),
                    "environment": environment(self.engine),
                    "hparams": run_hparams(self.cfg, self.engine.size), "summary": summary,
-                   "summary_method": {k: SUMMARY[k] for k in summary if k in SUMMARY},
+                   "summary_method": {k: SUMMARY[k] for k in summary if k in SUMMARY}
+                   | ({"per_step": ROUND_MEAN} if period > 1 else {}),
                    "scheduler": self.sync.summary()}
         write_json_atomic(self.run_dir / "results.json", results)
         print(format_summary(results, self.run_dir), flush=True)

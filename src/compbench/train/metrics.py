@@ -49,6 +49,9 @@ TAGS: dict[str, tuple[str, str]] = {
 }
 
 _MEDIAN = f"median of {{tag}} after {WARMUP_STEPS} warm-up steps ({{unit}})"
+# With a periodic synchronization (sync=diloco) the per-step figures are means over whole rounds.
+ROUND_MEAN = (f"mean of each per-step figure over the whole rounds after {WARMUP_STEPS} warm-up steps "
+              "(throughput: the global batch over the mean step time)")
 SUMMARY: dict[str, str] = {
     "steps": "optimizer steps taken (skipped non-finite steps included)",
     "train_time_s": "wall time of the training loop on rank 0, evaluation included (s)",
@@ -144,6 +147,17 @@ class Recorder:
         values = self.history.get(tag, [])
         values = values[skip:] if len(values) > skip else values
         return statistics.median(values) if values else None
+
+    def round_mean(self, tag: str, skip: int, period: int) -> float | None:
+        """Mean per step over the whole rounds of `period` steps after the first `skip` steps
+        (rounded up to a round): a periodic mode's step that sends nothing counts as one."""
+        values = self.history.get(tag, [])
+        start = -(-skip // period) * period
+        whole = (len(values) - start) // period * period
+        if whole <= 0:  # fewer steps than a round after warm-up: every step there is
+            start, whole = 0, len(values) // period * period or len(values)
+        values = values[start:start + whole]
+        return statistics.fmean(values) if values else None
 
     def close(self) -> None:
         self.writer.close()
