@@ -7,13 +7,13 @@ STAMP  := $(VENV)/.setup-done
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 APT_FASHION_MNIST := apt-get update && apt-get install -y dataset-fashion-mnist
 
-.PHONY: setup dataset sshd kernels train test test-fast test-slow lint clean
+.PHONY: setup dataset sshd kernels train test test-fast test-slow lint docs clean
 
 # Re-run the installs only when the package definition changes (second run: no installs).
 $(STAMP): pyproject.toml scripts/build_horovod.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,docs]'
 	PYTHON=$(PY) bash scripts/build_horovod.sh
 	touch $(STAMP)
 
@@ -65,6 +65,11 @@ test-slow: setup
 
 lint: setup
 	$(VENV)/bin/ruff check src tests scripts
+
+# The documentation site (mkdocs.yml, docs/) into site/: strict, so a broken link or a docstring
+# that does not render fails the build; offline (no fonts or plugins that fetch anything).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
