@@ -76,7 +76,7 @@ class OnebitAdam(torch.optim.Optimizer):
     """1-bit Adam with its own communication (see the module docstring). Each rank hands it its own
     gradients. State per parameter: `step`, `exp_avg`, `exp_avg_sq`, and after the freeze
     `worker_error` (P elements) and `server_error` (P/N); per group (the same in all groups):
-    `initialized`, `frozen`."""
+    `initialized`, `frozen`. The freeze is global, decided with the first group's `freeze_step`."""
 
     def __init__(self, params: Iterable[Any], *, engine: Engine, stats: StepStats, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
