@@ -161,14 +161,15 @@ def unpack_indices(packed: Tensor, count: int, bits: int) -> Tensor:
 @lru_cache(maxsize=4096)
 def _max_bytes(numel: int, chunk: int, ratio: float) -> int:
     # Every chunk size of every shape of `numel` elements is a divisor of numel (h | rows, w | cols)
-    # of at most chunk**2 elements: the largest payload over those divisors bounds them all.
+    # of at most chunk**2 elements (found in pairs up to sqrt(numel)): the largest payload over those
+    # divisors bounds them all.
     if numel == 0:
         return TABLE_BYTES
     best = 0
-    for size in range(1, min(numel, chunk * chunk) + 1):
-        if numel % size == 0:
-            sent = numel // size * chunk_k(size, ratio)
-            best = max(best, packed_nbytes(sent, ceil_log2(size)) + packed_nbytes(sent, 2) + TABLE_BYTES)
+    pairs = ((d, numel // d) for d in range(1, math.isqrt(numel) + 1) if numel % d == 0)
+    for size in {s for pair in pairs for s in pair if s <= chunk * chunk}:
+        sent = numel // size * chunk_k(size, ratio)
+        best = max(best, packed_nbytes(sent, ceil_log2(size)) + packed_nbytes(sent, 2) + TABLE_BYTES)
     return best
 
 
@@ -187,10 +188,8 @@ class SparseLoCo(CompressorBase):
     def __init__(self, ratio: float = 1 / 64, chunk: int = 64, quantization_range: float = 6.0) -> None:
         self.ratio = check_ratio(ratio, "compressor=sparseloco")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"compressor=sparseloco: chunk={chunk} must be an integer >= 1; pass e.g. chunk=64")
-        if chunk > 64:
-            # Within-chunk indices are packed from bool planes; 64 x 64 is the reference's 12 bits.
-            raise ValueError(f"compressor=sparseloco: chunk={chunk} is above 64; pass e.g. chunk=64")
+            raise ValueError(f"compressor=sparseloco: chunk={chunk} must be an integer >= 1; "
+                             "pass e.g. chunk=64")
         number = isinstance(quantization_range, int | float) and not isinstance(quantization_range, bool)
         if not number or not quantization_range > 0:
             raise ValueError(f"compressor=sparseloco: quantization_range={quantization_range} must be a "
@@ -249,7 +248,8 @@ class SparseLoCo(CompressorBase):
         buf = decode_buffer(ctx, values.device, out)
         if indices.numel():
             where, slot, count = torch.unique(indices, return_inverse=True, return_counts=True)
-            sums = torch.zeros(where.numel(), dtype=torch.float32, device=values.device).index_add_(0, slot, values)
+            sums = torch.zeros(where.numel(), dtype=torch.float32, device=values.device)
+            sums.index_add_(0, slot, values)
             buf[where] = (sums / count).to(buf.dtype)
         return buf.to(ctx.dtype).view(ctx.shape)
 
