@@ -48,7 +48,9 @@ class Capabilities:
       its own error feedback there.
     unbiased: E[decode(encode(x))] = x.
     combine: how the ranks' decoded tensors combine: "mean", or "vote" (signum's majority vote; a
-      parameter server then sends the vote's sign, `server_compress`).
+      parameter server then sends the vote's sign, `server_compress`), or "sender_mean" (sparseloco:
+      per coordinate, the mean over the ranks that sent it, after clipping each rank's values to the
+      median norm; partial sums cannot carry it, so comm=ring refuses it as it refuses "vote").
     owns: state the compressor keeps itself: "error_feedback" (tbq's residual), "momentum" (signum).
     min_dims: dimensions a tensor needs to be compressed at all (2: matrices; ATOMO and PowerSGD
       send a 1-D tensor, and so a fused flat buffer, dense).
