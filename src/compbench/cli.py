@@ -18,7 +18,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from compbench.errors import INTERRUPTED_EXIT, PEER_LOST_EXIT, PeerLost, report_user_error, say_error
+from compbench.errors import INTERRUPTED_EXIT, report_user_error
+from compbench.run import train
 
 _COMMANDS = ("train", "list", "launch", "bench", "plan", "report", "claims", "cluster")
 _USAGE = ("usage: compbench {train,list,launch,bench,plan,report,claims,cluster} [-m] [--cfg] "
@@ -113,51 +114,6 @@ def hydra_dirs(overrides: list[str], multirun: bool) -> tuple[list[str], str | N
             raise ValueError(f"hydra.run.dir={run_dir} and output_dir={given[-1]} differ; pass one of them")
         rest.append(f"output_dir={run_dir}")
     return rest, sweep_dir
-
-
-def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = None) -> int:
-    """One run: compose + check, then start the workers (or join an external launcher's job)."""
-    from compbench import config
-    from compbench.launch import external_engine, spawn_workers
-    from compbench.rundir import prepare_run_dir
-
-    cfg = config.check(config.compose(overrides))
-    if print_cfg:
-        print(config.to_yaml(cfg))
-        return 0
-    joined = external_engine()
-    if joined is not None:
-        if joined != cfg.choices["engine"]:
-            raise ValueError(f"this job was started by the {joined} launcher; add engine={joined}")
-        from compbench.train.loop import run_worker
-
-        if cfg.net.get("emulate_gbps") is not None:
-            warnings.warn(f"net.emulate_gbps is ignored under the {joined} launcher "
-                          f"(it shapes jobs compbench starts)",
-                          stacklevel=1)
-        try:
-            run_worker(cfg, None)
-        except PeerLost as e:
-            say_error(str(e))
-            return PEER_LOST_EXIT
-        return 0
-    run_dir = run_dir or prepare_run_dir(cfg, overrides)
-    print(f"compbench: {cfg.engine.np} worker(s) on engine={cfg.choices['engine']}, output in {run_dir}",
-          flush=True)
-    if cfg.recipe:
-        settings = " ".join(f"{k}={v}" for k, v in cfg.recipe.items())
-        print(f"compbench: from compressor={cfg.choices['compressor']}'s recipe: {settings} "
-              "(set a key to choose otherwise)", flush=True)
-    code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
-    if code != 0:
-        from compbench.rundir import record_failure
-
-        record_failure(run_dir, cfg, message)
-        # The worker's own line, once; where the partial output is goes to stdout.
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        print(f"compbench: failed; partial output kept in {run_dir}", flush=True)
-        return code
-    return 0  # rank 0 ended with the run's summary and paths (compbench.train.metrics.format_summary)
 
 
 def launch(argv: list[str]) -> int:

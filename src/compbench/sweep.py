@@ -52,8 +52,8 @@ def plan_jobs(overrides: list[str]) -> list[list[str]]:
 def run_sweep(overrides: list[str], sweep_dir: str | None = None) -> int:
     """Run every job of the sweep in `sweep_dir` (default: a fresh outputs_root/multirun/DATE/TIME)."""
     from compbench import config
-    from compbench.cli import train
     from compbench.errors import INTERRUPTED_EXIT
+    from compbench.run import train
     from compbench.rundir import job_names, split_overrides
 
     jobs = plan_jobs(overrides)
