@@ -11,16 +11,13 @@ from pathlib import Path
 from compbench.errors import PEER_LOST_EXIT, PeerLost, say_error
 
 
-def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = None) -> int:
+def train(overrides: list[str], run_dir: Path | None = None) -> int:
     """One run: compose + check, then start the workers (or join an external launcher's job)."""
     from compbench import config
     from compbench.launch import external_engine, spawn_workers
     from compbench.rundir import prepare_run_dir
 
     cfg = config.check(config.compose(overrides))
-    if print_cfg:
-        print(config.to_yaml(cfg))
-        return 0
     joined = external_engine()
     if joined is not None:
         if joined != cfg.choices["engine"]:
