@@ -21,6 +21,7 @@ import shutil
 import time
 from pathlib import Path
 
+from compbench.args import ArgumentParser
 from compbench.claims.findings import BASE, CLAIMS, EPOCHS, QUICK, RUNS, SEEDS, Claim, Results, Stat, measured
 from compbench.errors import INTERRUPTED_EXIT
 
@@ -28,7 +29,7 @@ HEADER = ("claim", "source", "setting", "expected", "measured (mean +- spread ov
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="compbench claims", description=__doc__,
+    parser = ArgumentParser(prog="compbench claims", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="smoke version: 2,560 images, 1 epoch, 1 seed (~10 minutes; not evidence)")

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import psutil
 
+from compbench.args import ArgumentParser
 from compbench.cluster import nodes
 from compbench.cluster.nodes import Cluster
 from compbench.errors import INTERRUPTED_EXIT
@@ -32,8 +33,8 @@ from compbench.launch import raise_interrupt
 _GRACE_S = 10.0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="compbench cluster", description=__doc__,
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="compbench cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
     for name in ("up", "run"):
