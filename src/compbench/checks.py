@@ -34,6 +34,7 @@ def check_settings(cfg: DictConfig) -> None:
     _check_run_settings(cfg)
     _check_engine(cfg)
     _check_optim(cfg)
+    _check_dataset_keys(cfg)
     _check_batch_fits_dataset(cfg)
     _check_output_dir(cfg)
     _check_profiled_model(cfg)
@@ -181,6 +182,17 @@ def _check_optim(cfg: DictConfig) -> None:
 
 def _default_lr(name: str) -> str:
     return "0.1" if name == "sgd" else "1e-3"
+
+
+def _check_dataset_keys(cfg: DictConfig) -> None:
+    """Each dataset module declares the values its settings may take (KEY_RANGES, compbench.data):
+    an image size of 0 or a channel count its images cannot give stops here, not in every worker."""
+    ranges = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).KEY_RANGES
+    for key, allowed in ranges.items():
+        if key in cfg.dataset:
+            problem = allowed.problem(cfg.dataset[key])
+            if problem:
+                raise ValueError(f"dataset.{key}={_show(cfg.dataset[key])} {problem}")
 
 
 def _check_batch_fits_dataset(cfg: DictConfig) -> None:
