@@ -34,6 +34,7 @@ def check_settings(cfg: DictConfig) -> None:
     _check_run_settings(cfg)
     _check_engine(cfg)
     _check_optim(cfg)
+    _check_dataset_keys(cfg)
     _check_batch_fits_dataset(cfg)
     _check_output_dir(cfg)
     _check_profiled_model(cfg)
@@ -183,6 +184,17 @@ def _default_lr(name: str) -> str:
     return "0.1" if name == "sgd" else "1e-3"
 
 
+def _check_dataset_keys(cfg: DictConfig) -> None:
+    """Each dataset module declares the values its settings may take (KEY_RANGES, compbench.data):
+    an image size of 0 or a channel count its images cannot give stops here, not in every worker."""
+    ranges = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).KEY_RANGES
+    for key, allowed in ranges.items():
+        if key in cfg.dataset:
+            problem = allowed.problem(cfg.dataset[key])
+            if problem:
+                raise ValueError(f"dataset.{key}={_show(cfg.dataset[key])} {problem}")
+
+
 def _check_batch_fits_dataset(cfg: DictConfig) -> None:
     """Every worker needs at least one full batch of its shard (drop_last keeps step counts equal)."""
     # None for file-backed sets without a cheap size (ImageNet): the worker checks after loading.
@@ -205,18 +217,32 @@ def _check_output_dir(cfg: DictConfig) -> None:
     check_creatable(key, Path(str(path)))
 
 
-def check_creatable(key: str, path: Path) -> None:
-    """Refuse `key=path` unless `path` is a folder or one can be made there (nothing is left behind)."""
-    fix = f"pass {key}=DIR with DIR a folder you can write"
+def check_creatable(key: str, path: Path, shown: Path | None = None,
+                    fix: str = "pass {key}=DIR with DIR a folder you can write") -> None:
+    """Refuse `key=path` unless `path` is a folder or one can be made there (nothing is left behind).
+    `shown` is the value named in the message (a file's path when `path` is its folder)."""
+    fix, shown = fix.format(key=key), shown or path
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{key}={path} exists and is not a folder; {fix}")
+        raise ValueError(f"{key}={shown}: {path} exists and is not a folder; {fix}" if shown != path else
+                         f"{key}={path} exists and is not a folder; {fix}")
     parent = path.absolute()
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise ValueError(f"{key}={path}: {parent} is not a folder; {fix}")
+        raise ValueError(f"{key}={shown}: {parent} is not a folder; {fix}")
     try:
         scratch = tempfile.mkdtemp(prefix=".compbench-check-", dir=parent)
         os.rmdir(scratch)
     except OSError as e:
-        raise ValueError(f"{key}={path}: cannot create folders in {parent} ({e.strerror}); {fix}") from None
+        raise ValueError(f"{key}={shown}: cannot create folders in {parent} ({e.strerror}); {fix}") from None
+
+
+def check_writable_file(key: str, path: Path) -> None:
+    """Refuse `key=path` for a file written at the end of a long job (a benchmark, a plan) unless it
+    can be written: not a folder, not a read-only file, and its folder exists or can be made."""
+    fix = f"pass {key}=FILE with FILE a path you can write"
+    if path.is_dir():
+        raise ValueError(f"{key}={path} is a folder; {fix}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{key}={path} exists and is not writable; {fix}")
+    check_creatable(key, path.parent, shown=path, fix=fix)

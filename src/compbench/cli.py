@@ -1,6 +1,9 @@
 """`compbench SUBCOMMAND [overrides]`: parse, compose the config once, hand plain objects on.
 
-  compbench train [-m] [--cfg] key=value ...   train (one run, or a multirun sweep with -m)
+  compbench train [-m] [--cfg [job|hydra|all]] [--info] [--help [GROUP]] key=value ...
+                                                train (one run, or a multirun sweep with -m: a,b
+                                                range(1,4) choice(a,b) glob(*)); `compbench train
+                                                --help` for the flags, `--help GROUP` for a group
   compbench list [GROUP]                        options of every config group, with parameters
   compbench launch -np N [--engine E] SCRIPT    run a script of yours as N ranks (wrap_compress_optimizer)
   compbench bench key=value ...                 encode/decode micro-benchmark of compressors
@@ -18,7 +21,9 @@ import sys
 import warnings
 from pathlib import Path
 
-from compbench.errors import INTERRUPTED_EXIT, PEER_LOST_EXIT, PeerLost, report_user_error, say_error
+from compbench.args import ArgumentParser
+from compbench.errors import INTERRUPTED_EXIT, report_user_error
+from compbench.run import train
 
 _COMMANDS = ("train", "list", "launch", "bench", "plan", "report", "claims", "cluster")
 _USAGE = ("usage: compbench {train,list,launch,bench,plan,report,claims,cluster} [-m] [--cfg] "
@@ -52,42 +57,122 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="compbench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=_COMMANDS)
-    parser.add_argument("-m", "--multirun", action="store_true",
-                        help="sweep every combination of a,b,c values")
-    parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
-    parser.add_argument("overrides", nargs="*",
-                        help="Hydra overrides, e.g. compressor=dgc ratio=1e-3 engine.np=2")
     if argv and argv[0] in _DELEGATED:
         import importlib
 
         module, _, func = _DELEGATED[argv[0]].partition(":")
         with report_user_error():
             return getattr(importlib.import_module(module), func)(argv[1:])
-    if not argv or argv[0] not in (*_COMMANDS, "-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
+        parser = argparse.ArgumentParser(prog="compbench", description=__doc__,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.print_help()
+        return 0
+    if not argv or argv[0] not in _COMMANDS:
         print(f"error: unknown command {argv[0]!r}; {_USAGE}" if argv else _USAGE, file=sys.stderr)
         return 2
-    args = parser.parse_intermixed_args(argv)  # `train -m a=1,2` puts the flag between positionals
     warnings.formatwarning = lambda msg, cat, *_: f"warning: {msg}\n"
     with report_user_error():
-        if args.command == "list":
-            return list_options(args.overrides)
+        if argv[0] == "list":
+            parser = ArgumentParser(prog="compbench list", description="options of every config group")
+            parser.add_argument("groups", nargs="*", help="config groups (default: all)")
+            from compbench.introspect import options_text
+
+            print(options_text(parser.parse_args(argv[1:]).groups))
+            return 0
+        args = _train_parser().parse_intermixed_args(_hydra_flags(argv[1:]))  # `-m` may sit between
+        if args.help is not None or args.cfg or args.info:
+            return _describe(args)
         overrides, sweep_dir = hydra_dirs(args.overrides, args.multirun)
         if args.multirun:
             from compbench.sweep import run_sweep
 
             code = run_sweep(overrides, sweep_dir)
         else:
-            code = train(overrides, print_cfg=args.cfg)
+            code = train(overrides)
     from compbench.launch import external_engine
 
-    if external_engine() is not None and not args.cfg:
+    if external_engine() is not None:
         from compbench.worker import exit_now
 
         exit_now(code)  # a finished worker of horovodrun/torchrun: skip finalization (see exit_now)
     return code
+
+
+_TRAIN_USAGE = ("usage: compbench train [-m] [--cfg [job|hydra|all]] "
+                "[--info [all|config|defaults|searchpath]] [--help [GROUP]] [key=value ...]")
+
+
+def _train_parser() -> ArgumentParser:
+    from compbench.introspect import CFG_PARTS, INFO_PARTS
+
+    parser = ArgumentParser(prog="compbench train", usage=_TRAIN_USAGE.removeprefix("usage: "),
+                            add_help=False)
+    parser.add_argument("-m", "--multirun", action="store_true")
+    parser.add_argument("--cfg", choices=CFG_PARTS)
+    parser.add_argument("--info", choices=INFO_PARTS)
+    parser.add_argument("--help", choices=_help_topics())
+    parser.add_argument("overrides", nargs="*")
+    return parser
+
+
+def _help_topics() -> tuple[str, ...]:
+    from compbench.config import GROUPS
+
+    return ("", *GROUPS)
+
+
+def _hydra_flags(argv: list[str]) -> list[str]:
+    """Hydra's flags with their optional word joined to them, so that argparse never takes an
+    override for it: `--cfg` (job) / `--cfg hydra`, `-c all`, `--info` (all) / `--info defaults`,
+    `--help` / `-h` / `--help GROUP` / `GROUP --help`."""
+    from compbench.introspect import CFG_PARTS, INFO_PARTS
+
+    flags = {"--cfg": ("--cfg", CFG_PARTS, "job"), "-c": ("--cfg", CFG_PARTS, "job"),
+             "--info": ("--info", INFO_PARTS, "all"), "--help": ("--help", _help_topics(), ""),
+             "-h": ("--help", _help_topics(), "")}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        flag = flags.get(argv[i])
+        if flag is None:
+            out.append(argv[i])
+            i += 1
+            continue
+        name, words, bare = flag
+        word = argv[i + 1] if i + 1 < len(argv) else None
+        if word in words and word:
+            out.append(f"{name}={word}")
+            i += 2
+            continue
+        if name == "--help" and out and out[-1] in words:  # `compbench train compressor --help`
+            bare = out.pop()
+        out.append(f"{name}={bare}")
+        i += 1
+    return out
+
+
+def _describe(args: argparse.Namespace) -> int:
+    """--help [GROUP], --info, --cfg: print and exit (nothing runs, nothing is written)."""
+    from compbench import introspect
+
+    if args.help is not None:
+        print(introspect.group_help(args.help) if args.help else introspect.help_text(_TRAIN_USAGE))
+        return 0
+    overrides, _ = hydra_dirs(args.overrides, args.multirun)
+    if args.info:
+        introspect.print_info(overrides, args.info)
+        return 0
+    if not args.multirun:
+        print(introspect.cfg_text(overrides, args.cfg), end="")
+        return 0
+    from compbench.sweep import plan_jobs
+
+    jobs = plan_jobs(overrides)
+    texts = [introspect.cfg_text(job, args.cfg) for job in jobs]  # every job checked before any is shown
+    for i, (job, text) in enumerate(zip(jobs, texts, strict=True)):
+        print(f"# job {i + 1}/{len(jobs)}: {' '.join(job)}\n{text}", end="")
+    return 0
 
 
 def hydra_dirs(overrides: list[str], multirun: bool) -> tuple[list[str], str | None]:
@@ -115,56 +200,11 @@ def hydra_dirs(overrides: list[str], multirun: bool) -> tuple[list[str], str | N
     return rest, sweep_dir
 
 
-def train(overrides: list[str], print_cfg: bool = False, run_dir: Path | None = None) -> int:
-    """One run: compose + check, then start the workers (or join an external launcher's job)."""
-    from compbench import config
-    from compbench.launch import external_engine, spawn_workers
-    from compbench.rundir import prepare_run_dir
-
-    cfg = config.check(config.compose(overrides))
-    if print_cfg:
-        print(config.to_yaml(cfg))
-        return 0
-    joined = external_engine()
-    if joined is not None:
-        if joined != cfg.choices["engine"]:
-            raise ValueError(f"this job was started by the {joined} launcher; add engine={joined}")
-        from compbench.train.loop import run_worker
-
-        if cfg.net.get("emulate_gbps") is not None:
-            warnings.warn(f"net.emulate_gbps is ignored under the {joined} launcher "
-                          f"(it shapes jobs compbench starts)",
-                          stacklevel=1)
-        try:
-            run_worker(cfg, None)
-        except PeerLost as e:
-            say_error(str(e))
-            return PEER_LOST_EXIT
-        return 0
-    run_dir = run_dir or prepare_run_dir(cfg, overrides)
-    print(f"compbench: {cfg.engine.np} worker(s) on engine={cfg.choices['engine']}, output in {run_dir}",
-          flush=True)
-    if cfg.recipe:
-        settings = " ".join(f"{k}={v}" for k, v in cfg.recipe.items())
-        print(f"compbench: from compressor={cfg.choices['compressor']}'s recipe: {settings} "
-              "(set a key to choose otherwise)", flush=True)
-    code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
-    if code != 0:
-        from compbench.rundir import record_failure
-
-        record_failure(run_dir, cfg, message)
-        # The worker's own line, once; where the partial output is goes to stdout.
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        print(f"compbench: failed; partial output kept in {run_dir}", flush=True)
-        return code
-    return 0  # rank 0 ended with the run's summary and paths (compbench.train.metrics.format_summary)
-
-
 def launch(argv: list[str]) -> int:
     """`compbench launch -np N [--engine horovod|torch] script.py [args]`."""
     from compbench.launch import run_processes
 
-    parser = argparse.ArgumentParser(prog="compbench launch")
+    parser = ArgumentParser(prog="compbench launch")
     parser.add_argument("-np", type=int, default=2)
     parser.add_argument("--engine", choices=["horovod", "torch"], default="horovod")
     parser.add_argument("script")
@@ -178,28 +218,6 @@ def launch(argv: list[str]) -> int:
     if code:
         print(f"error: {message}", file=sys.stderr)
     return code
-
-
-def list_options(groups: list[str]) -> int:
-    from compbench import registry
-    from compbench.config import GROUPS
-
-    for group in groups or GROUPS:
-        group = group.removesuffix("s") if group.removesuffix("s") in GROUPS else group  # "compressors" too
-        if group not in GROUPS:
-            raise ValueError(f"unknown group {group}; choose one of: {', '.join(GROUPS)}")
-        print(f"{group}:")
-        for name in registry.options(group):
-            path = registry.conf_dir() / group / f"{name}.yaml"
-            first = path.read_text().splitlines()[0]
-            about = first.lstrip("# ").strip() if first.startswith("#") else ""
-            params = {k: v for k, v in registry.option_config(group, name).items()
-                      if k not in ("_target_", "name")}
-            shown = ", ".join(f"{k}={v}" for k, v in params.items() if "${" not in str(v))
-            print(f"  {name:<12} {about}")
-            if shown:
-                print(f"  {'':<12} {shown}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ def _check_group_choices(overrides: list[str]) -> None:
             raise ValueError(f"unknown {key}={value}; choose one of: {', '.join(registry.options(key))}")
 
 
-def compose(overrides: list[str], config_name: str = "train") -> DictConfig:
+def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool = False) -> DictConfig:
+    """The config `config_name` with `overrides` (and, for train, the compressor's recipe), with
+    `choices` (the option each group took). `keep_hydra` keeps Hydra's own node (`--cfg hydra`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -53,7 +55,8 @@ def compose(overrides: list[str], config_name: str = "train") -> DictConfig:
     # Keep which option each group took (reports and hparams use it); drop the rest of Hydra's node.
     picked = {g: cfg.hydra.runtime.choices[g] for g in GROUPS if g in cfg.hydra.runtime.choices}
     with open_dict(cfg):
-        del cfg["hydra"]
+        if not keep_hydra:
+            del cfg["hydra"]
         cfg.choices = picked
         if config_name == "train":
             cfg.recipe = applied

@@ -33,16 +33,45 @@ _CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
 
 
+# What a shaped link may be set to (net.emulate_*, `compbench cluster --gbps/--latency-us`): below
+# 1 Mbit/s one 64 KiB loopback packet takes half a second and a job's collectives time out; above
+# 1 Tbit/s the link is not what limits anything here. netem's delay is kept below 1 s for the same
+# reason (gloo and Horovod give up on a peer after a few seconds of silence at start-up).
+RATE_GBPS = (0.001, 1000.0)
+DELAY_US = (0.0, 1_000_000.0)
+
+
+def _named(key: str, value: object) -> str:
+    return f"{key} {value}" if key.startswith("--") else f"{key}={value}"
+
+
+def check_rate(key: str, gbps: object, null: str = "") -> float:
+    """`gbps` as a float, or ValueError: a finite number of Gbit/s within RATE_GBPS (not NaN, not 0)."""
+    low, high = RATE_GBPS
+    if isinstance(gbps, bool) or not isinstance(gbps, int | float) or not low <= gbps <= high:
+        raise ValueError(f"{_named(key, gbps)} must be a number of Gbit/s > 0 within [{low:g}, {high:g}]"
+                         + (f" ({null})" if null else ""))
+    return float(gbps)
+
+
+def check_delay(key: str, latency_us: object) -> float:
+    """`latency_us` as a float, or ValueError: a finite one-way delay within DELAY_US (not NaN)."""
+    low, high = DELAY_US
+    number = isinstance(latency_us, int | float) and not isinstance(latency_us, bool)
+    if not number or not low <= latency_us <= high:
+        raise ValueError(f"{_named(key, latency_us)} must be >= 0 microseconds, at most {high:g} (1 s)")
+    return float(latency_us)
+
+
 def check(gbps: float | None, latency_us: float | None = 0) -> None:
     """Config-time check of `net.emulate_gbps` / `net.emulate_latency_us` (ValueError naming the fix)."""
     if gbps is None:
         if latency_us:
             raise ValueError("net.emulate_latency_us needs net.emulate_gbps too (the shaped link); set it")
         return
-    if isinstance(gbps, bool) or not isinstance(gbps, int | float) or gbps <= 0:
-        raise ValueError(f"net.emulate_gbps={gbps} must be a number of Gbit/s > 0 (or null: no shaping)")
-    if latency_us is not None and (not isinstance(latency_us, int | float) or latency_us < 0):
-        raise ValueError(f"net.emulate_latency_us={latency_us} must be >= 0 microseconds")
+    check_rate("net.emulate_gbps", gbps, "or null: no shaping")
+    if latency_us is not None:
+        check_delay("net.emulate_latency_us", latency_us)
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
         raise ValueError("net.emulate_gbps needs root (run as root or drop net.emulate_gbps)")
 

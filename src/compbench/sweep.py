@@ -15,18 +15,59 @@ import re
 import shutil
 import textwrap
 from pathlib import Path
+from typing import Any
+
+
+def _parse(overrides: list[str]) -> list[Any]:
+    """Hydra's own override parser (its grammar: a,b  range()  choice()  glob()  interval() ...)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        first = str(e).strip().splitlines()[0]
+        raise ValueError(f"{first} (sweep syntax: a,b  range(1,4)  choice(a,b)  glob(*))") from None
+
+
+def _values(o: Any) -> list[str]:
+    """The values one sweep override stands for, as override strings (Hydra's encoding)."""
+    from hydra.core.override_parser.types import Glob
+
+    from compbench.config import GROUPS
+
+    key, value = o.get_key_element(), o.value()
+    if not o.is_sweep_override():
+        if not o.is_delete() and o.input_line.endswith("="):  # `-m ratio=`: a list with nothing in it
+            raise ValueError(f"{o.input_line} gives no values to sweep; give at least one, e.g. "
+                             f"{key}=a,b (or {key}='' for an empty string)")
+        return [o.get_value_element_as_str()]
+    if not o.is_discrete_sweep():  # interval(a,b): a range to sample from, not values to run
+        raise ValueError(f"{key}={o.input_line.partition('=')[2]}: interval() needs a sampling sweeper "
+                         f"(Optuna, Nevergrad), which compbench has not; list the values, e.g. "
+                         f"{key}=0.1,0.01, or step through them with {key}=range(START,STOP,STEP)")
+    if isinstance(value, Glob):
+        if o.key_or_group not in GROUPS:
+            raise ValueError(f"{key}=glob(...) picks options of a config group; {key} is not one "
+                             f"({', '.join(GROUPS)})")
+        from compbench import registry
+
+        values = value.filter(registry.options(o.key_or_group))
+    else:
+        try:
+            values = list(o.sweep_string_iterator())
+        except ValueError as e:  # range(0,3,0)
+            raise ValueError(f"{o.input_line}: {e}; e.g. {key}=range(0,3)") from None
+    if not values:
+        raise ValueError(f"{o.input_line} gives no values to sweep; give at least one, e.g. "
+                         f"{key}=a,b or {key}=range(1,4)")
+    return values
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
-    """Cartesian product of the sweep overrides (Hydra's syntax: a=1,2 or a=range(1,3))."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    axes = []
-    for o in parsed:
-        key = o.get_key_element()
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
-        axes.append([f"{key}={v}" for v in values])
+    """Cartesian product of the sweep overrides (Hydra's syntax: a=1,2 a=range(1,3) a=choice(x,y)
+    group=glob(*)); a plain key=value is one value."""
+    axes = [[f"{o.get_key_element()}={v}" for v in _values(o)] for o in _parse(overrides)]
     return [list(combo) for combo in itertools.product(*axes)]
 
 
@@ -37,12 +78,16 @@ def plan_jobs(overrides: list[str]) -> list[list[str]]:
 
     from compbench import config
 
-    single = [o for o in overrides if "," not in o.partition("=")[2]]  # compose once without the axes
+    # Compose once without the axes (Hydra's compose refuses a sweep), for the experiment's sweep.
+    single = [text for text, o in zip(overrides, _parse(overrides), strict=True) if not o.is_sweep_override()]
     base = config.compose(single)
     axes = list(overrides)
     given = {o.partition("=")[0] for o in overrides}
     for key, values in OmegaConf.to_container(base.sweep).items():
         if key not in given:
+            if values is None or str(values).strip() == "":
+                raise ValueError(f"sweep.{key} is empty; give its values, e.g. sweep.{key}='a,b', "
+                                 f"or remove it")
             axes.append(f"{key}={values}")
     if base.jobs:
         return [[*expanded, *map(str, job)] for job in base.jobs for expanded in expand(axes)]
@@ -52,8 +97,8 @@ def plan_jobs(overrides: list[str]) -> list[list[str]]:
 def run_sweep(overrides: list[str], sweep_dir: str | None = None) -> int:
     """Run every job of the sweep in `sweep_dir` (default: a fresh outputs_root/multirun/DATE/TIME)."""
     from compbench import config
-    from compbench.cli import train
     from compbench.errors import INTERRUPTED_EXIT
+    from compbench.run import train
     from compbench.rundir import job_names, split_overrides
 
     jobs = plan_jobs(overrides)

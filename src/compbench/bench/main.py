@@ -25,12 +25,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from compbench import registry
+from compbench.checks import check_writable_file, require_int
 from compbench.compressors.base import check_ratio
 
 
 def main(overrides: list[str]) -> int:
     from compbench import config
 
+    if {"-h", "--help"} & set(overrides):
+        print(__doc__.strip())
+        return 0
     cfg = config.compose(overrides, config_name="bench")
     spec = check(cfg, overrides)
     output = Path(spec.pop("output"))
@@ -46,8 +50,7 @@ def main(overrides: list[str]) -> int:
 
 
 def _positive_int(value: Any, key: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{key}={value} must be an integer >= {minimum}")
+    require_int(key, value, minimum)  # the same rule and words as every other integer setting
     return value
 
 
@@ -113,6 +116,7 @@ def check(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, Any]
         overhead_numel = _positive_int(overhead_numel, "overhead_numel")
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     output = cfg.output or str(Path(cfg.outputs_root) / "bench" / f"{stamp}.json")
+    check_writable_file("output", Path(output))  # now, not after the whole benchmark ran
     return {
         "compressors": compressors,
         "sizes": sizes,

@@ -1,7 +1,7 @@
 """`compbench claims [--quick] [--out DIR] [--only ID,...] [--seeds N] [key=value ...]`.
 
 Runs every run of the selected claims (compbench.claims.findings) for each seed through
-`compbench train` (compbench.cli.train: the same config check, launcher and results.json as any run),
+`compbench train` (compbench.run.train: the same config check, launcher and results.json as any run),
 one after another, into DIR/runs/NAME-sSEED/. A run whose results.json says completed is skipped, so a
 suite stopped half-way (Ctrl-C, a reboot) continues where it stopped; a half-written run folder is
 removed and run again. Then it writes DIR/claims.md, DIR/claims.csv and DIR/plots/CLAIM.png and prints
@@ -21,6 +21,7 @@ import shutil
 import time
 from pathlib import Path
 
+from compbench.args import ArgumentParser
 from compbench.claims.findings import BASE, CLAIMS, EPOCHS, QUICK, RUNS, SEEDS, Claim, Results, Stat, measured
 from compbench.errors import INTERRUPTED_EXIT
 
@@ -28,7 +29,7 @@ HEADER = ("claim", "source", "setting", "expected", "measured (mean +- spread ov
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="compbench claims", description=__doc__,
+    parser = ArgumentParser(prog="compbench claims", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="smoke version: 2,560 images, 1 epoch, 1 seed (~10 minutes; not evidence)")
@@ -106,7 +107,7 @@ def _overrides_of(run_dir: Path) -> list[str]:
 
 
 def _run(jobs: list[tuple[Path, list[str]]]) -> int:
-    from compbench.cli import train
+    from compbench.run import train
 
     todo = [(d, o) for d, o in jobs if not _completed(d)]
     print(f"claims: {len(jobs)} runs, {len(jobs) - len(todo)} already finished, {len(todo)} to run",

@@ -24,16 +24,18 @@ from collections.abc import Iterator
 
 import psutil
 
+from compbench.args import ArgumentParser
 from compbench.cluster import nodes
 from compbench.cluster.nodes import Cluster
 from compbench.errors import INTERRUPTED_EXIT
 from compbench.launch import raise_interrupt
+from compbench.netem import check_delay, check_rate
 
 _GRACE_S = 10.0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="compbench cluster", description=__doc__,
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="compbench cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
     for name in ("up", "run"):
@@ -51,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    wanted = _wanted(args) if args.action in ("up", "run") else None  # the values first, then the machine
     nodes.check_machine()
     if args.action == "down":
         gone = nodes.remove()
@@ -63,7 +66,7 @@ def main(argv: list[str]) -> int:
     if args.action == "status":
         print(_describe(current) if current else "cluster: none is up")
         return 0
-    wanted = _wanted(args)
+    assert wanted is not None
     if args.action == "up":
         if current is not None:
             raise ValueError(f"a cluster is up already ({_describe(current)}); "
@@ -83,11 +86,8 @@ def main(argv: list[str]) -> int:
 def _wanted(args: argparse.Namespace) -> Cluster:
     if args.nodes < 1 or args.nodes > 250:
         raise ValueError(f"--nodes {args.nodes} must be 1..250")
-    if args.gbps <= 0:
-        raise ValueError(f"--gbps {args.gbps} must be > 0")
-    if args.latency_us < 0:
-        raise ValueError(f"--latency-us {args.latency_us} must be >= 0")
-    return Cluster(args.nodes, args.gbps, args.latency_us)
+    # The same ranges as a local job's shaped link (compbench.netem): finite, not NaN, not vanishing.
+    return Cluster(args.nodes, check_rate("--gbps", args.gbps), check_delay("--latency-us", args.latency_us))
 
 
 def _describe(c: Cluster) -> str:

@@ -9,7 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
+from compbench.data import IMAGE_SIZE, SEED, KeyRange
+
 _SAMPLES = 1797  # sklearn.datasets.load_digits
+# The stratified split needs at least one sample of each of the 10 classes on both sides.
+KEY_RANGES = {"num_classes": KeyRange(choices=(10,), what="the digits 0-9"), "image_size": IMAGE_SIZE,
+              "channels": KeyRange(choices=(3,), what="the gray images are repeated to 3 channels"),
+              "test_fraction": KeyRange(0.01, 0.99, integer=False), "seed": SEED}
 
 
 def digits(image_size: int = 32, test_fraction: float = 0.2, seed: int = 0, **_: object):

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
+from compbench.data import IMAGE_SIZE, SEED, KeyRange
+
 _FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
           "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
 _SIZES = {"train": 60000, "test": 10000}
@@ -41,6 +43,10 @@ _STATS = {"fashion_mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
 _HOW = {"fashion_mnist": "apt-get update && apt-get install -y dataset-fashion-mnist",
         "mnist": "put the four MNIST idx files (.gz or plain) in a folder"}
 _MAGIC = {3: 0x00000803, 1: 0x00000801}  # unsigned bytes, 3 or 1 dimensions
+KEY_RANGES = {"num_classes": KeyRange(choices=(10,), what="the labels are 0-9"), "image_size": IMAGE_SIZE,
+              "channels": KeyRange(choices=(1, 3), what="3 repeats the gray channel"),
+              "train_size": KeyRange(1, null="all samples"), "test_size": KeyRange(1, null="all samples"),
+              "seed": SEED}
 
 
 def check_root(root: str | None, name: str = "fashion_mnist") -> None:
@@ -139,9 +145,18 @@ def idx_dataset(root: str | None = None, name: str = "fashion_mnist", image_size
     return train, test
 
 
-def train_size_of(train_size: int | None = None, test_size: int | None = None, **_: object) -> int:
-    """Training samples, known without loading (the parent's batch-size check)."""
-    for key, value in (("train_size", train_size), ("test_size", test_size)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"dataset.{key}={value} must be an integer >= 1 or null (all samples)")
-    return min(train_size, _SIZES["train"]) if train_size else _SIZES["train"]
+def train_size_of(root: str | None = None, train_size: int | None = None, **_: object) -> int:
+    """Training samples, known without loading (the parent's batch-size check): the count in the
+    root's image file header (a root may hold fewer than the published 60000), else 60000 (a missing
+    or damaged file is check_root's to report). train_size is in KEY_RANGES (checked before)."""
+    n = _SIZES["train"]
+    path = _path(Path(root), _FILES["train_images"]) if root and Path(root).is_dir() else None
+    if path is not None:
+        try:
+            with (gzip.open(path) if path.suffix == ".gz" else open(path, "rb")) as f:
+                header = f.read(8)
+            if len(header) == 8 and int.from_bytes(header[:4], "big") == _MAGIC[3]:
+                n = int.from_bytes(header[4:], "big")
+        except (OSError, EOFError, zlib.error):
+            pass  # check_root names the damaged file
+    return min(train_size, n) if train_size else n

@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from compbench.data import IMAGE_SIZE, KeyRange
+
 _MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+KEY_RANGES = {"num_classes": KeyRange(1, 100_000), "image_size": IMAGE_SIZE,
+              "channels": KeyRange(choices=(3,), what="ImageFolder loads RGB images")}
 
 
 def check_root(root: str | None) -> None:

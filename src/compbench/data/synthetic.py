@@ -5,6 +5,13 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
+from compbench.data import IMAGE_SIZE, SEED, KeyRange
+
+# Any shape is possible; 64 channels and 10^5 classes are far beyond what a benchmark needs.
+KEY_RANGES = {"num_classes": KeyRange(1, 100_000), "image_size": IMAGE_SIZE,
+              "channels": KeyRange(1, 64, what="image planes"), "train_size": KeyRange(1),
+              "test_size": KeyRange(1), "noise": KeyRange(0, integer=False), "seed": SEED}
+
 
 def synthetic(
     num_classes: int = 10,

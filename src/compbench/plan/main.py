@@ -24,6 +24,7 @@ from omegaconf import DictConfig, open_dict
 from torch import nn
 
 from compbench import registry
+from compbench.checks import check_writable_file, require_int
 from compbench.compressors.base import check_ratio
 from compbench.plan.cost import TOPOLOGIES, Decision, plan_gradients, summarize, write_plan
 from compbench.plan.fit import fit_primitives, lines_from_json
@@ -33,6 +34,9 @@ def main(overrides: list[str]) -> int:
     from compbench import config
     from compbench.train.build import build_compressor_and_selection
 
+    if {"-h", "--help"} & set(overrides):
+        print(__doc__.strip())
+        return 0
     cfg = config.compose(overrides, config_name="plan")
     _apply_ratio(cfg)
     picked = cfg.choices
@@ -40,8 +44,12 @@ def main(overrides: list[str]) -> int:
     if topology not in TOPOLOGIES:
         raise ValueError(f"compbench plan models comm=ps or comm=ring, not comm={topology}; add comm=ps")
     world = cfg.engine.get("np", 1)
-    if not isinstance(world, int) or world < 1:
-        raise ValueError(f"engine.np={world} must be an integer >= 1 (the number of workers to plan for)")
+    require_int("engine.np", world, 1, "the number of workers to plan for")
+    default = f"{picked['model']}-{picked['compressor']}-{topology}-np{world}.csv"
+    path = Path(cfg.output) if cfg.output else Path(cfg.outputs_root) / "plans" / default
+    sidecar = path.with_suffix(".json")
+    for file in (path, sidecar):  # before the probe and the fit, not after
+        check_writable_file("output", file)
     compressor, selection = build_compressor_and_selection(cfg)
     from compbench import compat
 
@@ -67,11 +75,8 @@ def main(overrides: list[str]) -> int:
              for n, p in model.named_parameters() if p.requires_grad]
     decisions = plan_gradients(grads, world, topology, prims, rho, selection.compress_threshold)
 
-    default = f"{picked['model']}-{picked['compressor']}-{topology}-np{world}.csv"
-    path = Path(cfg.output) if cfg.output else Path(cfg.outputs_root) / "plans" / default
     write_plan(path, decisions)
     summary = summarize(decisions)
-    sidecar = path.with_suffix(".json")
     sidecar.write_text(json.dumps({
         "choices": dict(picked), "world": world, "topology": topology,
         "compressor": registry.plain(cfg.compressor), "net": registry.plain(cfg.net), **details,

@@ -4,13 +4,13 @@ are listed with their error)."""
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+from compbench.args import ArgumentParser
 from compbench.report.cluster_model import Fit
 from compbench.report.whatif import (
     ASSUMPTIONS,
@@ -168,7 +168,7 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="compbench report")
+    parser = ArgumentParser(prog="compbench report")
     parser.add_argument("dir")
     parser.add_argument("--latency-us", type=float, default=10.0, help="what-if: latency per round")
     parser.add_argument("--fit", help="what-if: fit.json of scripts/whatif_cluster.py (not --latency-us)")
