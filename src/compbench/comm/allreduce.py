@@ -18,7 +18,7 @@ from compbench.train.metrics import StepStats
 
 
 class AllreduceComm(CommBase):
-    traits = CommTraits(needs_summable=True)
+    traits = CommTraits(needs_summable=True, pattern="allreduce")
 
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         super().__init__(engine, compressor, stats)

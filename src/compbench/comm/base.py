@@ -28,6 +28,10 @@ class CommTraits:
       and stands in for the scheduler; compbench's compressor, memory and scheduler are not used.
     between_machines: compresses only what crosses between machines (hierarchical): on one machine,
       where compbench's own launcher puts every worker, the compressor is not used.
+    pattern: the collectives one compressed exchange costs, for the what-if cluster model
+      (compbench.report.cluster_model): "allgather" (every payload to every rank), "allreduce" (a ring
+      allreduce of the payload), "ps" (all-to-all of shards, re-encoded shards gathered) or
+      "hierarchical" (fp32 to the node's leader, leaders' allgather, back to the workers).
     """
 
     engines: tuple[str, ...] = ("horovod", "torch")
@@ -36,6 +40,7 @@ class CommTraits:
     reencodes_sums: bool = False
     baseline: bool = False
     between_machines: bool = False
+    pattern: str = "allgather"
 
 
 @runtime_checkable

@@ -84,7 +84,7 @@ class DDPComm:
     """
 
     name = "ddp"
-    traits = CommTraits(engines=("torch",), baseline=True)
+    traits = CommTraits(engines=("torch",), baseline=True, pattern="allreduce")
     sync_traits = BASELINE
     pipeline = None
     scheduler = None

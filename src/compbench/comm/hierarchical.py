@@ -49,7 +49,7 @@ def node_leaders(engine: Engine) -> list[int]:
 
 
 class HierarchicalComm(BlockingComm):
-    traits: ClassVar[CommTraits] = CommTraits(blocking=True, between_machines=True)
+    traits: ClassVar[CommTraits] = CommTraits(blocking=True, between_machines=True, pattern="hierarchical")
 
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats,
                  intra_dtype: str = "fp32") -> None:

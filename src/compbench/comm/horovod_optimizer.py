@@ -51,7 +51,7 @@ class HorovodOptimizerComm:
     """hvd.DistributedOptimizer's gradient exchange as the trainer's synchronizer (see the module)."""
 
     name = "horovod_optimizer"
-    traits = CommTraits(engines=("horovod",), baseline=True)
+    traits = CommTraits(engines=("horovod",), baseline=True, pattern="allreduce")
     sync_traits = BASELINE
     pipeline = None
     scheduler = None

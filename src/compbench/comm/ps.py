@@ -15,11 +15,12 @@ of the whole tensor (allgather). Works with every compressor.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from compbench.comm.base import BlockingComm, encode
+from compbench.comm.base import BlockingComm, CommTraits, encode
 from compbench.compressors.base import Compressor, payload_nbytes
 from compbench.engines import wire
 from compbench.engines.base import Engine
@@ -53,6 +54,8 @@ def shards_of(x: Tensor, parts: int) -> list[Tensor]:
 
 
 class PSComm(BlockingComm):
+    traits: ClassVar[CommTraits] = CommTraits(blocking=True, pattern="ps")
+
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         super().__init__(engine, compressor, stats)
         self.server_memory = ResidualMemory()

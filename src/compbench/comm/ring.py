@@ -36,7 +36,7 @@ from compbench.memory.base import Memory
 class RingComm(BlockingComm):
     """Compressed ring allreduce (CaSync-Ring); blocking, like comm=ps."""
 
-    traits = CommTraits(blocking=True, reencodes_sums=True)
+    traits = CommTraits(blocking=True, reencodes_sums=True, pattern="allreduce")
 
     def exchange(self, x: Tensor, name: str, memory: Memory) -> tuple[Tensor, int]:
         n, rank = self.engine.size, self.engine.rank

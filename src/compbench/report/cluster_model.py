@@ -110,7 +110,7 @@ def features(row: dict, shape: Shape) -> dict[str, float]:
     if calls:
         # comm=hierarchical moves the compressed tensors' fp32 gradients inside a machine
         dense_per_call = (float(row.get("bytes_dense_per_step") or 0) - allreduced) / calls
-        _compressed(acc, row["comm"], shape, sent / calls, dense_per_call, calls)
+        _compressed(acc, pattern(row["comm"]), shape, sent / calls, dense_per_call, calls)
         if blocking(row["comm"]):
             acc["waited"], acc["queued"] = acc["queued"] * (shape.workers - 1), 0.0
     return {k: acc[k] + dense_acc[k] for k in TERMS}
@@ -118,6 +118,7 @@ def features(row: dict, shape: Shape) -> dict[str, float]:
 
 def _compressed(acc: dict[str, float], comm: str, shape: Shape, per_call: float, dense_per_call: float,
                 calls: float) -> None:
+    """One compressed exchange's collectives, by the communicator's declared `traits.pattern`."""
     n = shape.workers
     if comm == "allgather":
         ring_allgather(acc, shape, per_call, calls)
@@ -133,10 +134,19 @@ def _compressed(acc: dict[str, float], comm: str, shape: Shape, per_call: float,
         if shape.nodes > 1:
             ring_allgather(acc, shape, per_call, calls, senders=shape.nodes)
         to_leaders(acc, shape, dense_per_call, calls)
-    elif comm in ("allreduce", "ring"):
+    elif comm == "allreduce":
         ring_allreduce(acc, shape, per_call, calls)
     else:
-        raise ValueError(f"comm={comm}: the cluster model knows allgather, ps, hierarchical, allreduce, ring")
+        raise ValueError(f"traits.pattern={comm}: the cluster model knows allgather, ps, hierarchical, "
+                         "allreduce")
+
+
+@cache
+def pattern(comm: str) -> str:
+    """The communicator's declared `traits.pattern`: the collectives of one compressed exchange."""
+    from compbench import registry
+
+    return registry.component_class("comm", comm).traits.pattern
 
 
 @cache  # the registry reads the communicator's YAML file: once per name, not once per row

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from compbench.report.cluster_model import Fit, Shape, features
+from compbench.report.cluster_model import Fit, Shape, features, pattern
 
 ASSUMPTIONS = """Assumptions of the model (`report/cluster_model.py`):
 - N workers, L per machine (`--per-node`, default 1: every worker its own machine), each machine one
@@ -83,18 +83,14 @@ def load_fit(path: str) -> Fit:
 
 def predict_step_ms(p: RunProfile, n: int, gbps: float, model: Fit, per_node: int = 1) -> float:
     """The run's step time with N workers, `per_node` of them per machine, on links of `gbps`."""
-    comm = DENSE_BASELINES.get(p.comm, p.comm)  # an unknown one: cluster_model.features names it
+    comm = p.comm
     shape = Shape(nodes=max(1, n // max(1, per_node)), workers=n, gbps=gbps)
     row = {"comm": comm, "bytes_sent_per_step": p.compressed_bytes + p.dense_bytes,
            "bytes_allreduce_per_step": p.dense_bytes, "bytes_dense_per_step": p.gradient_bytes,
            "compressed_calls_per_step": p.compressed_calls, "dense_calls_per_step": p.dense_calls}
     comm_ms = model.comm_ms(features(row, shape)) if n > 1 else 0.0
-    decode = p.decompress_ms * (n / p.world_size if comm == "allgather" else 1.0)
+    decode = p.decompress_ms * (n / p.world_size if pattern(comm) == "allgather" else 1.0)
     return p.compute_ms + p.compress_ms + decode + p.optimizer_ms + comm_ms
-
-
-# The baselines' own communicators: their dense calls are ring allreduces, as comm=allreduce's.
-DENSE_BASELINES = {"ddp": "allreduce", "horovod_optimizer": "allreduce"}
 
 
 def profile_from_results(results: dict) -> RunProfile:

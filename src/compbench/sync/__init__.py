@@ -7,8 +7,8 @@ The trainer loop asks its synchronizer, once per step, around the optimizer's st
 Whether a step talks, and what it sends, is the synchronizer's:
 - `step` (per step): a scheduler runs each step's gradients through memory -> compressor ->
   communicator (compbench's pipeline) and writes the averages into `p.grad` in `synchronize`.
-- the baselines (`comm=ddp`, `comm=horovod_optimizer`) synchronize gradients their own way; they
-  are communicators that implement this protocol themselves (their `traits.baseline`).
+- the baseline communicators (DDP's hooks, Horovod's DistributedOptimizer) synchronize gradients
+  their own way; they implement this protocol themselves (their `traits.baseline`).
 - `diloco` (periodic): workers step their own optimizer H times without talking; in `after_step`
   every H steps the outer gradient goes through the same pipeline and an outer optimizer moves the
   global parameters (SparseLoCo and quantized Streaming DiLoCo are compositions of it).
@@ -55,7 +55,7 @@ class SyncTraits:
     optimizer_keys: tuple[str, ...] | None = None
 
 
-# A baseline communicator (comm=ddp, comm=horovod_optimizer) is its own synchronizer: gradients
+# A baseline communicator (DDP's hooks, Horovod's optimizer) is its own synchronizer: gradients
 # every step, its own way, through none of compbench's pipeline.
 BASELINE = SyncTraits(pipeline=False)
 
