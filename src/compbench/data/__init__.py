@@ -5,7 +5,9 @@ factory, the two checks the parent runs before anything is written:
 - `check_root(root, ...)`: ValueError (one line) when its files are missing or damaged; it may ask
   for more of the dataset's settings by name (num_classes, name);
 - `train_size_of(**settings) -> int | None`: the number of training samples, or None where counting
-  is not cheap (ImageNet: the worker checks after loading).
+  is not cheap (ImageNet: the worker checks after loading);
+- `TASK`: what its samples are, "classification" (x, label) or "language_model" (token windows x, y
+  shifted by one): it picks the loss, evaluation and throughput unit (compbench.train.task).
 """
 
 import compbench._torchvision_compat  # noqa: F401  (before torchvision is imported)

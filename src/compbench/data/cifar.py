@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+TASK = "classification"
 _FOLDERS = {10: "cifar-10-batches-py", 100: "cifar-100-python"}
 _MEAN, _STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 

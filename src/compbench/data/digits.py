@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
+TASK = "classification"
 _SAMPLES = 1797  # sklearn.datasets.load_digits
 
 

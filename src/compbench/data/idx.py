@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
+TASK = "classification"
 _FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
           "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
 _SIZES = {"train": 60000, "test": 10000}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+TASK = "classification"
 _MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
+TASK = "classification"
+
 
 def synthetic(
     num_classes: int = 10,
