@@ -95,13 +95,13 @@ def _plan(root: str | None, tokenizer: str, holdout_every: int, vocab_size: int,
 
 
 def check_root(root: str | None, tokenizer: str = "char", holdout_every: int = 7, vocab_size: int = 85,
-               block_size: int = 128, ood: str | None = "kjv", eval_windows: int | None = 512) -> None:
+               block_size: int = 64, ood: str | None = "kjv", eval_windows: int | None = 512) -> None:
     """The parent's check: the corpus (every checksum), the settings, the declared vocabulary size."""
     _plan(root, tokenizer, holdout_every, vocab_size, block_size, ood, eval_windows)
 
 
 def train_size_of(root: str | None = None, tokenizer: str = "char", holdout_every: int = 7,
-                  vocab_size: int = 85, block_size: int = 128, ood: str | None = "kjv",
+                  vocab_size: int = 85, block_size: int = 64, ood: str | None = "kjv",
                   eval_windows: int | None = 512, **_: object) -> int:
     """Training windows, from the manifest's lengths (the parent's batch-size check)."""
     _, manifest, train, _, _ = _plan(root, tokenizer, holdout_every, vocab_size, block_size, ood,
@@ -150,7 +150,7 @@ def _read(folder: Path, names: list[str]) -> str:
 
 
 def shakespeare(root: str | None = None, tokenizer: str = "char", holdout_every: int = 7,
-                vocab_size: int = 85, block_size: int = 128, ood: str | None = "kjv",
+                vocab_size: int = 85, block_size: int = 64, ood: str | None = "kjv",
                 eval_windows: int | None = 512):
     """(train, validation[, out-of-domain]) TokenWindows."""
     folder, _, train, val, vocab = _plan(root, tokenizer, holdout_every, vocab_size, block_size, ood,
