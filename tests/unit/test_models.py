@@ -100,3 +100,26 @@ def test_profiled_model_has_the_architectures_gradients_in_backward_order():
         model.weights[3].grad.mul_(5)  # what a pipeline may do in place
     assert order[:161] == list(range(160, -1, -1))  # last layer first, as back-propagation runs
     assert torch.equal(model.grads[3], fixed)
+
+
+def test_gpt_is_causal_and_ties_its_embeddings():
+    from compbench.models.gpt import gpt
+
+    torch.manual_seed(0)
+    model = gpt(vocab_size=11, block_size=16, n_layer=2, n_embd=32, n_head=4).eval()
+    assert model.head.weight is model.tok.weight
+    names = [n for n, _ in model.named_parameters()]
+    assert "tok.weight" in names and "head.weight" not in names  # one tensor, one gradient
+    x = torch.randint(11, (2, 16))
+    out = model(x)
+    assert out.shape == (2, 16, 11)
+    t = 9
+    changed = x.clone()
+    changed[:, t] = (x[:, t] + 1) % 11
+    out2 = model(changed)
+    torch.testing.assert_close(out2[:, :t], out[:, :t])  # the future never leaks into the past
+    assert (out2[:, t:] - out[:, t:]).abs().max() > 1e-4  # and the change is seen from t on
+    with pytest.raises(ValueError, match="longer than model.block_size=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="multiple of model.n_head"):
+        gpt(vocab_size=11, n_embd=30, n_head=4)

@@ -8,6 +8,8 @@ factory, the two checks the parent runs before anything is written:
   is not cheap (ImageNet: the worker checks after loading);
 and `KEY_RANGES: dict[str, KeyRange]`, the values each numeric setting may take (checked by the parent
 before the two hooks above run).
+- `TASK`: what its samples are, "classification" (x, label) or "language_model" (token windows x, y
+  shifted by one): it picks the loss, evaluation and throughput unit (compbench.train.task).
 """
 
 import math

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from compbench.data import IMAGE_SIZE, KeyRange
 
+TASK = "classification"
 _FOLDERS = {10: "cifar-10-batches-py", 100: "cifar-100-python"}
 _MEAN, _STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 KEY_RANGES = {"num_classes": KeyRange(choices=(10, 100), what="dataset=cifar10 or dataset=cifar100"),

@@ -11,6 +11,7 @@ from torch.utils.data import TensorDataset
 
 from compbench.data import IMAGE_SIZE, SEED, KeyRange
 
+TASK = "classification"
 _SAMPLES = 1797  # sklearn.datasets.load_digits
 # The stratified split needs at least one sample of each of the 10 classes on both sides.
 KEY_RANGES = {"num_classes": KeyRange(choices=(10,), what="the digits 0-9"), "image_size": IMAGE_SIZE,

@@ -34,6 +34,7 @@ from torch.utils.data import TensorDataset
 
 from compbench.data import IMAGE_SIZE, SEED, KeyRange
 
+TASK = "classification"
 _FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
           "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
 _SIZES = {"train": 60000, "test": 10000}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from compbench.data import IMAGE_SIZE, KeyRange
 
+TASK = "classification"
 _MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 KEY_RANGES = {"num_classes": KeyRange(1, 100_000), "image_size": IMAGE_SIZE,
               "channels": KeyRange(choices=(3,), what="ImageFolder loads RGB images")}

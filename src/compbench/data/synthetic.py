@@ -11,6 +11,7 @@ from compbench.data import IMAGE_SIZE, SEED, KeyRange
 KEY_RANGES = {"num_classes": KeyRange(1, 100_000), "image_size": IMAGE_SIZE,
               "channels": KeyRange(1, 64, what="image planes"), "train_size": KeyRange(1),
               "test_size": KeyRange(1), "noise": KeyRange(0, integer=False), "seed": SEED}
+TASK = "classification"
 
 
 def synthetic(

@@ -26,6 +26,9 @@ COLUMNS = ["job", "status", "compressor", "ratio", "comm", "memory", "scheduler"
            "throughput", "compute_ms", "compress_ms", "comm_ms", "comm_exposed_ms", "decompress_ms",
            "optimizer_ms", "other_ms", "step_ms", "bytes_per_step", "ratio_effective", "final_acc1",
            "break_even_workers", "error"]
+# Language-model runs (compbench.train.task): validation loss and tokens/s where a classifier has
+# accuracy and samples/s; a report with any LM run shows these columns (and plots) too.
+LM_COLUMNS = {"throughput": ["tokens_per_s"], "final_acc1": ["eval_loss", "ppl", "ood_loss"]}
 WHATIF_N = (2, 8, 64, 512)
 WHATIF_GBPS = (1, 10, 25, 100)
 
@@ -46,6 +49,9 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
             "ratio_effective": s.get("ratio_effective"), "final_acc1": s.get("final_acc1"),
             "error": s.get("error", ""),
         }
+        if "final_eval_loss" in s:  # a language model
+            row.update(tokens_per_s=s.get("tokens_per_s"), eval_loss=s.get("final_eval_loss"),
+                       ppl=s.get("final_ppl"), ood_loss=s.get("final_ood_loss"))
         for phase in ("compute", "compress", "comm", "comm_exposed", "decompress", "optimizer", "step"):
             row[f"{phase}_ms"] = s.get(f"{phase}_ms")
         split = split_ms(s)  # older results.json have no other_ms: the same difference
@@ -56,6 +62,20 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
             row["_results"] = data
         rows.append(row)
     return rows
+
+
+def columns_for(rows: list[dict[str, Any]]) -> list[str]:
+    """COLUMNS, with a language model's columns in place of accuracy and samples/s where every run is
+    one, or beside them where some are."""
+    lm = [r for r in rows if "eval_loss" in r]
+    if not lm:
+        return list(COLUMNS)
+    out = []
+    for c in COLUMNS:
+        if len(lm) < len(rows) or c not in LM_COLUMNS:
+            out.append(c)
+        out += LM_COLUMNS.get(c, [])
+    return out
 
 
 def _read_results(path: Path) -> dict[str, Any]:
@@ -126,8 +146,8 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     def by_compressor(metric: str, ylabel: str, fname: str) -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
         for comp in sorted({r["compressor"] for r in done}):
-            pts = sorted((r["ratio"] if r["ratio"] is not None else 1.0, r[metric]) for r in done
-                         if r["compressor"] == comp and r[metric] is not None)
+            pts = sorted((r["ratio"] if r["ratio"] is not None else 1.0, r.get(metric)) for r in done
+                         if r["compressor"] == comp and r.get(metric) is not None)
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=comp)
         ax.set_xscale("log")
@@ -140,8 +160,12 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         fig.savefig(paths[-1], dpi=100)
         plt.close(fig)
 
-    by_compressor("throughput", "throughput (samples/s, all workers)", "throughput_vs_ratio.png")
-    by_compressor("final_acc1", "final test accuracy (%)", "accuracy_vs_ratio.png")
+    if any("eval_loss" in r for r in done):  # language models
+        by_compressor("tokens_per_s", "throughput (tokens/s, all workers)", "tokens_per_s_vs_ratio.png")
+        by_compressor("eval_loss", "final validation loss (nats per token)", "loss_vs_ratio.png")
+    else:
+        by_compressor("throughput", "throughput (samples/s, all workers)", "throughput_vs_ratio.png")
+        by_compressor("final_acc1", "final test accuracy (%)", "accuracy_vs_ratio.png")
 
     labels = [f"{r['compressor']}\n{_fmt(r['ratio'])}" for r in done]
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(done)), 4))
@@ -184,7 +208,8 @@ def main(argv: list[str]) -> int:
     rows = load_runs(root)
     if not rows:
         raise ValueError(f"no results.json under {root}; pass a run or sweep directory")
-    table = markdown_table(rows, [c for c in COLUMNS if c != "error"])
+    columns = columns_for(rows)
+    table = markdown_table(rows, [c for c in columns if c != "error"])
     failed = [r for r in rows if r["status"] != "completed"]
     md = ["# compbench report", "", f"{len(rows)} run(s) under `{root}`, {len(failed)} failed.", "", table,
           ""]
@@ -195,7 +220,7 @@ def main(argv: list[str]) -> int:
            + ["", whatif_section(rows, model, args.per_node, source)])
     (root / "report.md").write_text("\n".join(md) + "\n")
     with open(root / "report.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     print(table)

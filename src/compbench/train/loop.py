@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from compbench import registry
@@ -22,6 +21,7 @@ from compbench.train.build import build_datasets, build_model
 from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from compbench.train.metrics import (
     PHASES,
+    RATE_TAGS,
     ROUND_MEAN,
     SPLIT,
     SUMMARY,
@@ -34,6 +34,7 @@ from compbench.train.metrics import (
     write_json_atomic,
 )
 from compbench.train.optim import build_schedule
+from compbench.train.task import task_of
 
 
 def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
@@ -74,10 +75,13 @@ class Trainer:
         with torch.no_grad():  # and, for safety under any launcher, rank 0's weights everywhere
             for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
                 engine.broadcast_(t.data, 0, f"init.{name}")
-        train_ds, test_ds = build_datasets(cfg)
+        self.task = task_of(cfg.dataset._target_)  # classification or language modelling
+        train_ds, *eval_sets = build_datasets(cfg)
+        self.data_info = self.task.data_info(train_ds)
         self.train_loader = ShardedLoader(train_ds, cfg.batch_size, engine.rank, engine.size, cfg.seed, True,
                                           cfg.num_workers)
-        self.test_loader = ShardedLoader(test_ds, cfg.eval_batch_size, engine.rank, engine.size, train=False)
+        self.eval_loaders = [ShardedLoader(ds, cfg.eval_batch_size, engine.rank, engine.size, train=False)
+                             for ds in eval_sets]
         if len(self.train_loader) == 0:
             raise ValueError(f"batch_size={cfg.batch_size} x {engine.size} workers exceeds the "
                              f"{len(train_ds)} training samples; lower batch_size")
@@ -99,19 +103,21 @@ class Trainer:
 
     def fit(self) -> dict[str, Any] | None:
         cfg, t_start = self.cfg, time.perf_counter()
-        acc1 = float("nan")
+        final: dict[str, float] = {}
         max_steps = cfg.max_steps or math.inf
         epoch, batch = self.resume_position()
         while epoch < self.epochs and self.step < max_steps:
             self.train_loader.epoch = epoch
             batch = self.train_epoch(epoch, batch, max_steps)
             if batch < len(self.train_loader):  # stopped inside the epoch (max_steps)
+                if cfg.eval and self.task.eval_when_stopped:
+                    final = self.evaluate(epoch)
                 save_checkpoint(self, epoch, batch)
                 break
-            acc1 = self.evaluate(epoch) if cfg.eval else float("nan")
+            final = self.evaluate(epoch) if cfg.eval else {}
             epoch, batch = epoch + 1, 0
             save_checkpoint(self, epoch, batch)
-        return self.finish(acc1, time.perf_counter() - t_start)
+        return self.finish(final, time.perf_counter() - t_start)
 
     def resume_position(self) -> tuple[int, int]:
         path = find_checkpoint(self.cfg.resume, self.run_dir) if self.cfg.resume else None
@@ -140,7 +146,7 @@ class Trainer:
             t0 = time.perf_counter()
             self.sync.begin_step(self.step, epoch + i / steps)
             with stats.time("compute"):
-                loss = F.cross_entropy(model(x), y)
+                loss = self.task.loss(model(x), y)
                 self.optimizer.zero_grad()
                 self.sync.before_backward()  # overlapping schedulers arm their hooks
                 loss.backward()
@@ -161,7 +167,7 @@ class Trainer:
             stats.add_ms("comm_exposed", inside["comm"] + inside["decompress"])
             self.sync.after_step()  # a periodic mode ends its round here
             stats.add_ms("step", (time.perf_counter() - t0) * 1e3)
-            self.record_step(loss.item(), len(y) * engine.size)
+            self.record_step(loss.item(), self.task.count(y) * engine.size)
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             self.step += 1
@@ -199,12 +205,12 @@ class Trainer:
                   f"non-finite gradient ({', '.join(bad[:3]) or 'another rank'})", flush=True)
         return False
 
-    def record_step(self, loss: float, global_batch: int) -> None:
+    def record_step(self, loss: float, global_count: int) -> None:
         if self.recorder is None:
             return
         r, s, st = self.recorder, self.stats, self.step
         r.scalar("train/loss", loss, st)
-        r.scalar("train/throughput", global_batch / (s.ms["step"] / 1e3), st)
+        r.scalar(self.task.throughput_tag, global_count / (s.ms["step"] / 1e3), st)  # samples or tokens/s
         r.scalar("train/lr", self.optimizer.param_groups[0]["lr"], st)
         for phase in PHASES:
             r.scalar(f"time/{phase}_ms", s.ms[phase], st)
@@ -217,28 +223,26 @@ class Trainer:
         r.scalar("comm/calls_dense", s.calls_dense, st)
 
     @torch.no_grad()
-    def evaluate(self, epoch: int) -> float:
+    def evaluate(self, epoch: int) -> dict[str, float]:
         # BatchNorm running statistics differ per rank: use rank 0's, as DDP does.
         for name, b in self.model.named_buffers():
             self.engine.broadcast_(b.data, 0, f"bn.{name}")
         self.model.eval()
-        correct = torch.zeros(2, dtype=torch.float64)
-        for x, y in self.test_loader:
-            correct[0] += (self.model(x).argmax(1) == y).sum()
-            correct[1] += len(y)
-        total = self.engine.allreduce(correct, "eval", average=False)
-        acc1 = float(100 * total[0] / total[1])
+        sums = self.task.eval_sums(self.model, self.eval_loaders)  # correct and samples, or nats and tokens
+        metrics = self.task.metrics(self.engine.allreduce(sums, "eval", average=False))
         if self.recorder:
-            self.recorder.scalar("eval/acc1", acc1, self.step)
-            print(f"epoch {epoch + 1}/{self.epochs}: eval/acc1 {acc1:.2f}%  step {self.step}", flush=True)
-        return acc1
+            for tag, value in metrics.items():
+                self.recorder.scalar(tag, value, self.step)
+            print(f"epoch {epoch + 1}/{self.epochs}: {self.task.describe(metrics)}  step {self.step}",
+                  flush=True)
+        return metrics
 
     def period(self) -> int:
         """Steps per round of the synchronization mode (1: it talks every step)."""
         key = self.sync.sync_traits.period_key
         return int(self.cfg.sync[key]) if key else 1
 
-    def finish(self, acc1: float, seconds: float) -> dict[str, Any] | None:
+    def finish(self, final: dict[str, float], seconds: float) -> dict[str, Any] | None:
         if self.recorder is None:
             return None
         r = self.recorder
@@ -246,19 +250,17 @@ class Trainer:
         period = self.period()
 
         def per_step(tag: str) -> float | None:  # a round's quiet steps count: means over whole rounds
-            return r.median(tag, skip) if period == 1 else r.round_mean(tag, skip, period)
+            if period == 1:
+                return r.median(tag, skip)
+            # a rate (samples or tokens per second) over whole rounds: units over their seconds
+            return r.round_mean(tag, skip, period, per_second=tag in RATE_TAGS)
 
         sent, dense = per_step("comm/bytes_sent"), per_step("comm/bytes_dense")
-        step_ms = per_step("time/step_ms")
         summary = {
             "status": "completed",
             "steps": self.step,
             "train_time_s": round(seconds, 3),
-            "final_acc1": acc1,
-            "best_acc1": max(r.history["eval/acc1"], default=float("nan")),
-            "final_loss": r.history["train/loss"][-1] if r.history["train/loss"] else float("nan"),
-            "throughput": per_step("train/throughput") if period == 1 or not step_ms
-            else self.cfg.batch_size * self.engine.size / (step_ms / 1e3),
+            **self.task.summary(final, r.history, per_step),
             **{f"{p}_ms": per_step(f"time/{p}_ms") for p in PHASES},
             "other_ms": None,
             "bytes_sent_per_step": sent,
@@ -277,6 +279,8 @@ class Trainer:
                    "summary_method": {k: SUMMARY[k] for k in summary if k in SUMMARY}
                    | ({"per_step": ROUND_MEAN} if period > 1 else {}),
                    "scheduler": self.sync.summary()}
+        if self.data_info is not None:
+            results["data"] = self.data_info  # language models: tokenizer, vocabulary size, split
         write_json_atomic(self.run_dir / "results.json", results)
         print(format_summary(results, self.run_dir), flush=True)
         return results

@@ -13,7 +13,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,10 +48,25 @@ TAGS: dict[str, tuple[str, str]] = {
     "comm/calls_dense": ("calls", "collectives started per step for tensors sent dense"),
 }
 
+# A language-model run (compbench.train.task) writes these instead of eval/acc1 and train/throughput.
+LM_TAGS: dict[str, tuple[str, str]] = {
+    **{k: v for k, v in TAGS.items() if k not in ("eval/acc1", "train/throughput")},
+    "train/loss": ("nats", "cross-entropy per token of rank 0's batch at this step"),
+    "train/tokens_per_s": ("tokens/s", "tokens predicted per second, all workers: global batch x context / "
+                                       "step time"),
+    "eval/loss": ("nats", "cross-entropy per token on the validation works (all workers) after each epoch"),
+    "eval/ppl": ("x", "perplexity on the validation works: exp(eval/loss)"),
+    "eval/ood_loss": ("nats", "cross-entropy per token on the out-of-domain text (dataset.ood)"),
+    "eval/ood_ppl": ("x", "perplexity on the out-of-domain text: exp(eval/ood_loss)"),
+}
+_DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}}
+
 _MEDIAN = f"median of {{tag}} after {WARMUP_STEPS} warm-up steps ({{unit}})"
+# Per-step rates: units (samples or tokens) over the step's time.
+RATE_TAGS = ("train/throughput", "train/tokens_per_s")
 # With a periodic synchronization (sync=diloco) the per-step figures are means over whole rounds.
 ROUND_MEAN = (f"mean of each per-step figure over the whole rounds after {WARMUP_STEPS} warm-up steps "
-              "(throughput: the global batch over the mean step time)")
+              "(throughput: the rounds' samples or tokens over their time)")
 SUMMARY: dict[str, str] = {
     "steps": "optimizer steps taken (skipped non-finite steps included)",
     "train_time_s": "wall time of the training loop on rank 0, evaluation included (s)",
@@ -68,6 +83,13 @@ SUMMARY: dict[str, str] = {
     "bytes_allreduce_per_step": _MEDIAN.format(tag="comm/bytes_allreduce", unit="bytes per worker"),
     "compressed_calls_per_step": _MEDIAN.format(tag="comm/calls_compressed", unit="calls"),
     "dense_calls_per_step": _MEDIAN.format(tag="comm/calls_dense", unit="calls"),
+    # language-model runs
+    "final_eval_loss": "eval/loss after the last evaluation (nats per token)",
+    "best_eval_loss": "lowest eval/loss of any evaluation (nats per token)",
+    "final_ppl": "eval/ppl after the last evaluation: exp(final_eval_loss)",
+    "final_ood_loss": "eval/ood_loss after the last evaluation (nats per token)",
+    "final_ood_ppl": "eval/ood_ppl after the last evaluation: exp(final_ood_loss)",
+    "tokens_per_s": _MEDIAN.format(tag="train/tokens_per_s", unit="tokens/s"),
 }
 
 
@@ -148,16 +170,22 @@ class Recorder:
         values = values[skip:] if len(values) > skip else values
         return statistics.median(values) if values else None
 
-    def round_mean(self, tag: str, skip: int, period: int) -> float | None:
+    def round_mean(self, tag: str, skip: int, period: int, per_second: bool = False) -> float | None:
         """Mean per step over the whole rounds of `period` steps after the first `skip` steps
-        (rounded up to a round): a periodic mode's step that sends nothing counts as one."""
+        (rounded up to a round): a periodic mode's step that sends nothing counts as one.
+        `per_second`: `tag` is a rate per step (units / step time): the rounds' units over their time."""
         values = self.history.get(tag, [])
         start = -(-skip // period) * period
         whole = (len(values) - start) // period * period
         if whole <= 0:  # fewer steps than a round after warm-up: every step there is
             start, whole = 0, len(values) // period * period or len(values)
         values = values[start:start + whole]
-        return statistics.fmean(values) if values else None
+        if not values:
+            return None
+        if not per_second:
+            return statistics.fmean(values)
+        seconds = self.history["time/step_ms"][start:start + whole]
+        return sum(v * ms for v, ms in zip(values, seconds, strict=True)) / sum(seconds)
 
     def close(self) -> None:
         self.writer.close()
@@ -170,7 +198,7 @@ def described_scalar(tag: str, value: float) -> bytes:
     from tensorboard.compat.proto import summary_pb2
     from tensorboard.plugins.scalar import metadata
 
-    unit, about = TAGS[tag]
+    unit, about = _DESCRIBED[tag]
     meta = metadata.create_summary_metadata(display_name=f"{tag} ({unit})",
                                             description=f"{about}. Unit: {unit}.")
     meta.data_class = summary_pb2.DATA_CLASS_SCALAR
@@ -264,9 +292,7 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
     lines = [f"compbench: done. compressor={hp['compressor']} {ratio}comm={hp['comm']} "
              f"memory={hp['memory']} on {hp['world_size']} worker(s), {s['steps']} steps "
              f"in {num(s['train_time_s'], '.1f')} s",
-             f"  accuracy     final {num(s['final_acc1'], '.2f')} %   best {num(s['best_acc1'], '.2f')} %",
-             f"  throughput   {num(s['throughput'], ',.0f')} samples/s "
-             f"(median after {WARMUP_STEPS} warm-up steps, all workers)",
+             *_result_lines(s, num),
              f"  bytes/step   {_bytes(s['bytes_sent_per_step'])} sent of {_bytes(s['bytes_dense_per_step'])} "
              f"dense per worker: effective ratio {num(s['ratio_effective'], '.1f')}x"]
     split = split_ms(s)
@@ -277,6 +303,28 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
               f"  results      {run_dir / 'results.json'}",
               f"  tensorboard  {run_dir / 'tb'}  (tensorboard --logdir {run_dir.parent})"]
     return "\n".join(lines)
+
+
+def _result_lines(s: Mapping[str, Any], num: Callable[[float | None, str], str]) -> list[str]:
+    """The result and throughput lines: accuracy and samples/s, or (a language model, known by its
+    summary's final_eval_loss) validation loss, perplexity and tokens/s."""
+    median = f"(median after {WARMUP_STEPS} warm-up steps, all workers)"
+    if "final_eval_loss" not in s:
+        return [f"  accuracy     final {num(s['final_acc1'], '.2f')} %   best {num(s['best_acc1'], '.2f')} %",
+                f"  throughput   {num(s['throughput'], ',.0f')} samples/s {median}"]
+    return [f"  val loss     final {num(s['final_eval_loss'], '.4f')} nats/token "
+            f"(ppl {num(s['final_ppl'], '.2f')})   best {num(s['best_eval_loss'], '.4f')}",
+            f"  ood loss     final {num(s['final_ood_loss'], '.4f')} nats/token "
+            f"(ppl {num(s['final_ood_ppl'], '.2f')})   dataset.ood text",
+            f"  throughput   {num(s['tokens_per_s'], ',.0f')} tokens/s {median}"]
+
+
+def headline(s: Mapping[str, Any]) -> tuple[str, float | None, str, float | None]:
+    """(metric name, value, throughput unit, value) of a run's summary for one-line tables (sweeps):
+    acc1 and samples/s, or a language model's validation loss and tokens/s."""
+    if "final_eval_loss" in s:
+        return "loss", s.get("final_eval_loss"), "tokens/s", s.get("tokens_per_s")
+    return "acc1", s.get("final_acc1"), "samples/s", s.get("throughput")
 
 
 def strict_json(value: Any) -> Any:
