@@ -5,14 +5,16 @@ No BatchNorm, so it is also the model for exact equivalence tests (2 ranks x b =
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch.nn as nn
 
 from compbench.models.weights import load_npz_state_dict
 
 
-def mlp(num_classes: int = 10, image_size: int = 32, in_chans: int = 3, hidden: list[int] | None = None,
+def mlp(num_classes: int = 10, image_size: int = 32, in_chans: int = 3, hidden: Sequence[int] = (256,),
         pretrained: str | None = None) -> nn.Module:
-    dims = [in_chans * image_size * image_size, *(hidden if hidden is not None else [256])]
+    dims = [in_chans * image_size * image_size, *hidden]
     layers: list[nn.Module] = [nn.Flatten()]
     for a, b in zip(dims[:-1], dims[1:], strict=True):
         layers += [nn.Linear(a, b), nn.ReLU()]
