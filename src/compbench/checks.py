@@ -16,7 +16,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -199,7 +199,7 @@ def _check_batch_fits_dataset(cfg: DictConfig) -> None:
     """Every worker needs at least one full batch of its shard (drop_last keeps step counts equal)."""
     # None for file-backed sets without a cheap size (ImageNet): the worker checks after loading.
     size_of = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).train_size_of
-    n = size_of(**OmegaConf.to_container(cfg.dataset, resolve=True))
+    n = size_of(**cast(dict[str, Any], OmegaConf.to_container(cfg.dataset, resolve=True)))
     np = cfg.engine.get("np", 1)
     if n is not None and n // np < cfg.batch_size:
         raise ValueError(f"batch_size={cfg.batch_size} x {np} workers exceeds the {n} training samples "

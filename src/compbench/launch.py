@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from compbench.errors import ERROR_FILE_ENV, PEER_LOST_EXIT
 
@@ -65,7 +65,7 @@ class LoopbackRendezvous:
     """
 
     def __init__(self) -> None:
-        self._httpd = None
+        self._httpd: Any = None  # horovod's RendezvousHTTPServer (untyped)
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
@@ -87,10 +87,11 @@ class LoopbackRendezvous:
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
-        self._thread.join()
+        self._thread.join()  # type: ignore[union-attr]  # started by start()
 
 
-def _horovod_envs(np: int, netns: ShapedNamespace | None = None) -> tuple[list[dict[str, str]], object]:
+def _horovod_envs(np: int, netns: ShapedNamespace | None = None
+                  ) -> tuple[list[dict[str, str]], LoopbackRendezvous]:
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.gloo_run import create_slot_env_vars
 
@@ -195,11 +196,11 @@ def _describe(code: int) -> str:
 def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = None) -> tuple[int, str]:
     """Run `np` workers on RUN_DIR's config; returns (exit code, one-line failure message or '').
     The config's `net.emulate_gbps` / `net.emulate_latency_us` put them on a shaped link."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     from compbench.netem import shaped
 
-    net = OmegaConf.load(run_dir / ".hydra" / "config.yaml").get("net") or {}
+    net = cast(DictConfig, OmegaConf.load(run_dir / ".hydra" / "config.yaml")).get("net") or {}
     gbps, latency_us = net.get("emulate_gbps"), net.get("emulate_latency_us") or 0
     argv = [sys.executable, "-m", "compbench.worker", str(run_dir)]
     with shaped(gbps, np, latency_us) as ns:
@@ -214,7 +215,7 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
                   netns: ShapedNamespace | None = None, hold_sigint: bool = False) -> tuple[int, str]:
     """Run `argv` as `np` ranks of an `engine` job on this machine and watch them. With `netns`
     (a `compbench.netem.ShapedNamespace`) every rank runs inside it (`ip netns exec NAME argv`)."""
-    server = None
+    server: LoopbackRendezvous | None = None
     _remove_stale_scratch()
     with tempfile.TemporaryDirectory(prefix=_SCRATCH_PREFIX) as store_dir:
         Path(store_dir, _OWNER_FILE).write_text(str(os.getpid()))
@@ -265,7 +266,7 @@ def _watch(procs: list[subprocess.Popen], errors: Path) -> tuple[int, str]:
         cause = [f for f in failed if f[1] != PEER_LOST_EXIT]
         if failed and not cause and cause_deadline is None:
             cause_deadline = time.monotonic() + _CAUSE_WAIT_S
-        if cause or (failed and time.monotonic() > cause_deadline):
+        if cause or (failed and time.monotonic() > cause_deadline):  # type: ignore[operator]  # set above
             rank, code = (cause or failed)[0]
             _stop(procs)
             said = _read_error(errors / f"error.{rank}")

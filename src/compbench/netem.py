@@ -58,9 +58,9 @@ def check_delay(key: str, latency_us: object) -> float:
     """`latency_us` as a float, or ValueError: a finite one-way delay within DELAY_US (not NaN)."""
     low, high = DELAY_US
     number = isinstance(latency_us, int | float) and not isinstance(latency_us, bool)
-    if not number or not low <= latency_us <= high:
+    if not number or not low <= latency_us <= high:  # type: ignore[operator]  # a number past `not number`
         raise ValueError(f"{_named(key, latency_us)} must be >= 0 microseconds, at most {high:g} (1 s)")
-    return float(latency_us)
+    return float(latency_us)  # type: ignore[arg-type]
 
 
 def check(gbps: float | None, latency_us: float | None = 0) -> None:

@@ -44,7 +44,7 @@ def locate(target: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def component_class(group: str, name: str) -> type:
+def component_class(group: str, name: str) -> Any:  # a located class: its `traits`/`caps` are read
     return locate(option_config(group, name)["_target_"])
 
 

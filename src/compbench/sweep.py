@@ -15,7 +15,7 @@ import re
 import shutil
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 
 def _parse(overrides: list[str]) -> list[Any]:
@@ -83,7 +83,7 @@ def plan_jobs(overrides: list[str]) -> list[list[str]]:
     base = config.compose(single)
     axes = list(overrides)
     given = {o.partition("=")[0] for o in overrides}
-    for key, values in OmegaConf.to_container(base.sweep).items():
+    for key, values in cast(dict[str, Any], OmegaConf.to_container(base.sweep)).items():
         if key not in given:
             if values is None or str(values).strip() == "":
                 raise ValueError(f"sweep.{key} is empty; give its values, e.g. sweep.{key}='a,b', "

@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from compbench.errors import INTERRUPTED_EXIT
 
@@ -20,14 +20,14 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, _stop_on_ctrl_c)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         # The heavy imports after the handler: Ctrl-C often lands while torch is being imported.
-        from omegaconf import OmegaConf
+        from omegaconf import DictConfig, OmegaConf
 
         from compbench.train.loop import run_worker
 
         run_dir = Path((argv or sys.argv[1:])[0])
         cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
         with report_user_error():
-            run_worker(cfg, run_dir)
+            run_worker(cast(DictConfig, cfg), run_dir)
     except KeyboardInterrupt:  # only before the handler is in place (a worker started by hand)
         return INTERRUPTED_EXIT
     except PeerLost as e:  # another worker failed first; the launcher reports that one

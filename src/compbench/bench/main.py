@@ -149,7 +149,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any] | None:
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "compbench.bench.micro", str(spec_path), str(out_path)]
         last = ""
-        pipes = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+        pipes: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
         with subprocess.Popen(cmd, env=env, **pipes) as proc:
             assert proc.stderr is not None
             for line in proc.stderr:  # progress lines, passed on as they come

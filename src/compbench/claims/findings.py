@@ -234,5 +234,6 @@ def measured(claim: Claim, r: Results) -> str:
     text = "; ".join(f"{n} {r[n]}" for n in claim.runs)
     if claim.show_bytes:
         text += "; kB/step " + ", ".join(
-            f"{n} {r[n].bytes_per_step / 1e3:.1f}" if r[n].bytes_per_step else f"{n} -" for n in claim.runs)
+            f"{n} {r[n].bytes_per_step / 1e3:.1f}"  # type: ignore[operator]  # not None: the condition
+            if r[n].bytes_per_step else f"{n} -" for n in claim.runs)
     return text

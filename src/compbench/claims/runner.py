@@ -226,7 +226,7 @@ def _estimate(jobs: list[tuple[Path, list[str]]]) -> str:
 
     train_size = next((int(o.partition("=")[2]) for o in BASE if o.startswith("dataset.train_size=")), None)
     batch = next(int(o.partition("=")[2]) for o in BASE if o.startswith("batch_size="))
-    steps = train_size_of(train_size) // (2 * batch) * EPOCHS
+    steps = train_size_of(train_size=train_size) // (2 * batch) * EPOCHS
     total, seen = 0.0, 0
     for run_dir, _ in jobs:
         s = _summary(run_dir)

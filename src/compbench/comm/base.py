@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -56,7 +56,7 @@ class Communicator(Protocol):
         ...
 
     @staticmethod
-    def check_options(**options: object) -> None: ...
+    def check_options(**options: Any) -> None: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
 
@@ -84,7 +84,7 @@ class CommBase:
         self.blocking = self.traits.blocking
 
     @staticmethod
-    def check_options(**options: object) -> None:
+    def check_options(**options: Any) -> None:
         """Config-time check of the communicator's own options (`conf/comm/NAME.yaml` keys)."""
 
     def book(self, nbytes: int) -> None:

@@ -63,7 +63,7 @@ class _DDP(nn.parallel.DistributedDataParallel):
     comm=ddp and one without store the same state dict) and that forward passes without autograd
     (evaluation) skip DDP's buffer broadcast: ranks may run different numbers of test batches."""
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]  # passes Module's overloads on
         return self.module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
@@ -99,7 +99,8 @@ class DDPComm:
         self.topk_ratio = float(topk_ratio)
         self.engine, self.stats, self.hook = engine, stats, hook
         self.bucket_cap_mb, self.broadcast_buffers = float(bucket_cap_mb), bool(broadcast_buffers)
-        self.powersgd = dict(matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=start_powersgd_iter,
+        self.powersgd: dict[str, Any] = dict(
+                             matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=start_powersgd_iter,
                              min_compression_rate=min_compression_rate, use_error_feedback=use_error_feedback,
                              warm_start=warm_start)
         self.state: Any = None  # the hook's state (PowerSGD's or top-k's error feedback), per rank
@@ -126,7 +127,8 @@ class DDPComm:
         # Newer torch renamed the per-forward buffer broadcast (the old name warns); both sync at init.
         params = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
         key = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
-        ddp = _DDP(model, bucket_cap_mb=self.bucket_cap_mb, **{key: self.broadcast_buffers})
+        sync_buffers: dict[str, Any] = {key: self.broadcast_buffers}
+        ddp = _DDP(model, bucket_cap_mb=self.bucket_cap_mb, **sync_buffers)
         if self.hook == "fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif self.hook == "bf16":

@@ -74,7 +74,8 @@ class HorovodOptimizerComm:
                                                   compression=getattr(hvd.Compression, self.compression))
         for _, p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
-        self._armed, self._waited = False, None
+        self._armed = False
+        self._waited: float | None = None  # ms the first hook waited for the exchange
         return model
 
     make_optimizer = staticmethod(plain_optimizer)
@@ -106,8 +107,8 @@ class HorovodOptimizerComm:
             self._synchronize()
         else:
             self.stats.add_ms("compute", -self._waited)  # it ran inside loss.backward()
-        self.stats.add_ms("comm", self._waited)
-        self.stats.add_ms("comm_exposed", self._waited)
+        self.stats.add_ms("comm", self._waited)  # type: ignore[arg-type]  # not None: returned above
+        self.stats.add_ms("comm_exposed", self._waited)  # type: ignore[arg-type]
         self._waited = None
         self.stats.bytes_dense += 4 * self.numel
         # Horovod fuses the per-tensor allreduces into buffers of up to 64 MiB (its default

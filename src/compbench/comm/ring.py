@@ -82,7 +82,8 @@ class RingComm(BlockingComm):
         numel = bound[1] - bound[0]
         ctx = replace(template, name=cname, shape=torch.Size([numel]))
         if self.compressor.caps.shared_indices:
-            ctx.meta = {**ctx.meta, "indices": self.compressor.indices(numel, cname, template.device)}
+            indices = self.compressor.indices(numel, cname, template.device)  # type: ignore[attr-defined]  # shared_indices
+            ctx.meta = {**ctx.meta, "indices": indices}
         return ctx
 
     def _exchange(self, payload: list[Tensor], name: str) -> list[Tensor]:

@@ -237,9 +237,9 @@ def pack_2bit(codes: Tensor) -> Tensor:
         from compbench.kernels import ops
 
         return ops.pack_2bit(codes)
-    v = _padded(codes, 4).view(torch.int32)
+    w = _padded(codes, 4).view(torch.int32)
     # Shift-or variant of the same gather: no multiplication, so no overflow on any device.
-    return ((v | (v >> 6) | (v >> 12) | (v >> 18)) & 0xFF).to(torch.uint8)
+    return ((w | (w >> 6) | (w >> 12) | (w >> 18)) & 0xFF).to(torch.uint8)
 
 
 def unpack_2bit(packed: Tensor, numel: int) -> Tensor:

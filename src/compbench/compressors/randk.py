@@ -76,12 +76,13 @@ class RandK(SparseCompressor):
             values.mul_(n / idx.numel())
         return [values], make_ctx(x, name, indices=idx)
 
-    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
+    # Not decodes_into: randk's decode takes no `out` buffer (SparseCompressor's optional one).
+    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:  # type: ignore[override]
         out = torch.zeros(ctx.numel, dtype=payload[0].dtype, device=payload[0].device)
         out[ctx.meta["indices"]] = payload[0]
         return out.to(ctx.dtype).view(ctx.shape)
 
-    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:  # type: ignore[override]
         # Same indices on every rank: sum the values, scatter once.
         total = payloads[0][0].clone() if len(payloads) == 1 else torch.stack([p[0] for p in payloads]).sum(0)
         return self.decompress([total.div_(len(payloads))], ctx)

@@ -99,8 +99,8 @@ def _scale(flat: Tensor, clip_sigma: float | None) -> Tensor:
     lo, hi = torch.aminmax(flat)
     s = torch.maximum(hi, -lo)
     if clip_sigma is not None:
-        bound = clip_sigma * flat.std(correction=0)
-        s = torch.where(bound > 0, torch.minimum(s, bound), s)
+        bound_t = clip_sigma * flat.std(correction=0)
+        s = torch.where(bound_t > 0, torch.minimum(s, bound_t), s)
     return s
 
 

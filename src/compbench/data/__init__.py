@@ -40,7 +40,7 @@ class KeyRange:
             ok, need = number and value in self.choices, f"must be {' or '.join(map(str, self.choices))}"
         else:
             ok = (isinstance(value, int) if self.integer else True) and number
-            ok = ok and (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+            ok = ok and (self.low is None or value >= self.low) and (self.high is None or value <= self.high)  # type: ignore[operator]  # a number when ok
             need = "must be " + ("an integer" if self.integer else "a number")
             if self.high is not None:
                 need += f" from {self.low:g} to {self.high:g}"

@@ -26,6 +26,7 @@ import gzip
 import os
 import zlib
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -96,8 +97,9 @@ def read_idx(path: Path, dims: int, what: str = "") -> np.ndarray:
 @functools.lru_cache(maxsize=4)
 def _load_cached(folder: str, split: str, name: str, stamp: tuple) -> tuple[np.ndarray, np.ndarray]:
     prefix = "train" if split == "train" else "test"
-    images_path = _path(Path(folder), _FILES[f"{prefix}_images"])
-    labels_path = _path(Path(folder), _FILES[f"{prefix}_labels"])
+    # Both exist: _check_folder found them before anything is loaded.
+    images_path = cast(Path, _path(Path(folder), _FILES[f"{prefix}_images"]))
+    labels_path = cast(Path, _path(Path(folder), _FILES[f"{prefix}_labels"]))
     what = f"dataset={name}: dataset.root={folder}: "
     images, labels = read_idx(images_path, 3, what), read_idx(labels_path, 1, what)
     if len(images) != len(labels) or len(images) == 0:
@@ -112,8 +114,8 @@ def _load_cached(folder: str, split: str, name: str, stamp: tuple) -> tuple[np.n
 def _load_split(folder: str, split: str, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Parsed once per process and file version (the parent checks every job of a sweep)."""
     prefix = "train" if split == "train" else "test"
-    stamp = tuple((s.st_size, s.st_mtime_ns) for s in
-                  (os.stat(_path(Path(folder), _FILES[f"{prefix}_{kind}"])) for kind in ("images", "labels")))
+    paths = [cast(Path, _path(Path(folder), _FILES[f"{prefix}_{kind}"])) for kind in ("images", "labels")]
+    stamp = tuple((s.st_size, s.st_mtime_ns) for s in (os.stat(p) for p in paths))
     return _load_cached(folder, split, name, stamp)
 
 

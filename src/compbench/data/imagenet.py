@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 from compbench.data import IMAGE_SIZE, KeyRange
 
@@ -53,4 +54,5 @@ def imagenet(root: str | None = None, image_size: int = 224, **_: object):
     norm = [T.ToTensor(), T.Normalize(_MEAN, _STD)]
     train_tf = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip(), *norm])
     test_tf = T.Compose([T.Resize(int(image_size * 256 / 224)), T.CenterCrop(image_size), *norm])
-    return ImageFolder(str(Path(root) / "train"), train_tf), ImageFolder(str(Path(root) / "val"), test_tf)
+    folder = Path(cast(str, root))  # check_root refused None
+    return ImageFolder(str(folder / "train"), train_tf), ImageFolder(str(folder / "val"), test_tf)

@@ -107,8 +107,8 @@ def train_size_of(root: str | None = None, tokenizer: str = "char", holdout_ever
                   vocab_size: int = 85, block_size: int = 64, ood: str | None = "kjv",
                   eval_windows: int | None = 512, **_: object) -> int:
     """Training windows, from the manifest's lengths (the parent's batch-size check)."""
-    _, manifest, train, _, _ = _plan(root, tokenizer, holdout_every, vocab_size, block_size, ood,
-                                     eval_windows)
+    _folder, manifest, train, _valid, _ood = _plan(root, tokenizer, holdout_every, vocab_size, block_size,
+                                                   ood, eval_windows)
     unit = "bytes" if tokenizer == "byte" else "chars"
     return (sum(manifest["files"][f"shakespeare/{w}.txt"][unit] for w in train) - 1) // block_size
 

@@ -120,13 +120,13 @@ class TorchEngine(EngineBase):
         recv_head = dist.irecv(head_in, src, tag=_TAG_HEADER)
         if blob_out.numel():
             pending.append(dist.isend(blob_out, dst, tag=_TAG_BLOB))
-        recv_head.wait()
+        recv_head.wait()  # type: ignore[union-attr]  # None only off the group
         specs = wire.parse_header(head_in.cpu())
         blob_in = torch.empty(wire.nbytes(specs), dtype=torch.uint8, device=device)
         if blob_in.numel():
-            dist.irecv(blob_in, src, tag=_TAG_BLOB).wait()
+            dist.irecv(blob_in, src, tag=_TAG_BLOB).wait()  # type: ignore[union-attr]
         for work in pending:
-            work.wait()
+            work.wait()  # type: ignore[union-attr]
         return wire.from_bytes(blob_in, specs)
 
     def barrier(self) -> None:

@@ -13,6 +13,7 @@ real network. Forward is a linear head on the input (loss and accuracy exist but
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -27,7 +28,7 @@ def _layer_costs(arch: nn.Module, image_size: int) -> dict[str, float]:
 
     def hook(name: str):
         def record(module: nn.Module, inputs: tuple[Tensor, ...], out: Tensor) -> None:
-            w = module.weight
+            w = cast(Tensor, module.weight)
             per_out = w[0].numel() if isinstance(module, nn.Conv2d) else w.shape[1]
             costs[f"{name}.weight"] = float(out.numel() * per_out)
         return record

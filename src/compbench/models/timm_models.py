@@ -8,13 +8,15 @@ classifier head is loaded only when its size matches num_classes (fine-tuning st
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.nn as nn
 
 from compbench.models.weights import load_google_mixer_npz, load_google_vit_npz
 
 
 def timm_model(arch: str, num_classes: int = 1000, image_size: int = 224, in_chans: int = 3,
-               pretrained: str | None = None, **kwargs: object) -> nn.Module:
+               pretrained: str | None = None, **kwargs: Any) -> nn.Module:
     import timm
 
     model = timm.create_model(arch, pretrained=False, num_classes=num_classes, img_size=image_size,

@@ -15,10 +15,15 @@ from __future__ import annotations
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
+
+# A timm MlpMixer or VisionTransformer, whose submodules these functions reach by name: typed Any,
+# since nn.Module's __getattr__ is typed `Tensor | Module` (neither callable nor indexable for mypy).
+TimmModel = Any
 
 # What a damaged archive raises when an array is read (np.load opens the zip lazily): a bad CRC,
 # a truncated member, a bad zlib stream, a pickled object array (allow_pickle=False).
@@ -62,7 +67,7 @@ def load_npz_state_dict(model: nn.Module, path: str, model_name: str) -> None:
         raise _mismatch(path, model_name, str(e).splitlines()[0]) from None
 
 
-def load_google_vit_npz(model: nn.Module, path: str, model_name: str) -> None:
+def load_google_vit_npz(model: TimmModel, path: str, model_name: str) -> None:
     _open(path, model_name)
     try:
         model.load_pretrained(path)  # timm's npz loader (resamples position embeddings)
@@ -78,7 +83,7 @@ def _dense(w: torch.Tensor) -> np.ndarray:  # torch Linear (out, in) -> flax ker
     return w.detach().T.numpy()
 
 
-def _mixer_pairs(model: nn.Module) -> list[tuple[str, torch.Tensor, str]]:
+def _mixer_pairs(model: TimmModel) -> list[tuple[str, torch.Tensor, str]]:
     """(google name, torch tensor, kind) for every parameter of a timm MlpMixer."""
     pairs = [("stem/kernel", model.stem.proj.weight, "conv"), ("stem/bias", model.stem.proj.bias, "vec")]
     for i, b in enumerate(model.blocks):
@@ -96,7 +101,7 @@ def _mixer_pairs(model: nn.Module) -> list[tuple[str, torch.Tensor, str]]:
     return pairs
 
 
-def load_google_mixer_npz(model: nn.Module, path: str, model_name: str) -> None:
+def load_google_mixer_npz(model: TimmModel, path: str, model_name: str) -> None:
     w = _open(path, model_name)
     with torch.no_grad():
         for gname, t, kind in _mixer_pairs(model):
@@ -115,14 +120,14 @@ def load_google_mixer_npz(model: nn.Module, path: str, model_name: str) -> None:
             head.bias.copy_(torch.from_numpy(w["head/bias"]))
 
 
-def export_google_mixer_npz(model: nn.Module, path: str) -> None:
+def export_google_mixer_npz(model: TimmModel, path: str) -> None:
     out = {g: (_hwio(t) if k == "conv" else _dense(t) if k == "dense" else t.detach().numpy())
            for g, t, k in _mixer_pairs(model)}
     out["head/kernel"], out["head/bias"] = _dense(model.head.weight), model.head.bias.detach().numpy()
-    np.savez(path, **out)
+    np.savez(path, **out)  # type: ignore[arg-type]  # numpy's stub: keywords could be allow_pickle
 
 
-def export_google_vit_npz(model: nn.Module, path: str) -> None:
+def export_google_vit_npz(model: TimmModel, path: str) -> None:
     """Write a timm VisionTransformer in the original Google ViT npz layout (ViT-B_16.npz)."""
     d = model.embed_dim
     out = {

@@ -114,7 +114,7 @@ class Part:
     def write_back(self, averaged: Tensor) -> None:
         flat, pos = averaged.reshape(-1), 0
         for _, p in self.members:
-            land(p.grad, flat[pos : pos + p.numel()].view(p.grad.shape))
+            land(p.grad, flat[pos : pos + p.numel()].view(p.grad.shape))  # type: ignore[arg-type, union-attr]  # sent: has one
             pos += p.numel()
 
 

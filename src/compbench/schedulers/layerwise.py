@@ -55,7 +55,7 @@ class Layerwise:
     def set_runs(self, runs: list[list[int]]) -> None:
         """Group the parameters as `runs` (indices into self.params, in submission order)."""
         self.runs = runs
-        self._built_for = None
+        self._built_for: list[list[int]] | None = None
 
     def _build(self, pipeline: GradientPipeline) -> None:
         if self._built_for is not self.runs:
@@ -99,7 +99,7 @@ class Layerwise:
 
     def _submit_ready(self) -> None:
         while self._next < len(self.groups) and self._missing[self._next] == 0:
-            self.groups[self._next].submit(self.pipeline, dense=self.dense_step)
+            self.groups[self._next].submit(self.pipeline, dense=self.dense_step)  # type: ignore[arg-type]  # armed
             self._next += 1
 
     def synchronize(self, pipeline: GradientPipeline) -> None:

@@ -22,7 +22,7 @@ import json
 import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -154,7 +154,7 @@ class SeCoPa:
 
     def _read(self, grads: list[tuple[str, int, bool]], topology: str, compressor: Any,
               world: int) -> list[PlanLine]:
-        path = Path(self.plan_path)
+        path = Path(cast(str, self.plan_path))  # only called with a plan file
         plan = read_plan(path)
         names = {n for n, _, _ in grads}
         for name, numel, _ in grads:
@@ -178,7 +178,7 @@ class SeCoPa:
         prims, rho, details = fit_primitives(pipeline.compressor, world, self.gbps, self.latency_us, net=net,
                                              sizes=self.probe_sizes, reps=self.probe_reps)
         decisions = plan_gradients(grads, world, topology, prims, rho, pipeline.selection.compress_threshold)
-        s = summarize(decisions)
+        s: dict[str, Any] = summarize(decisions)
         info = {"topology": topology, "network": details["network"], "lines_s": details["lines"],
                 "predicted_ms": {"plan": s["plan_s"] * 1e3, "all_dense": s["all_dense_s"] * 1e3,
                                  "all_compressed": s["all_compressed_s"] * 1e3}}

@@ -38,7 +38,7 @@ class DeMoSync(OptimizerSync):
                  compression_topk: int = 32, compression_chunk: int = 64, **_: Any) -> None:
         check_options(compression_decay, compression_topk, compression_chunk)
         super().__init__(engine, stats)
-        self.options = {"compression_decay": float(compression_decay),
+        self.options: dict[str, Any] = {"compression_decay": float(compression_decay),
                         "compression_topk": int(compression_topk),
                         "compression_chunk": int(compression_chunk)}
 

@@ -146,7 +146,7 @@ class DeMo(torch.optim.Optimizer):
         return self._transforms[key]
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]  # torch's overloads
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -168,7 +168,7 @@ class DeMo(torch.optim.Optimizer):
         with stats.time("compress"):
             if group["weight_decay"] != 0.0:
                 p.mul_(1.0 - lr * group["weight_decay"])
-            delta.mul_(group["compression_decay"]).add_(p.grad, alpha=lr)
+            delta.mul_(group["compression_decay"]).add_(p.grad, alpha=lr)  # type: ignore[arg-type]  # stepped: has one
             view = as_chunkable(delta)
             tf = self._transform(view, group["compression_chunk"])
             coef = tf.encode(view)

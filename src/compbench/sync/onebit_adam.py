@@ -6,7 +6,7 @@ decoupled, as AdamW's) and the schedule; gradients are never allreduced by the t
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -45,4 +45,4 @@ class OnebitAdamSync(OptimizerSync):
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "freeze_step": self.freeze_step, "eps": self.eps,
-                "frozen": bool(self.optimizer.frozen)}
+                "frozen": bool(cast(OnebitAdam, self.optimizer).frozen)}

@@ -106,7 +106,7 @@ class OnebitAdam(torch.optim.Optimizer):
             group.update(flags)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]  # torch's overloads
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -143,7 +143,7 @@ class OnebitAdam(torch.optim.Optimizer):
 
     def _warmup_step(self, p: Tensor, group: dict[str, Any], state: dict[str, Any], name: str) -> None:
         with self.stats.time("comm"):
-            grad = self.engine.allreduce(p.grad.float(), f"{name}.grad")
+            grad = self.engine.allreduce(p.grad.float(), f"{name}.grad")  # type: ignore[union-attr]  # stepped: has one
         self.stats.add_dense_allreduce(4 * p.numel(), calls=1)
         beta1, beta2 = group["betas"]
         state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
@@ -152,7 +152,7 @@ class OnebitAdam(torch.optim.Optimizer):
     def _compressed_step(self, p: Tensor, group: dict[str, Any], state: dict[str, Any], name: str) -> None:
         beta1 = group["betas"][0]
         exp_avg: Tensor = state["exp_avg"]
-        exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+        exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)  # type: ignore[arg-type]  # stepped: has one
         if self.engine.size > 1:
             exp_avg.copy_(self._compressed_allreduce(exp_avg, state, name))
 

@@ -22,7 +22,8 @@ def build_compressor_and_selection(cfg: DictConfig) -> tuple[Any, Selection]:
 def build_memory(cfg: DictConfig, world_size: int) -> Any:
     node = registry.plain(cfg.memory)
     cls = registry.locate(node["_target_"])
-    extra = {"world_size": world_size} if "world_size" in inspect.signature(cls).parameters else {}
+    takes_size = "world_size" in inspect.signature(cls).parameters
+    extra: dict[str, Any] = {"world_size": world_size} if takes_size else {}
     return registry.build(node, **extra)
 
 
