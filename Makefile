@@ -60,9 +60,10 @@ train: setup
 	$(VENV)/bin/compbench train $(ARGS)
 
 # The fast and distributed tiers (and the GPU tier, skipped without CUDA); `test-slow` runs the
-# long end-to-end runs and the wall-clock checks that a loaded machine can fail.
+# long end-to-end runs and the wall-clock checks that a loaded machine can fail. --durations: the
+# 25 slowest tests in the output (CI's log), to see which ones grow.
 test: setup
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" --durations=25 $(ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not dist and not slow" $(ARGS)
@@ -70,8 +71,10 @@ test-fast: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow $(ARGS)
 
+# ruff, then mypy over src/compbench ([tool.mypy] in pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/mypy
 
 # The documentation site (mkdocs.yml, docs/) into site/: strict, so a broken link or a docstring
 # that does not render fails the build; offline (no fonts or plugins that fetch anything).
