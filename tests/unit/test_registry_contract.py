@@ -1,7 +1,8 @@
 """What the registry declares is checked, over every option of every group (a new option is tested
 without new test code): each `_target_` resolves and takes the option's keys; each class satisfies the
 Protocol of its seam and declares its traits as the traits type; each compressor capability flag has
-the method it promises and tells the truth on data; config defaults agree with constructor defaults.
+the method it promises and tells the truth on data (and a memory's `feeds_back`); config defaults agree
+with constructor defaults.
 
 Unbiasedness and `decodes_into` on data are checked by test_compressor_contract.py; not repeated here.
 """
@@ -375,6 +376,23 @@ def test_decodes_into_a_buffer_of_one_payload_as_the_allocating_decode(name):
     assert got.data_ptr() == out.data_ptr()
     torch.testing.assert_close(got.view(a.shape), comp.decompress_all([pa], ctx))
 
+
+
+@pytest.mark.parametrize("name", _names("memory"))
+def test_memory_feeds_back_as_it_declares(name):
+    # feeds_back: what topk dropped at step 1 changes what step 2 compensates (against a fresh memory);
+    # otherwise the gradient passes through unchanged.
+    mem, comp, g = _build("memory", name), build_compressor("topk"), _data((64, 33), 13)
+    comp.begin_step(0, 0.0)
+    x = mem.compensate(g.clone(), "w")
+    first = x.clone()  # the memory's own buffer may become its residual in update
+    payload, ctx = comp.compress(x, "w")
+    mem.update(x, "w", comp, payload, ctx)
+    again = mem.compensate(g.clone(), "w")
+    if mem.traits.feeds_back:
+        assert not torch.equal(again, _build("memory", name).compensate(g.clone(), "w"))
+    else:
+        assert torch.equal(first, g) and torch.equal(again, g)
 
 # -- config defaults agree with constructor defaults -------------------------------------------
 
