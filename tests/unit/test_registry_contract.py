@@ -4,7 +4,7 @@ Protocol of its seam and declares its traits as the traits type; each compressor
 the method it promises and tells the truth on data (and a memory's `feeds_back`); config defaults agree
 with constructor defaults.
 
-Unbiasedness and `decodes_into` on data are checked by test_compressor_contract.py; not repeated here.
+Unbiasedness, and `decodes_into` on two payloads, are checked by test_compressor_contract.py (not here).
 """
 
 from __future__ import annotations
