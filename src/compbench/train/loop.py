@@ -104,6 +104,7 @@ class Trainer:
     def fit(self) -> dict[str, Any] | None:
         cfg, t_start = self.cfg, time.perf_counter()
         final: dict[str, float] = {}
+        self.not_evaluated = None if cfg.eval else "eval=false"
         max_steps = cfg.max_steps or math.inf
         epoch, batch = self.resume_position()
         while epoch < self.epochs and self.step < max_steps:
@@ -112,6 +113,10 @@ class Trainer:
             if batch < len(self.train_loader):  # stopped inside the epoch (max_steps)
                 if cfg.eval and self.task.eval_when_stopped:
                     final = self.evaluate(epoch)
+                elif not final:
+                    self.not_evaluated = (f"the run stopped at max_steps={cfg.max_steps} inside epoch "
+                                          f"{epoch + 1}, and evaluation runs at epoch ends; raise max_steps "
+                                          "or lower epochs")
                 save_checkpoint(self, epoch, batch)
                 break
             final = self.evaluate(epoch) if cfg.eval else {}
@@ -270,6 +275,8 @@ class Trainer:
             "compressed_calls_per_step": per_step("comm/calls_compressed"),
             "dense_calls_per_step": per_step("comm/calls_dense"),
         }
+        if self.not_evaluated and not final:
+            summary["not_evaluated"] = self.not_evaluated
         split = split_ms(summary)
         summary["other_ms"] = split["other"] if split else None
         r.finish()

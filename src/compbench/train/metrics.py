@@ -71,6 +71,7 @@ SUMMARY: dict[str, str] = {
     "steps": "optimizer steps taken (skipped non-finite steps included)",
     "train_time_s": "wall time of the training loop on rank 0, evaluation included (s)",
     "final_acc1": "eval/acc1 after the last epoch (%)",
+    "not_evaluated": "why the run has no evaluation (eval=false, or it stopped inside its first epoch)",
     "best_acc1": "highest eval/acc1 of any epoch (%)",
     "final_loss": "train/loss at the last step (nats)",
     "throughput": _MEDIAN.format(tag="train/throughput", unit="samples/s"),
@@ -258,6 +259,8 @@ def run_hparams(cfg: Mapping[str, Any], world_size: int) -> dict[str, Any]:
         hp["net.emulate_gbps"] = cfg["net"]["emulate_gbps"]
     if "experiment" in choices:
         hp["experiment"] = choices["experiment"]
+    if choices.get("sync", "step") != "step":  # a per-step run's row stays as it was
+        hp["sync"] = choices["sync"]
     return hp
 
 
@@ -289,8 +292,9 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
         return format(v, fmt) if v is not None and math.isfinite(v) else "-"
 
     ratio = f"ratio={hp['ratio']} " if hp.get("ratio") is not None else ""
+    sync = f" sync={hp['sync']}" if "sync" in hp else ""
     lines = [f"compbench: done. compressor={hp['compressor']} {ratio}comm={hp['comm']} "
-             f"memory={hp['memory']} on {hp['world_size']} worker(s), {s['steps']} steps "
+             f"memory={hp['memory']}{sync} on {hp['world_size']} worker(s), {s['steps']} steps "
              f"in {num(s['train_time_s'], '.1f')} s",
              *_result_lines(s, num),
              f"  bytes/step   {_bytes(s['bytes_sent_per_step'])} sent of {_bytes(s['bytes_dense_per_step'])} "
@@ -309,6 +313,9 @@ def _result_lines(s: Mapping[str, Any], num: Callable[[float | None, str], str])
     """The result and throughput lines: accuracy and samples/s, or (a language model, known by its
     summary's final_eval_loss) validation loss, perplexity and tokens/s."""
     median = f"(median after {WARMUP_STEPS} warm-up steps, all workers)"
+    if "final_eval_loss" not in s and s.get("not_evaluated"):
+        return [f"  accuracy     not evaluated: {s['not_evaluated']}",
+                f"  throughput   {num(s['throughput'], ',.0f')} samples/s {median}"]
     if "final_eval_loss" not in s:
         return [f"  accuracy     final {num(s['final_acc1'], '.2f')} %   best {num(s['best_acc1'], '.2f')} %",
                 f"  throughput   {num(s['throughput'], ',.0f')} samples/s {median}"]
