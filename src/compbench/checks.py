@@ -30,6 +30,7 @@ _BACKENDS = ("auto", "gloo", "nccl")
 
 def check_settings(cfg: DictConfig) -> None:
     """Refuse bad values with a ValueError (one line: key, value, fix); warn where a value only hurts."""
+    _check_model_fits_dataset(cfg)  # first: a mismatch leaves ${dataset.*} interpolations unresolved
     _check_finite(cfg)
     _check_run_settings(cfg)
     _check_engine(cfg)
@@ -193,6 +194,28 @@ def _check_dataset_keys(cfg: DictConfig) -> None:
             problem = allowed.problem(cfg.dataset[key])
             if problem:
                 raise ValueError(f"dataset.{key}={_show(cfg.dataset[key])} {problem}")
+
+
+def _check_model_fits_dataset(cfg: DictConfig) -> None:
+    """A language model (its config takes the dataset's `vocab_size`) needs a dataset whose module
+    declares TASK = "language_model", and a classifier one that does not; a context no longer than
+    the model's positions."""
+    from compbench.train.task import LanguageModel, task_of
+
+    picked = cfg.choices
+    lm_data = isinstance(task_of(cfg.dataset._target_), LanguageModel)
+    lm_model = "vocab_size" in cfg.model
+    if lm_data and not lm_model:
+        raise ValueError(f"dataset={picked['dataset']} is language modelling and model={picked['model']} a "
+                         f"classifier; use a language model, e.g. model=gpt")
+    if lm_model and not lm_data:
+        raise ValueError(f"model={picked['model']} is a language model and dataset={picked['dataset']} is "
+                         f"classification; use a text dataset, e.g. dataset=shakespeare")
+    if lm_data:
+        block, context = cfg.model.get("block_size"), cfg.dataset.get("block_size")
+        if _is_int(block) and _is_int(context) and block < context:
+            raise ValueError(f"model.block_size={block} is shorter than the dataset's windows "
+                             f"(dataset.block_size={context}); raise it or lower dataset.block_size")
 
 
 def _check_batch_fits_dataset(cfg: DictConfig) -> None:

