@@ -17,6 +17,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, cast
 
+from compbench.train.metrics import headline
+
 
 def _parse(overrides: list[str]) -> list[Any]:
     """Hydra's own override parser (its grammar: a,b  range()  choice()  glob()  interval() ...)."""
@@ -158,7 +160,10 @@ def _table(rows, common: list[str]) -> str:
     """The sweep's summary: one row per job with its differing overrides in full (wrapped to the
     terminal, never cut), and the overrides every job shares once above."""
     width = max(80, shutil.get_terminal_size((100, 24)).columns)
-    head = f"{'job':>3}  {'status':<9} {'acc1':>6} {'samples/s':>9} {'ratio':>7}  "
+    # Language-model jobs report validation loss and tokens/s where classifiers report acc1, samples/s.
+    lm = bool(rows) and all(headline(s)[0] == "loss" for *_, s in rows)
+    metric, unit = ("loss", "tokens/s") if lm else ("acc1", "samples/s")
+    head = f"{'job':>3}  {'status':<9} {metric:>6} {unit:>9} {'ratio':>7}  "
     wrap = textwrap.TextWrapper(width=width, initial_indent="", subsequent_indent=" " * len(head),
                                 break_on_hyphens=False)
     shared = textwrap.fill(f"common: {' '.join(common)}", width=width, subsequent_indent=" " * 8,
@@ -166,8 +171,9 @@ def _table(rows, common: list[str]) -> str:
     lines = [shared] if common else []
     lines.append(f"{head}overrides that differ")
     for i, job, _, s in rows:
-        acc = f"{s['final_acc1']:.2f}" if s.get("final_acc1") is not None else "-"
-        thr = f"{s['throughput']:.0f}" if s.get("throughput") else "-"
+        kind, value, _, per_s = headline(s)
+        acc = "-" if value is None else f"{value:.{3 if kind == 'loss' else 2}f}"
+        thr = f"{per_s:.0f}" if per_s else "-"
         ratio = f"{s['ratio_effective']:.1f}" if s.get("ratio_effective") else "-"
         row = f"{i:>3}  {s.get('status', '?'):<9} {acc:>6} {thr:>9} {ratio:>7}  "
         lines.append(wrap.fill(row + (job or "-")))
