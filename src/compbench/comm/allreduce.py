@@ -14,7 +14,7 @@ from compbench.comm.base import CommBase, CommTraits, encode
 from compbench.compressors.base import Compressor
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
-from compbench.train.metrics import StepStats
+from compbench.stats import StepStats
 
 
 class AllreduceComm(CommBase):

@@ -10,7 +10,7 @@ from torch import Tensor
 from compbench.compressors.base import Compressor, Ctx, payload_nbytes
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
-from compbench.train.metrics import StepStats
+from compbench.stats import StepStats
 
 
 @dataclass(frozen=True)

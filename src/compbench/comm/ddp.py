@@ -34,8 +34,8 @@ from torch import nn
 from compbench.comm.base import CommTraits
 from compbench.comm.ddp_topk_hook import TopKHookState, topk_hook
 from compbench.engines.base import Engine
+from compbench.stats import StepStats
 from compbench.sync import BASELINE
-from compbench.train.metrics import StepStats
 from compbench.train.optim import plain_optimizer
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "topk")

@@ -28,7 +28,7 @@ from compbench.compressors.base import Compressor, payload_nbytes
 from compbench.engines import wire
 from compbench.engines.base import Engine
 from compbench.memory.base import Memory
-from compbench.train.metrics import StepStats
+from compbench.stats import StepStats
 
 INTRA_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 

@@ -33,8 +33,8 @@ from torch import nn
 
 from compbench.comm.base import CommTraits
 from compbench.engines.base import Engine
+from compbench.stats import StepStats
 from compbench.sync import BASELINE
-from compbench.train.metrics import StepStats
 from compbench.train.optim import plain_optimizer
 
 COMPRESSIONS = ("none", "fp16")

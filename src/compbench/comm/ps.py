@@ -27,7 +27,7 @@ from compbench.engines.base import Engine
 from compbench.memory.base import Memory
 from compbench.memory.none import NoMemory
 from compbench.memory.residual import ResidualMemory
-from compbench.train.metrics import StepStats
+from compbench.stats import StepStats
 
 
 def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from compbench.engines.base import Engine
+from compbench.stats import StepStats
 from compbench.sync import SyncTraits
 from compbench.sync.demo_optim import DeMo
 from compbench.sync.optimizer_sync import OptimizerSync
-from compbench.train.metrics import StepStats
 
 
 def check_options(compression_decay: float = 0.999, compression_topk: int = 32,

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from compbench.engines.base import Engine
-from compbench.train.metrics import StepStats
+from compbench.stats import StepStats
 
 _BASES: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
 

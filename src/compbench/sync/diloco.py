@@ -31,9 +31,9 @@ from torch import nn
 
 from compbench.engines.base import Engine
 from compbench.schedulers import Scheduler
+from compbench.stats import StepStats
 from compbench.sync import SyncTraits
 from compbench.sync.step import load_pipeline_state, pipeline_state
-from compbench.train.metrics import StepStats
 from compbench.train.optim import build_optimizer
 from compbench.train.pipeline import GradientPipeline
 

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from compbench.engines.base import Engine
+from compbench.stats import StepStats
 from compbench.sync import SyncTraits
 from compbench.sync.onebit_adam_optim import OnebitAdam
 from compbench.sync.optimizer_sync import OptimizerSync
-from compbench.train.metrics import StepStats
 
 
 def check_options(freeze_step: int = 100, eps: float = 1e-8) -> None:

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from compbench.compressors.packing import decode_bits, pack_bits, packed_nbytes
 from compbench.engines.base import Engine
-from compbench.train.metrics import StepStats
+from compbench.stats import StepStats
 
 
 def padded_size(numel: int, world: int) -> int:

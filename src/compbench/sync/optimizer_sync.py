@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from compbench.engines.base import Engine
+from compbench.stats import StepStats
 from compbench.sync import SyncTraits
-from compbench.train.metrics import StepStats
 
 
 class OptimizerSync:

@@ -13,10 +13,11 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from compbench.stats import StepStats  # noqa: F401  (re-exported: tests and scripts import it here)
 
 # comm_exposed: communication (and decoding) the step waited for after back-propagation ended,
 # i.e. the part not hidden behind compute.
@@ -92,40 +93,6 @@ SUMMARY: dict[str, str] = {
     "final_ood_ppl": "eval/ood_ppl after the last evaluation: exp(final_ood_loss)",
     "tokens_per_s": _MEDIAN.format(tag="train/tokens_per_s", unit="tokens/s"),
 }
-
-
-class StepStats:
-    """Accumulates one step's phase times (ms) and bytes; `reset()` between steps."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.ms: dict[str, float] = defaultdict(float)
-        self.bytes_sent = 0
-        self.bytes_dense = 0
-        # Per path, for the what-if model: bytes that went through the dense fp32 allreduce (of
-        # bytes_sent), and how many collectives each path started.
-        self.bytes_allreduce = 0
-        self.calls_compressed = 0
-        self.calls_dense = 0
-
-    def add_dense_allreduce(self, nbytes: int, calls: int) -> None:
-        """Book gradient bytes that travelled uncompressed through an allreduce."""
-        self.bytes_sent += nbytes
-        self.bytes_allreduce += nbytes
-        self.calls_dense += calls
-
-    @contextmanager
-    def time(self, phase: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.ms[phase] += (time.perf_counter() - t0) * 1e3
-
-    def add_ms(self, phase: str, ms: float) -> None:
-        self.ms[phase] += ms
 
 
 class Recorder:

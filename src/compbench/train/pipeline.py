@@ -22,7 +22,7 @@ from compbench.comm.base import Communicator
 from compbench.compressors.base import Compressor
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
-from compbench.train.metrics import StepStats
+from compbench.stats import StepStats
 from compbench.train.selection import Selection
 
 
