@@ -23,6 +23,7 @@ DIST = "cbplug-int8"
 COMPRESSOR = '''
 """A symmetric 8-bit quantizer: one fp32 scale (max |x|) per tensor and n int8 codes."""
 
+import torch
 
 from compbench.compressors.base import Capabilities, CompressorBase, make_ctx
 
@@ -141,7 +142,10 @@ def test_trains_with_the_plugin_and_reports_by_its_declared_pattern(site, tmp_pa
     assert 0 < res["summary"]["bytes_sent_per_step"] < res["summary"]["bytes_dense_per_step"] / 3
     report = compbench("report", str(out), env=_env(site))
     assert report.returncode == 0, report.stderr[-3000:]
-    assert "gather" in report.stdout and "what-if" in report.stdout.lower(), report.stdout
+    assert "| int8 |" in report.stdout and "| gather |" in report.stdout, report.stdout
+    # The what-if model priced the plugin communicator by its declared traits.pattern (allgather).
+    whatif = (out / "report.md").read_text()
+    assert "### .: int8 ratio= comm=gather (break-even N vs dense allreduce: " in whatif, whatif
 
 
 def test_the_config_check_refuses_the_plugin_compressor_over_allreduce(site, tmp_path):
