@@ -208,6 +208,8 @@ def test_the_contract_tests_run_on_the_plugin_without_new_test_code(site, monkey
     assert error < 1e-3 and alignment > 0.99, (error, alignment)
     # Every memory x scheduler x engine over every communicator, the plugin's among them: refused
     # with a one-line fix, or trained 3 steps on 2 thread ranks.
+    assert "gather" in registry.options("comm")  # so the matrix below runs the plugin's pair too
     combos.test_every_combination_is_refused_or_trains("int8", tmp_path)
+    config.check(combos._compose("int8", "gather"))  # accepted, hence trained above
     # The what-if model reads the plugin communicator's declared pattern: no table names it.
     assert cluster_model.pattern("gather") == "allgather"
