@@ -84,9 +84,13 @@ def option_origin(group: str, name: str) -> str:
     return option_paths(group)[name][0]
 
 
-@cache
 def option_config(group: str, name: str) -> dict[str, Any]:
-    path = option_path(group, name)
+    """The option's YAML as a plain dict (read once per file; shared: do not modify it)."""
+    return _load(option_path(group, name))
+
+
+@cache  # by file, not by name: a plugin installed or removed later in the process is seen
+def _load(path: Path) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False)  # type: ignore[return-value]
 
 

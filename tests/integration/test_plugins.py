@@ -187,6 +187,15 @@ def test_plugin_folders_that_compbench_would_misread_are_refused(monkeypatch, tm
     monkeypatch.setenv("COMPBENCH_CONF_PATH", str(tmp_path / "conf"))
     with pytest.raises(ValueError, match=r"compressors: a plugin.s conf folder \(COMPBENCH_CONF_PATH\)"):
         config.compose([])
+    monkeypatch.delenv("COMPBENCH_CONF_PATH")
+    broken = tmp_path / "site"  # an installed distribution whose entry point names no package
+    info = broken / "broken-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[compbench.plugins]\nb = cbplug_nowhere\n")
+    monkeypatch.syspath_prepend(str(broken))
+    with pytest.raises(ValueError, match="of package broken: package cbplug_nowhere cannot be found"):
+        registry.options("compressor")
 
 
 def test_the_contract_tests_run_on_the_plugin_without_new_test_code(site, monkeypatch, tmp_path):
