@@ -21,6 +21,20 @@ if TYPE_CHECKING:
     from compbench.comm.base import CommTraits
 
 GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "engine", "optim", "net")
+# The config groups a plugin's conf folder may add options to (compbench.plugins).
+PLUGIN_GROUPS = (*GROUPS, "experiment")
+
+
+def search_path() -> list[str]:
+    """The Hydra override that appends the plugins' conf folders to the search path (none without
+    plugins). Appended: compbench's own configs come first, and an option of the same name is
+    refused by the registry before Hydra could pick one."""
+    registry.check_sources(PLUGIN_GROUPS)
+    extra = [path for _, path in registry.conf_sources()[1:]]
+    if not extra:
+        return []
+    quoted = ",".join("'file://" + str(p).replace("\\", "\\\\").replace("'", "\\'") + "'" for p in extra)
+    return [f"hydra.searchpath=[{quoted}]"]
 
 
 def _check_group_choices(overrides: list[str]) -> None:
@@ -38,10 +52,12 @@ def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool =
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    searched = search_path()
+
     def compose_with(extra: list[str]) -> DictConfig:
         try:
             with initialize_config_dir(version_base=None, config_dir=str(registry.conf_dir())):
-                return hydra_compose(config_name=config_name, overrides=[*overrides, *extra],
+                return hydra_compose(config_name=config_name, overrides=[*overrides, *extra, *searched],
                                      return_hydra_config=True)
         except (HydraException, OmegaConfBaseException) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

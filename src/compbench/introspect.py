@@ -37,9 +37,11 @@ def print_info(overrides: list[str], part: str) -> None:
         node = cfg.pop("hydra")
     if part in ("all", "searchpath"):
         print(f"Config search path (Hydra {hydra.__version__} compose API, config train.yaml):")
+        plugins = {str(path): origin for origin, path in registry.conf_sources()[1:]}
         for source in node.runtime.config_sources:
             if source.schema != "structured":
-                print(f"  {source.provider:<6} {source.schema}://{source.path}")
+                provider = f"plugin ({plugins[source.path]})" if source.path in plugins else source.provider
+                print(f"  {provider:<6} {source.schema}://{source.path}")
     if part in ("all", "defaults"):
         print("Defaults list (GROUP=OPTION to choose another; `compbench train --help GROUP` lists them):")
         given = {o.lstrip("+~").partition("=")[0] for o in overrides}
@@ -95,7 +97,9 @@ def group_help(group: str) -> str:
 
 
 def options_text(groups: list[str]) -> str:
-    """`compbench list [GROUP ...]`: each group's options, their one-line description and settings."""
+    """`compbench list [GROUP ...]`: each group's options, their one-line description and settings;
+    a plugin's option is marked with its origin ([package DIST] or [COMPBENCH_CONF_PATH])."""
+    registry.check_sources(config.PLUGIN_GROUPS)  # a plugin that shadows an option: refused here too
     lines = []
     for group in groups or config.GROUPS:
         if group.removesuffix("s") in config.GROUPS:  # "compressors" too
@@ -103,10 +107,11 @@ def options_text(groups: list[str]) -> str:
         if group not in config.GROUPS:
             raise ValueError(f"unknown group {group}; choose one of: {', '.join(config.GROUPS)}")
         lines.append(f"{group}:")
-        for name in registry.options(group):
-            path = registry.conf_dir() / group / f"{name}.yaml"
-            first = path.read_text().splitlines()[0]
+        for name, (origin, path) in sorted(registry.option_paths(group).items()):
+            first = (path.read_text().splitlines() or [""])[0]
             about = first.lstrip("# ").strip() if first.startswith("#") else ""
+            if origin != "compbench":  # a plugin's option: say whose it is
+                about = f"[{origin}] {about}".strip()
             params = {k: v for k, v in registry.option_config(group, name).items()
                       if k not in ("_target_", "name")}
             shown = ", ".join(f"{k}={v}" for k, v in params.items() if "${" not in str(v))

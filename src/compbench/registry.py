@@ -3,6 +3,9 @@
 `conf/<group>/<name>.yaml` names an option; its `_target_` says which class builds it. Nothing is
 imported until a component is built, so optional dependencies (CuPy, Horovod) are loaded only by the
 component that needs them and every CPU path works without them.
+
+Plugins add conf folders of the same layout (compbench.plugins: an entry point, or
+$COMPBENCH_CONF_PATH); their options are listed and built exactly as compbench's own.
 """
 
 from __future__ import annotations
@@ -26,16 +29,68 @@ def conf_dir() -> Path:
     return path
 
 
+def conf_sources() -> list[tuple[str, Path]]:
+    """Every conf folder as (origin, path): compbench's own ("compbench") first, then the plugins'
+    (compbench.plugins: entry points and $COMPBENCH_CONF_PATH)."""
+    from compbench import plugins
+
+    own = conf_dir()
+    return [("compbench", own), *((s.origin, s.path) for s in plugins.sources() if s.path != own.resolve())]
+
+
+def check_sources(groups: tuple[str, ...]) -> None:
+    """ValueError for a plugin folder compbench would misread: a file outside a group folder, a
+    folder that is no config group (a typo such as conf/compressors/), or an option that another
+    folder also defines (every group is read, so the refusal does not depend on the command)."""
+    for origin, path in conf_sources()[1:]:
+        for entry in sorted(path.iterdir()):
+            if entry.suffix == ".yaml" or (entry.is_dir() and entry.name not in groups):
+                raise ValueError(f"{entry}: a plugin's conf folder ({origin}) holds only group folders "
+                                 f"({', '.join(groups)}) of NAME.yaml files; move or rename it")
+    for group in groups:
+        option_paths(group)
+
+
+def option_paths(group: str) -> dict[str, tuple[str, Path]]:
+    """The options of a config group: name -> (origin, YAML file). A plugin may not shadow an
+    option of compbench or of another plugin: ValueError naming both files."""
+    found: dict[str, tuple[str, Path]] = {}
+    for origin, root in conf_sources():
+        for path in sorted((root / group).glob("*.yaml")):
+            if path.stem in found:
+                first, where = found[path.stem]
+                raise ValueError(f"{group}={path.stem} is defined twice: by {first} ({where}) and by "
+                                 f"{origin} ({path}); options may not shadow one another: rename {origin}'s")
+            found[path.stem] = (origin, path)
+    return found
+
+
 def options(group: str) -> list[str]:
-    """Names of the options of a config group, sorted."""
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    """Names of the options of a config group (compbench's and the plugins'), sorted."""
+    return sorted(option_paths(group))
 
 
-@cache
+def option_path(group: str, name: str) -> Path:
+    """The YAML file of option `name` of `group`; ValueError listing the options if there is none."""
+    found = option_paths(group)
+    if name not in found:
+        raise ValueError(f"unknown {group}={name}; choose one of: {', '.join(sorted(found))}")
+    return found[name][1]
+
+
+def option_origin(group: str, name: str) -> str:
+    """Where option `name` comes from: "compbench", "package DIST" or "COMPBENCH_CONF_PATH"."""
+    option_path(group, name)  # unknown: the same ValueError
+    return option_paths(group)[name][0]
+
+
 def option_config(group: str, name: str) -> dict[str, Any]:
-    path = conf_dir() / group / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"unknown {group}={name}; choose one of: {', '.join(options(group))}")
+    """The option's YAML as a plain dict (read once per file; shared: do not modify it)."""
+    return _load(option_path(group, name))
+
+
+@cache  # by file, not by name: a plugin installed or removed later in the process is seen
+def _load(path: Path) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False)  # type: ignore[return-value]
 
 
