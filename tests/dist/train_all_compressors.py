@@ -9,9 +9,8 @@ from omegaconf import OmegaConf
 
 from compbench import compat, registry
 from compbench.compressors import build_compressor
-from compbench.train.build import build_compressor_and_selection, build_memory
-from compbench.train.metrics import StepStats
-from compbench.train.pipeline import GradientPipeline
+from compbench.stats import StepStats
+from compbench.sync.build import build_synchronizer
 
 
 def combos() -> list[tuple[str, str, str]]:
@@ -45,24 +44,22 @@ def train(engine, compressor: str, comm: str, memory: str) -> dict[str, torch.Te
     cfg = OmegaConf.create({
         "compressor": {**registry.option_config("compressor", compressor), "dense_steps": 0},
         "memory": registry.option_config("memory", memory),
+        "comm": registry.option_config("comm", comm),
+        "scheduler": registry.option_config("scheduler", "layerwise"),
     })
     if "start_iter" in cfg.compressor:
         cfg.compressor.start_iter = 2
-    comp, selection = build_compressor_and_selection(cfg)
     stats = StepStats()
-    communicator = registry.build(registry.option_config("comm", comm), engine=engine, compressor=comp,
-                                  stats=stats)
-    pipe = GradientPipeline(engine, comp, build_memory(cfg, engine.size), communicator, selection, stats)
-    sched = registry.build(registry.option_config("scheduler", "layerwise"))
-    sched.setup(model)
+    sync = build_synchronizer(cfg, engine, stats)  # the trainer's own assembly (sync=step)
+    sync.setup(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(100 + engine.rank)
     for step in range(4):
         x, y = torch.randn(8, 20, generator=g), torch.randint(4, (8,), generator=g)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
-        pipe.begin_step(step, 0.0)
-        sched.synchronize(pipe)
+        sync.begin_step(step, 0.0)
+        sync.synchronize()
         opt.step()
     return {k: v.clone() for k, v in model.state_dict().items()}
 
