@@ -43,7 +43,7 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
             "job": str(path.parent.relative_to(root)) or ".", "status": s.get("status", "?"),
             "compressor": choices.get("compressor"), "ratio": cfg.get("compressor", {}).get("ratio"),
             "comm": choices.get("comm"), "memory": choices.get("memory"),
-            "scheduler": choices.get("scheduler"),
+            "scheduler": choices.get("scheduler"), "sync": choices.get("sync", "step"),
             "engine": choices.get("engine"), "workers": data.get("environment", {}).get("world_size"),
             "throughput": s.get("throughput"), "bytes_per_step": s.get("bytes_sent_per_step"),
             "ratio_effective": s.get("ratio_effective"), "final_acc1": s.get("final_acc1"),
@@ -68,10 +68,14 @@ def columns_for(rows: list[dict[str, Any]]) -> list[str]:
     """COLUMNS, with a language model's columns in place of accuracy and samples/s where every run is
     one, or beside them where some are."""
     lm = [r for r in rows if "eval_loss" in r]
+    # A synchronization mode other than per step (diloco, demo, ...): its column after the scheduler's.
+    columns = list(COLUMNS)
+    if any(r.get("sync") != "step" for r in rows):
+        columns.insert(columns.index("scheduler") + 1, "sync")
     if not lm:
-        return list(COLUMNS)
+        return columns
     out = []
-    for c in COLUMNS:
+    for c in columns:
         if len(lm) < len(rows) or c not in LM_COLUMNS:
             out.append(c)
         out += LM_COLUMNS.get(c, [])
