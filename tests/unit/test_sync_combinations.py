@@ -1,0 +1,71 @@
+"""The synchronization axis of the combination test: every sync mode x compressor x comm (with the
+compressor's recipe) either is refused by the config check (one line naming an alternative) or trains
+a few steps: finite losses and every parameter updated. Ranks are threads (tests/threaded_engine.py);
+the node swap is the combination test's (`tests/unit/test_combinations.py`)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from compbench import config, registry
+from compbench.train.loop import Trainer
+from tests.threaded_engine import ThreadWorld
+from tests.unit.test_combinations import ALTERNATIVE, _compose
+
+COMMS = ("allgather", "allreduce")  # the pipeline's two collective shapes; test_combinations has the rest
+# The modes without compbench's pipeline accept compressor=none only: one accepted, one refused suffices.
+PIPELINE_FREE = ("none", "topk")
+OPTIM = {"demo": "sgd", "onebit_adam": "adamw", "diloco": "adamw"}
+
+
+def _with_sync(base, sync: str):
+    cfg = base.copy()
+    with open_dict(cfg):
+        cfg.sync = registry.option_config("sync", sync)
+        if sync == "diloco":
+            cfg.sync.inner_steps = 2  # a round and a half in 3 steps
+        if sync == "onebit_adam":
+            cfg.sync.freeze_step = 1  # compressed from the second step on
+        cfg.optim = registry.option_config("optim", OPTIM[sync])
+        cfg.optim.lr_schedule = "constant"
+        cfg.choices.update(sync=sync, optim=OPTIM[sync])
+    return cfg
+
+
+def _train(cfg, run_dir) -> None:
+    def rank(engine):
+        trainer = Trainer(cfg, engine, run_dir)
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.fit()
+        losses = trainer.recorder.history["train/loss"] if trainer.recorder else []
+        return before, dict(trainer.model.named_parameters()), losses
+
+    for before, after, losses in ThreadWorld(2).run(rank):
+        stale = [n for n, p in after.items() if torch.equal(p.detach(), before[n])]
+        assert not stale, f"parameters not updated: {stale}"
+        assert all(math.isfinite(v) for v in losses), losses
+
+
+@pytest.mark.parametrize("sync", [s for s in registry.options("sync") if s != "step"])
+def test_every_sync_mode_is_refused_or_trains(sync, tmp_path):
+    ran = refused = 0
+    pipeline = registry.component_class("sync", sync).sync_traits.pipeline
+    for compressor in registry.options("compressor") if pipeline else PIPELINE_FREE:
+        for comm in COMMS:
+            combo = f"sync={sync} compressor={compressor} comm={comm}"
+            try:
+                cfg = config.check(_with_sync(_compose(compressor, comm), sync))
+            except ValueError as e:
+                assert "\n" not in str(e) and ALTERNATIVE.search(str(e)), (combo, str(e))
+                refused += 1
+                continue
+            try:
+                _train(cfg, tmp_path / f"{compressor}-{comm}")
+            except Exception as e:
+                raise AssertionError(f"{combo}: {type(e).__name__}: {e}") from e
+            ran += 1
+    assert ran > 0 and refused > 0, (ran, refused)
