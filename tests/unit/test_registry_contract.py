@@ -275,7 +275,7 @@ def test_capability_flags_have_the_methods_they_promise(name):
         assert caps.lossless and caps.summable
     if caps.shared_indices:
         assert caps.sparse
-    assert set(caps.recipe) <= {"memory", "optim.lr", "optim.momentum"}
+    assert set(caps.recipe) <= {"memory", "optim.lr", "optim.momentum", "optim.warmup_epochs"}
 
 
 def _encode_two_ranks(name: str, shape: tuple[int, ...] = (40, 25)):

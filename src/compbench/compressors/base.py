@@ -65,7 +65,8 @@ class Capabilities:
       (`buffers.check_out`): comm=allgather then decodes straight into the gradient it was handed
       (a .grad, or the fused buffer the .grads view), so nothing is copied back.
     recipe: known-good settings applied unless the user sets the key ("memory", "optim.lr",
-      "optim.momentum"; optimizer keys apply to optim=sgd, the optimizer they were tuned with).
+      "optim.momentum", "optim.warmup_epochs"; optimizer keys apply to optim=sgd, the optimizer they
+      were tuned with).
     why_not_summable: completes "compressor=X ...; use comm=allgather or comm=ps".
     """
 

@@ -83,7 +83,12 @@ class PowerSGD(CompressorBase):
 
     name = "powersgd"
     # Over allgather/ps its local payloads are not summable; pair them with memory=residual.
-    caps = Capabilities(collective=True, min_dims=2, recipe={"memory": "residual"},
+    # A 1-epoch linear learning-rate warm-up, as Vogels et al.'s recipe (5 of 300 epochs): without it,
+    # rank 1 on the claims' CNN (lr 0.1, momentum 0.9, seed 0) jumped from loss 1.5 to 3 when
+    # compression starts (step 10) and died at chance by step ~110 (docs/results.md, "Recipes that
+    # train in every seed").
+    caps = Capabilities(collective=True, min_dims=2,
+                        recipe={"memory": "residual", "optim.warmup_epochs": 1.0},
                         why_not_summable="sends local low-rank factors that cannot be summed")
 
     def __init__(
