@@ -75,3 +75,97 @@ def test_table_row_says_no_data_for_a_missing_run():
     # A run that failed (e.g. diverged) says why: that is a finding, not a gap.
     row = runner._row(CLAIMS[0], {"fp32": Stat((90.0, 90.2))}, {"topk": "seed 1 failed: non-finite gradient"})
     assert "topk seed 1 failed: non-finite gradient" in row[-2]
+
+
+# The text suite (compbench.claims.text): losses, lower is better.
+
+def _losses(**runs: tuple[float, float | None]) -> dict[str, Stat]:
+    """Two 'seeds' 0.02 apart around each loss, with its bytes per step."""
+    return {k.replace("_", "-"): Stat((v - 0.01, v + 0.01), b) for k, (v, b) in runs.items()}
+
+
+def _published() -> dict[str, Stat]:
+    """Results shaped as the papers report them: classic compressors lose, randk worst; DiLoCo within
+    3% at 1/30 of the bytes; SparseLoCo below DiLoCo at ~90x fewer; DeMo within 4% at ~85x fewer;
+    1-bit Adam within 1%."""
+    dense = 3.25e6
+    return _losses(ddp_adamw=(1.80, dense), topk_adamw=(2.10, 0.08e6), randk_adamw=(2.60, 0.08e6),
+                   diloco=(1.85, dense / 30), sparseloco=(1.80, dense / 30 / 90),
+                   demo=(1.87, dense / 85), onebit_adam=(1.82, dense / 6))
+
+
+def test_text_suite_names_known_runs_and_composes(tmp_path):
+    from compbench import config
+    from compbench.claims.text import CLAIMS as TEXT_CLAIMS
+    from compbench.claims.text import QUICK, QUICK_RUNS
+    from compbench.claims.text import RUNS as TEXT_RUNS
+
+    assert len({c.id for c in TEXT_CLAIMS}) == len(TEXT_CLAIMS)
+    assert not {c.id for c in TEXT_CLAIMS} & {c.id for c in CLAIMS}
+    for claim in TEXT_CLAIMS:
+        assert set(claim.runs) <= set(TEXT_RUNS) == set(QUICK_RUNS), claim.id
+    assert TEXT_RUNS["onebit-adam"][-1] == "sync.freeze_step=90" and QUICK_RUNS["onebit-adam"][-1] == \
+        "sync.freeze_step=36"  # 15% of 600 and of 240 steps
+    # The quick setting composes and passes the check (its corpus is checked at run time, not here).
+    for name, overrides in QUICK_RUNS.items():
+        cfg = config.check(config.compose([*QUICK, *overrides, "seed=0", f"output_dir={tmp_path / name}"]))
+        assert cfg.max_steps == 240 and cfg.choices["model"] == "gpt", name
+    assert not any(tmp_path.iterdir())
+
+
+def test_text_checks_hold_on_published_shaped_results():
+    from compbench.claims.text import CLAIMS as TEXT_CLAIMS
+
+    r = _published()
+    for claim in TEXT_CLAIMS:
+        assert claim.check(r), claim.id
+
+
+def test_text_checks_fail_when_the_finding_does_not_hold():
+    """Each check, one broken result at a time; a lower loss is better, so the directions matter."""
+    from compbench.claims.text import CLAIMS as TEXT_CLAIMS
+
+    checks = {c.id: c.check for c in TEXT_CLAIMS}
+    r = _published()
+    dense = r["ddp-adamw"].bytes_per_step
+    # top-k below (better than) DDP's loss: classic compressors do not lose.
+    assert not checks["adamw-classic-compressors"]({**r, "topk-adamw": Stat((1.70, 1.72), 0.08e6)})
+    # random-k better than top-k: it is not the worst.
+    assert not checks["adamw-classic-compressors"]({**r, "randk-adamw": Stat((2.00, 2.02), 0.08e6)})
+    # overlapping seeds with DDP: not beyond seed noise.
+    assert not checks["adamw-classic-compressors"]({**r, "topk-adamw": Stat((1.70, 1.95), 0.08e6)})
+    # DiLoCo 10% above DDP, or at 1/10 of its bytes instead of 1/30.
+    assert not checks["diloco-approaches-ddp"]({**r, "diloco": Stat((1.97, 1.99), dense / 30)})
+    assert not checks["diloco-approaches-ddp"]({**r, "diloco": Stat((1.84, 1.86), dense / 10)})
+    # SparseLoCo above DiLoCo's loss (worse), overlapping it, or at only 10x fewer bytes.
+    diloco_bytes = r["diloco"].bytes_per_step
+    assert not checks["sparseloco-beats-diloco"]({**r, "sparseloco": Stat((1.90, 1.92), diloco_bytes / 90)})
+    assert not checks["sparseloco-beats-diloco"]({**r, "sparseloco": Stat((1.80, 1.85), diloco_bytes / 90)})
+    assert not checks["sparseloco-beats-diloco"]({**r, "sparseloco": Stat((1.79, 1.81), diloco_bytes / 10)})
+    # DeMo far above AdamW's loss, or without bytes recorded.
+    assert not checks["demo-near-adamw"]({**r, "demo": Stat((2.20, 2.22), dense / 85)})
+    assert not checks["demo-near-adamw"]({**r, "demo": Stat((1.86, 1.88), None)})
+    # DeMo better than AdamW is "near" too (the check bounds it from above only).
+    assert checks["demo-near-adamw"]({**r, "demo": Stat((1.60, 1.62), dense / 85)})
+    # 1-bit Adam 5% off either way does not match.
+    assert not checks["onebit-adam-matches-adam"]({**r, "onebit-adam": Stat((1.88, 1.90), dense / 6)})
+    assert not checks["onebit-adam-matches-adam"]({**r, "onebit-adam": Stat((1.70, 1.72), dense / 6)})
+
+
+def test_text_method_table_rows_give_loss_bytes_ratio_and_tokens():
+    from compbench.claims.text import CLAIMS as TEXT_CLAIMS
+    from compbench.claims.text import RUNS as TEXT_RUNS
+
+    r = {"ddp-adamw": Stat((1.79, 1.81), 3.25e6, 3.25e6, 14000.0),
+         "demo": Stat((1.86, 1.88), 3.25e6 / 85, 3.25e6, 9000.0)}
+    rows = {row[0]: row for row in runner._method_rows(list(TEXT_CLAIMS), r, {"diloco": "seed 0 did not run"},
+                                                        TEXT_RUNS)}
+    assert rows["ddp-adamw"][2:] == ("1.800 +- 0.010", "3250.0", "1.0x", "14,000")
+    assert rows["demo"][3:5] == ("38.2", "85.0x") and "sync=demo" in rows["demo"][1]
+    assert rows["diloco"][2] == "no data: seed 0 did not run"
+    assert list(rows) == list(dict.fromkeys(n for c in TEXT_CLAIMS for n in c.runs))
+
+
+def test_suite_option_picks_the_text_claims_for_only():
+    with pytest.raises(ValueError, match="unknown claim nope; choose from adamw-classic-compressors"):
+        runner.main(["--suite", "text", "--only", "nope"])

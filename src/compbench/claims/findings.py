@@ -89,26 +89,29 @@ RUNS: Mapping[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Stat:
-    """One run's final accuracies (and bytes per step) over its seeds."""
+    """One run's final metric over its seeds (accuracy in %, or the text suite's validation loss), and
+    the means over seeds of its bytes per step, dense bytes per step and tokens/s where recorded."""
 
-    accs: tuple[float, ...]
+    values: tuple[float, ...]
     bytes_per_step: float | None = None
+    dense_per_step: float | None = None
+    tokens_per_s: float | None = None
 
     @property
     def mean(self) -> float:
-        return mean(self.accs)
+        return mean(self.values)
 
     @property
     def spread(self) -> float:
-        return (max(self.accs) - min(self.accs)) / 2
+        return (max(self.values) - min(self.values)) / 2
 
     @property
     def lo(self) -> float:
-        return min(self.accs)
+        return min(self.values)
 
     @property
     def hi(self) -> float:
-        return max(self.accs)
+        return max(self.values)
 
     def __str__(self) -> str:
         return f"{self.mean:.2f} +- {self.spread:.2f}"
@@ -237,3 +240,45 @@ def measured(claim: Claim, r: Results) -> str:
             f"{n} {r[n].bytes_per_step / 1e3:.1f}"  # type: ignore[operator]  # not None: the condition
             if r[n].bytes_per_step else f"{n} -" for n in claim.runs)
     return text
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A set of claims with its setting: `compbench claims --suite NAME`."""
+
+    name: str
+    runs: Mapping[str, tuple[str, ...]]          # name -> overrides on top of base (full setting)
+    quick_runs: Mapping[str, tuple[str, ...]]    # the same runs for --quick (e.g. a shorter warm-up)
+    claims: tuple[Claim, ...]
+    base: tuple[str, ...]
+    quick: tuple[str, ...]
+    seeds: int
+    metric: str                # the summary key each claim is checked on
+    metric_label: str          # its plot axis
+    higher_is_better: bool
+    baseline: str              # the run drawn as a line in every plot
+    note: str                  # first line of claims.md for the full setting
+    quick_note: str            # ... and for --quick
+    quick_help: str            # --quick's setting, for --help
+    full_steps: Callable[[], int]   # steps per run of the full setting (for --quick's estimate)
+    eval_s: float              # evaluation seconds per run of the full setting (for the estimate)
+    method_table: bool = False      # also write methods.md: loss, bytes, effective ratio, tokens/s
+
+
+def _cnn_steps() -> int:
+    from compbench.data.idx import train_size_of
+
+    train_size = next((int(o.partition("=")[2]) for o in BASE if o.startswith("dataset.train_size=")), None)
+    batch = next(int(o.partition("=")[2]) for o in BASE if o.startswith("batch_size="))
+    return train_size_of(train_size=train_size) // (2 * batch) * EPOCHS
+
+
+CNN = Suite(
+    name="cnn", runs=RUNS, quick_runs=RUNS, claims=CLAIMS, base=BASE, quick=QUICK, seeds=SEEDS,
+    metric="final_acc1", metric_label="final test accuracy (%)", higher_is_better=True, baseline="fp32",
+    note=f"model=cnn on Fashion-MNIST, 2 workers x batch 64, {EPOCHS} epochs; "
+         f"spread = half the range over seeds\n\n",
+    quick_note="quick smoke run (tiny subset, 1 epoch): the machinery works; NOT evidence for or against "
+               "any claim\n\n",
+    quick_help="cnn: 2,560 images, 1 epoch", full_steps=_cnn_steps,
+    eval_s=EPOCHS * 1.5)  # 10,000-image evals, ~1.5 s each

@@ -1,12 +1,19 @@
-"""`compbench claims [--quick] [--out DIR] [--only ID,...] [--seeds N] [key=value ...]`.
+"""`compbench claims [--suite cnn|text] [--quick] [--out DIR] [--only ID,...] [--seeds N] [key=value ...]`.
 
-Runs every run of the selected claims (compbench.claims.findings) for each seed through
+Suites: cnn (the default: the seed papers' findings on Fashion-MNIST, compbench.claims.findings) and
+text (the transformer-era findings on Shakespeare with model=gpt, compbench.claims.text). There is no
+`--suite all`: the suites differ in data, model and budget, and each writes its own folder; run them
+one after the other.
+
+Runs every run of the selected claims for each seed through
 `compbench train` (compbench.run.train: the same config check, launcher and results.json as any run),
 one after another, into DIR/runs/NAME-sSEED/. A run whose results.json says completed is skipped, so a
 suite stopped half-way (Ctrl-C, a reboot) continues where it stopped; a half-written run folder is
 removed and run again. Then it writes DIR/claims.md, DIR/claims.csv and DIR/plots/CLAIM.png and prints
-the table. Extra key=value overrides apply to every run (e.g. engine=torch); a finished run made with
-other overrides is refused (pass another --out) rather than mixed in.
+the table. Extra key=value overrides apply to every run (e.g. engine=torch, net.emulate_gbps=1); a
+finished run made with other overrides is refused (pass another --out) rather than mixed in. The text
+suite also writes DIR/methods.md and methods.csv: per run its final validation loss, bytes per step,
+effective ratio and tokens/s.
 
 Exit status: 0 when every run completed (whether or not each claim holds: that is the finding), 1 when
 a run failed (its claims say "no data"), 2 for a usage error, 130 for Ctrl-C.
@@ -19,47 +26,62 @@ import csv
 import json
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from compbench.args import ArgumentParser
-from compbench.claims.findings import BASE, CLAIMS, EPOCHS, QUICK, RUNS, SEEDS, Claim, Results, Stat, measured
+from compbench.claims.findings import CNN, Claim, Results, Stat, Suite, measured
+from compbench.claims.text import TEXT
 from compbench.errors import INTERRUPTED_EXIT
 
 HEADER = ("claim", "source", "setting", "expected", "measured (mean +- spread over seeds)", "holds?")
+METHOD_HEADER = ("method", "overrides", "final val loss (mean +- spread)", "kB sent/step", "effective ratio",
+                 "tokens/s")
+SUITES = {s.name: s for s in (CNN, TEXT)}
 
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="compbench claims", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=tuple(SUITES), default="cnn",
+                        help="cnn (default): Fashion-MNIST, the seed papers; text: Shakespeare, model=gpt, "
+                             "the transformer-era methods")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke version: 2,560 images, 1 epoch, 1 seed (~10 minutes; not evidence)")
-    parser.add_argument("--out", default=None, help="output folder (default outputs/claims[-quick])")
+                        help="smoke version, 1 seed (~10 minutes; not evidence): "
+                             + "; ".join(s.quick_help for s in SUITES.values()))
+    parser.add_argument("--out", default=None,
+                        help="output folder (default outputs/claims[-quick], outputs/claims-text[-quick])")
     parser.add_argument("--only", default=None, help="comma-separated claim ids (default: all)")
-    parser.add_argument("--seeds", type=int, default=None, help=f"seeds per run (default {SEEDS}; --quick 1)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default 2; --quick 1)")
     parser.add_argument("overrides", nargs="*", help="key=value applied to every run")
     args = parser.parse_args(argv)
-    claims = _select(args.only)
-    seeds = args.seeds if args.seeds is not None else (1 if args.quick else SEEDS)
+    suite = SUITES[args.suite]
+    claims = _select(args.only, suite.claims)
+    seeds = args.seeds if args.seeds is not None else (1 if args.quick else suite.seeds)
     if seeds < 1:
         raise ValueError(f"--seeds {seeds} must be >= 1")
-    out = Path(args.out or ("outputs/claims-quick" if args.quick else "outputs/claims"))
-    base = [*(QUICK if args.quick else BASE), *args.overrides]
-    jobs = _plan(claims, seeds, base, out)
+    stem = "outputs/claims" if suite is CNN else f"outputs/claims-{suite.name}"
+    out = Path(args.out or (f"{stem}-quick" if args.quick else stem))
+    base = [*(suite.quick if args.quick else suite.base), *args.overrides]
+    runs = suite.quick_runs if args.quick else suite.runs
+    jobs = _plan(claims, seeds, base, out, runs)
     code = _run(jobs)
     if code == INTERRUPTED_EXIT:  # Ctrl-C: the user stops the suite; the next call continues it
         return code
-    results, errors = _collect(claims, seeds, out)
+    results, errors = _collect(claims, seeds, out, suite.metric)
     rows = [_row(c, results, errors) for c in claims]
-    _write(out, rows, claims, results, args.quick)
+    _write(out, rows, claims, results, suite, args.quick)
+    if suite.method_table:
+        _write_methods(out, claims, results, errors, runs)
     if args.quick:
-        print(_estimate(jobs))
+        print(_estimate(jobs, suite))
     return code
 
 
-def _select(only: str | None) -> list[Claim]:
+def _select(only: str | None, claims: tuple[Claim, ...] = CNN.claims) -> list[Claim]:
     if only is None:
-        return list(CLAIMS)
-    ids = {c.id: c for c in CLAIMS}
+        return list(claims)
+    ids = {c.id: c for c in claims}
     wanted = [s.strip() for s in only.split(",") if s.strip()]
     unknown = [w for w in wanted if w not in ids]
     if unknown or not wanted:
@@ -68,7 +90,8 @@ def _select(only: str | None) -> list[Claim]:
     return [ids[w] for w in wanted]
 
 
-def _plan(claims: list[Claim], seeds: int, base: list[str], out: Path) -> list[tuple[Path, list[str]]]:
+def _plan(claims: list[Claim], seeds: int, base: list[str], out: Path,
+          runs: Mapping[str, tuple[str, ...]] = CNN.runs) -> list[tuple[Path, list[str]]]:
     """Every (run folder, overrides) of the selection, checked before any run starts (a typo in the
     last run should not cost a suite); finished runs are kept, stale or half-written ones handled."""
     from compbench import config
@@ -78,7 +101,7 @@ def _plan(claims: list[Claim], seeds: int, base: list[str], out: Path) -> list[t
     for name in names:
         for seed in range(seeds):
             run_dir = out / "runs" / f"{name}-s{seed}"
-            overrides = [*base, *RUNS[name], f"seed={seed}"]
+            overrides = [*base, *runs[name], f"seed={seed}"]
             if _completed(run_dir):
                 done_with = _overrides_of(run_dir)
                 if done_with != [*overrides, f"output_dir={run_dir}"]:
@@ -128,23 +151,29 @@ def _run(jobs: list[tuple[Path, list[str]]]) -> int:
     return 1 if failed else 0
 
 
-def _collect(claims: list[Claim], seeds: int, out: Path) -> tuple[dict[str, Stat], dict[str, str]]:
+def _collect(claims: list[Claim], seeds: int, out: Path,
+             metric: str = "final_acc1") -> tuple[dict[str, Stat], dict[str, str]]:
     """Each run's Stat over its seeds, and why a run has none (its first failed seed's error: a
     diverged run, for instance, is a finding the table must show, not hide)."""
     stats, errors = {}, {}
     for name in dict.fromkeys(n for c in claims for n in c.runs):
         summaries = [_summary(out / "runs" / f"{name}-s{s}") for s in range(seeds)]
         done = [s for s in summaries
-                if s and s.get("status") == "completed" and s.get("final_acc1") is not None]
+                if s and s.get("status") == "completed" and s.get(metric) is not None]
         if len(done) == seeds:
-            sent = [s["bytes_sent_per_step"] for s in done if s.get("bytes_sent_per_step")]
-            stats[name] = Stat(tuple(float(s["final_acc1"]) for s in done),
-                               sum(sent) / len(sent) if sent else None)
+            stats[name] = Stat(tuple(float(s[metric]) for s in done), _mean_of(done, "bytes_sent_per_step"),
+                               _mean_of(done, "bytes_dense_per_step"), _mean_of(done, "tokens_per_s"))
             continue
         seed, summary = next((i, s) for i, s in enumerate(summaries) if s not in done)
         errors[name] = f"seed {seed} " + (f"failed: {summary.get('error', '?')}" if summary
                                           else "did not run")
     return stats, errors
+
+
+def _mean_of(summaries: list[dict], key: str) -> float | None:
+    """The mean over the seeds that recorded `key` (None when none did, or recorded 0)."""
+    values = [s[key] for s in summaries if s.get(key)]
+    return sum(values) / len(values) if values else None
 
 
 def _summary(run_dir: Path) -> dict | None:
@@ -163,13 +192,10 @@ def _row(claim: Claim, results: Results, errors: dict[str, str] | None = None) -
             "yes" if claim.check(results) else "NO")
 
 
-def _write(out: Path, rows: list[tuple[str, ...]], claims: list[Claim], results: Results,
+def _write(out: Path, rows: list[tuple[str, ...]], claims: list[Claim], results: Results, suite: Suite,
            quick: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    note = ("quick smoke run (tiny subset, 1 epoch): the machinery works; NOT evidence for or against "
-            "any claim\n\n" if quick else
-            f"model=cnn on Fashion-MNIST, 2 workers x batch 64, {EPOCHS} epochs; "
-            f"spread = half the range over seeds\n\n")
+    note = suite.quick_note if quick else suite.note
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
     table = "\n".join(lines)
@@ -178,15 +204,49 @@ def _write(out: Path, rows: list[tuple[str, ...]], claims: list[Claim], results:
         writer = csv.writer(f)
         writer.writerow(HEADER)
         writer.writerows(rows)
-    plots = _plot(out / "plots", claims, results, {row[0]: row[-1] for row in rows})
+    plots = _plot(out / "plots", claims, results, {row[0]: row[-1] for row in rows}, suite)
     held = sum(r[-1] == "yes" for r in rows)
     print(note + table)
     print(f"claims: {held} of {len(rows)} hold; {out / 'claims.md'}, {out / 'claims.csv'}, "
           f"{len(plots)} plots in {out / 'plots'}", flush=True)
 
 
-def _plot(folder: Path, claims: list[Claim], results: Results, verdicts: dict[str, str]) -> list[Path]:
-    """One bar chart per claim: each run's mean final accuracy, its seeds as dots, fp32 as a line."""
+def _method_rows(claims: list[Claim], results: Results, errors: dict[str, str],
+                 runs: Mapping[str, tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """Per run of the claims: its overrides, final loss, kB sent per step, effective ratio (dense bytes
+    over sent: what a per-step fp32 exchange would send, divided by what the run sent) and tokens/s."""
+    rows: list[tuple[str, ...]] = []
+    for name in dict.fromkeys(n for c in claims for n in c.runs):
+        s = results.get(name)
+        if s is None:
+            rows.append((name, " ".join(runs[name]), f"no data: {errors.get(name, 'did not complete')}",
+                         "-", "-", "-"))
+            continue
+        sent, dense = s.bytes_per_step, s.dense_per_step
+        ratio = f"{dense / sent:.1f}x" if dense and sent else "-"
+        rows.append((name, " ".join(runs[name]), f"{s.mean:.3f} +- {s.spread:.3f}",
+                     f"{s.bytes_per_step / 1e3:.1f}" if s.bytes_per_step else "-", ratio,
+                     f"{s.tokens_per_s:,.0f}" if s.tokens_per_s else "-"))
+    return rows
+
+
+def _write_methods(out: Path, claims: list[Claim], results: Results, errors: dict[str, str],
+                   runs: Mapping[str, tuple[str, ...]]) -> None:
+    rows = _method_rows(claims, results, errors, runs)
+    lines = ["| " + " | ".join(METHOD_HEADER) + " |", "|" + "---|" * len(METHOD_HEADER)]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    (out / "methods.md").write_text("\n".join(lines) + "\n")
+    with open(out / "methods.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(METHOD_HEADER)
+        writer.writerows(rows)
+    print("\n".join(lines))
+    print(f"claims: method table in {out / 'methods.md'}, {out / 'methods.csv'}", flush=True)
+
+
+def _plot(folder: Path, claims: list[Claim], results: Results, verdicts: dict[str, str],
+          suite: Suite = CNN) -> list[Path]:
+    """One bar chart per claim: each run's mean final metric, its seeds as dots, the baseline as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -202,15 +262,20 @@ def _plot(folder: Path, claims: list[Claim], results: Results, verdicts: dict[st
         means = [results[n].mean for n in names]
         ax.bar(range(len(names)), means, yerr=[results[n].spread for n in names], capsize=4, color="#8fb3d9")
         for i, n in enumerate(names):
-            ax.plot([i] * len(results[n].accs), results[n].accs, "k.", ms=5)
-        if "fp32" in results:
-            ax.axhline(results["fp32"].mean, ls="--", color="gray", lw=1, label="fp32")
+            ax.plot([i] * len(results[n].values), results[n].values, "k.", ms=5)
+        if suite.baseline in results:
+            ax.axhline(results[suite.baseline].mean, ls="--", color="gray", lw=1, label=suite.baseline)
             ax.legend(loc="lower right", fontsize=8)
         ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
-        ax.set_ylabel("final test accuracy (%)")
+        ax.set_ylabel(suite.metric_label)
         ax.set_title(f"{claim.id}: holds? {verdicts.get(claim.id, '?')}", fontsize=10)
-        low = min(min(results[n].accs) for n in names)
-        ax.set_ylim(max(0.0, low - 5), 100)
+        low = min(min(results[n].values) for n in names)
+        high = max(max(results[n].values) for n in names)
+        if suite.higher_is_better:  # accuracy in %: from 5 below the lowest seed to 100
+            ax.set_ylim(max(0.0, low - 5), 100)
+        else:  # a loss: zoomed on the runs, so that the gaps between methods show
+            pad = max(0.05, 0.1 * (high - low))
+            ax.set_ylim(max(0.0, low - pad), high + pad)
         fig.tight_layout()
         paths.append(folder / f"{claim.id}.png")
         fig.savefig(paths[-1], dpi=100)
@@ -218,15 +283,11 @@ def _plot(folder: Path, claims: list[Claim], results: Results, verdicts: dict[st
     return paths
 
 
-def _estimate(jobs: list[tuple[Path, list[str]]]) -> str:
+def _estimate(jobs: list[tuple[Path, list[str]]], suite: Suite = CNN) -> str:
     """The full suite's wall time from this quick run: each run's start-up and evaluation overhead
     (wall minus training time) plus the full setting's steps at the step time measured here (the
-    quick suite runs the same model, batch and workers; only the data and epochs are smaller)."""
-    from compbench.data.idx import train_size_of
-
-    train_size = next((int(o.partition("=")[2]) for o in BASE if o.startswith("dataset.train_size=")), None)
-    batch = next(int(o.partition("=")[2]) for o in BASE if o.startswith("batch_size="))
-    steps = train_size_of(train_size=train_size) // (2 * batch) * EPOCHS
+    quick suite runs the same model, batch and workers; only the data, epochs or steps are fewer)."""
+    steps = suite.full_steps()
     total, seen = 0.0, 0
     for run_dir, _ in jobs:
         s = _summary(run_dir)
@@ -237,11 +298,11 @@ def _estimate(jobs: list[tuple[Path, list[str]]]) -> str:
         if not s or not s.get("step_ms"):
             continue
         overhead = wall - s["train_time_s"]
-        total += overhead + steps * s["step_ms"] / 1000 + EPOCHS * 1.5  # 10,000-image evals, ~1.5 s each
+        total += overhead + steps * s["step_ms"] / 1000 + suite.eval_s
         seen += 1
     if not seen:
         return "claims: no timed runs for an estimate"
     per_run = total / seen
-    runs = len({n for c in CLAIMS for n in c.runs}) * SEEDS
+    runs = len({n for c in suite.claims for n in c.runs}) * suite.seeds
     return (f"claims: full suite estimate from these step times: {runs} runs x {per_run:.0f} s "
             f"= {runs * per_run / 60:.0f} min ({steps} steps per run)")
