@@ -9,7 +9,7 @@
   compbench bench key=value ...                 encode/decode micro-benchmark of compressors
   compbench plan key=value ...                  SeCoPa compression plan for a model and cluster
   compbench report DIR [--fit F] [--per-node L] tables, plots and what-if scaling of a run or sweep
-  compbench claims [--quick] [key=value ...]    published findings re-run as experiments, with a verdict each
+  compbench claims [--suite cnn|text] [--quick]  published findings re-run as experiments, with a verdict each
   compbench cluster up|down|status|run          K emulated machines (namespaces, shaped links, sshd)
 """
 
