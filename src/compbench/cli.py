@@ -76,9 +76,10 @@ def _main(argv: list[str]) -> int:
         if argv[0] == "list":
             parser = ArgumentParser(prog="compbench list", description="options of every config group")
             parser.add_argument("groups", nargs="*", help="config groups (default: all)")
-            from compbench.introspect import options_text
+            from compbench.introspect import option_lines
 
-            print(options_text(parser.parse_args(argv[1:]).groups))
+            for line in option_lines(parser.parse_args(argv[1:]).groups):
+                print(line)
             return 0
         args = _train_parser().parse_intermixed_args(_hydra_flags(argv[1:]))  # `-m` may sit between
         if args.help is not None or args.cfg or args.info:

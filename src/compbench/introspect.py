@@ -8,6 +8,8 @@ page per config group (`compbench train --help GROUP`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from omegaconf import OmegaConf, open_dict
 
 from compbench import config, registry
@@ -97,16 +99,24 @@ def group_help(group: str) -> str:
 
 
 def options_text(groups: list[str]) -> str:
+    return "\n".join(option_lines(groups))
+
+
+def option_lines(groups: list[str]) -> Iterator[str]:
     """`compbench list [GROUP ...]`: each group's options, their one-line description and settings;
-    a plugin's option is marked with its origin ([package DIST] or [COMPBENCH_CONF_PATH])."""
+    a plugin's option is marked with its origin ([package DIST] or [COMPBENCH_CONF_PATH]). Every
+    group is checked before the first line; the lines come as each option file is read, so a reader
+    that stops early (`compbench list | head`) closes the pipe on a writer still writing."""
     registry.check_sources(config.PLUGIN_GROUPS)  # a plugin that shadows an option: refused here too
-    lines = []
+    picked = []
     for group in groups or config.GROUPS:
         if group.removesuffix("s") in config.GROUPS:  # "compressors" too
             group = group.removesuffix("s")
         if group not in config.GROUPS:
             raise ValueError(f"unknown group {group}; choose one of: {', '.join(config.GROUPS)}")
-        lines.append(f"{group}:")
+        picked.append(group)
+    for group in picked:
+        yield f"{group}:"
         for name, (origin, path) in sorted(registry.option_paths(group).items()):
             first = (path.read_text().splitlines() or [""])[0]
             about = first.lstrip("# ").strip() if first.startswith("#") else ""
@@ -115,7 +125,6 @@ def options_text(groups: list[str]) -> str:
             params = {k: v for k, v in registry.option_config(group, name).items()
                       if k not in ("_target_", "name")}
             shown = ", ".join(f"{k}={v}" for k, v in params.items() if "${" not in str(v))
-            lines.append(f"  {name:<12} {about}")
+            yield f"  {name:<12} {about}"
             if shown:
-                lines.append(f"  {'':<12} {shown}")
-    return "\n".join(lines)
+                yield f"  {'':<12} {shown}"
