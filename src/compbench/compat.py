@@ -17,10 +17,9 @@ from compbench.compressors.base import Capabilities
 from compbench.memory.base import MemoryTraits
 from compbench.schedulers import SchedulerTraits
 from compbench.sync import SyncTraits
+from compbench.train.optim import SCHEDULE_KEYS
 
 STEP = SyncTraits()  # sync=step, the default mode
-# Settings of the `optim` group that shape the learning-rate schedule, whatever the optimizer.
-SCHEDULE_KEYS = ("lr_schedule", "warmup_epochs", "lr_min_factor", "lr_step_epochs", "lr_gamma")
 
 # Optimizer keys of a recipe were tuned with plain SGD; other optimizers keep their own settings.
 RECIPE_OPTIMIZER = "sgd"

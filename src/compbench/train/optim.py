@@ -15,7 +15,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-_SCHEDULE_KEYS = ("lr_schedule", "warmup_epochs", "lr_min_factor", "lr_step_epochs", "lr_gamma")
+# Settings of the `optim` group that shape the learning-rate schedule, whatever the optimizer.
+SCHEDULE_KEYS = ("lr_schedule", "warmup_epochs", "lr_min_factor", "lr_step_epochs", "lr_gamma")
 
 
 class SGD(torch.optim.SGD):
@@ -93,7 +94,7 @@ def param_groups(model: nn.Module, memory_owns_momentum: bool,
 
 
 def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any) -> torch.optim.Optimizer:
-    for key in _SCHEDULE_KEYS:
+    for key in SCHEDULE_KEYS:
         kwargs.pop(key, None)
     if kwargs.get("lr", 1) <= 0:
         raise ValueError(f"optim={name}: lr={kwargs['lr']} must be > 0")
