@@ -101,8 +101,10 @@ def test_a_plan_file_must_match_the_model(tmp_path):
 @pytest.mark.dist
 def test_training_follows_a_plan_file_on_the_ring(tmp_path):
     path = tmp_path / "plan.csv"
-    # A very slow network: the two weight matrices are compressed (fp16) in partitions.
-    proc = plan(*SMALL_MLP, "compressor=fp16", "comm=ring", "engine=torch", "engine.np=2", "net.gbps=0.01",
+    # A slow network: the two weight matrices are compressed (fp16) in partitions, the biases (whose
+    # savings are below an encode and decode per hop) stay dense. At 0.01 Gbit/s a 10-element bias was
+    # a coin flip (predicted 83.0 dense vs 81.7 us compressed on a quiet machine); at 0.1, 54 vs 68 us.
+    proc = plan(*SMALL_MLP, "compressor=fp16", "comm=ring", "engine=torch", "engine.np=2", "net.gbps=0.1",
                 f"output={path}")
     assert proc.returncode == 0, proc.stderr
     rows = read_lines(path)
