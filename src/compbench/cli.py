@@ -1,52 +1,45 @@
-"""`compbench SUBCOMMAND [overrides]`: parse, compose the config once, hand plain objects on.
+"""The `compbench` command's entry point (`compbench.cli:main`; the commands are compbench.commands).
 
-  compbench train [-m] [--cfg [job|hydra|all]] [--info] [--help [GROUP]] key=value ...
-                                                train (one run, or a multirun sweep with -m: a,b
-                                                range(1,4) choice(a,b) glob(*)); `compbench train
-                                                --help` for the flags, `--help GROUP` for a group
-  compbench list [GROUP]                        options of every config group, with parameters
-  compbench launch -np N [--engine E] SCRIPT    run a script of yours as N ranks (wrap_compress_optimizer)
-  compbench bench key=value ...                 encode/decode micro-benchmark of compressors
-  compbench plan key=value ...                  SeCoPa compression plan for a model and cluster
-  compbench report DIR [--fit F] [--per-node L] tables, plots and what-if scaling of a run or sweep
-  compbench claims [--suite cnn|text] [--quick]  published findings re-run as experiments, with a verdict each
-  compbench cluster up|down|status|run          K emulated machines (namespaces, shaped links, sshd)
+Ctrl-C must end compbench with one `error:` line and exit 130 wherever it lands, also while the
+interpreter is still loading compbench's modules (on a loaded 2-core machine that takes over a second,
+and a KeyboardInterrupt outside this guard would print a traceback and kill the process by SIGINT).
+So this module imports nothing of compbench's at module level, and the guard covers the imports.
+One part of start-up must not be interrupted at all: the C extensions of torch and numpy lose a
+KeyboardInterrupt raised while they initialize (the run then goes on) or turn it into an ImportError,
+so a Ctrl-C during `import torch` is held and raised as soon as the import is done.
 """
 
-from __future__ import annotations
-
-import argparse
 import os
+import signal
 import sys
-import warnings
-from pathlib import Path
-
-from compbench.args import ArgumentParser
-from compbench.errors import INTERRUPTED_EXIT, report_user_error
-from compbench.run import train
-
-_COMMANDS = ("train", "list", "launch", "bench", "plan", "report", "claims", "cluster")
-_USAGE = ("usage: compbench {train,list,launch,bench,plan,report,claims,cluster} [-m] [--cfg] "
-          "[key=value ...]  (compbench --help)")
-# Subcommands with their own argument handling: module with `main(argv) -> int`.
-_DELEGATED = {"launch": "compbench.cli:launch", "bench": "compbench.bench.main:main",
-              "plan": "compbench.plan.main:main", "report": "compbench.report.main:main",
-              "claims": "compbench.claims.runner:main", "cluster": "compbench.cluster.main:main"}
-
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # The exit status of a process a closed pipe stopped (128 + SIGPIPE), as `yes | head` reports it.
 _BROKEN_PIPE_EXIT = 141
+# The commands whose start-up imports torch (`cluster` and `--help` do not: they stay instant).
+_LOADS_TORCH = ("train", "list", "launch", "bench", "plan", "report", "claims")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; Ctrl-C and a closed output pipe end it with one line at most."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = _main(list(sys.argv[1:] if argv is None else argv))
+        if args and args[0] in _LOADS_TORCH:
+            with _ctrl_c_held():
+                import torch  # noqa: F401
+
+        from compbench.commands import run_command
+
+        code = run_command(args)
         sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe cannot be caught
         return code
     except KeyboardInterrupt:
+        from compbench.errors import INTERRUPTED_EXIT
+
         # Workers, when running, were stopped by the launcher (it reports them itself).
         print("error: interrupted by Ctrl-C; stopped", file=sys.stderr, flush=True)
+        _forget_unhandled_interrupt()
         return INTERRUPTED_EXIT
     except BrokenPipeError:
         # `compbench list | head`: the reader left. Point stdout at /dev/null so that the
@@ -56,169 +49,35 @@ def main(argv: list[str] | None = None) -> int:
         return _BROKEN_PIPE_EXIT
 
 
-def _main(argv: list[str]) -> int:
-    if argv and argv[0] in _DELEGATED:
-        import importlib
-
-        module, _, func = _DELEGATED[argv[0]].partition(":")
-        with report_user_error():
-            return getattr(importlib.import_module(module), func)(argv[1:])
-    if argv and argv[0] in ("-h", "--help"):
-        parser = argparse.ArgumentParser(prog="compbench", description=__doc__,
-                                         formatter_class=argparse.RawDescriptionHelpFormatter)
-        parser.print_help()
-        return 0
-    if not argv or argv[0] not in _COMMANDS:
-        print(f"error: unknown command {argv[0]!r}; {_USAGE}" if argv else _USAGE, file=sys.stderr)
-        return 2
-    warnings.formatwarning = lambda msg, cat, *_: f"warning: {msg}\n"
-    with report_user_error():
-        if argv[0] == "list":
-            parser = ArgumentParser(prog="compbench list", description="options of every config group")
-            parser.add_argument("groups", nargs="*", help="config groups (default: all)")
-            from compbench.introspect import option_lines
-
-            for line in option_lines(parser.parse_args(argv[1:]).groups):
-                print(line)
-            return 0
-        args = _train_parser().parse_intermixed_args(_hydra_flags(argv[1:]))  # `-m` may sit between
-        if args.help is not None or args.cfg or args.info:
-            return _describe(args)
-        overrides, sweep_dir = hydra_dirs(args.overrides, args.multirun)
-        if args.multirun:
-            from compbench.sweep import run_sweep
-
-            code = run_sweep(overrides, sweep_dir)
-        else:
-            code = train(overrides)
-    from compbench.launch import external_engine
-
-    if external_engine() is not None:
-        from compbench.worker import exit_now
-
-        exit_now(code)  # a finished worker of horovodrun/torchrun: skip finalization (see exit_now)
-    return code
+@contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold SIGINT inside the block and raise KeyboardInterrupt after it if one came. A process that
+    ignores SIGINT (started in the background) keeps ignoring it."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    came: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if came:
+        raise KeyboardInterrupt
 
 
-_TRAIN_USAGE = ("usage: compbench train [-m] [--cfg [job|hydra|all]] "
-                "[--info [all|config|defaults|searchpath]] [--help [GROUP]] [key=value ...]")
+def _forget_unhandled_interrupt() -> None:
+    """CPython 3.11 marks a KeyboardInterrupt "unhandled" for good when it leaves code run by `exec`
+    of a string (dataclasses and namedtuple build their methods so: a Ctrl-C while a module defines a
+    dataclass lands there), and then kills the process by SIGINT at exit, whatever it returns. This
+    one was handled: clear the mark, a private int of CPython 3.10 and 3.11 (3.12 keeps it in a
+    structure ctypes cannot name: there this clears nothing)."""
+    import ctypes
 
-
-def _train_parser() -> ArgumentParser:
-    from compbench.introspect import CFG_PARTS, INFO_PARTS
-
-    parser = ArgumentParser(prog="compbench train", usage=_TRAIN_USAGE.removeprefix("usage: "),
-                            add_help=False)
-    parser.add_argument("-m", "--multirun", action="store_true")
-    parser.add_argument("--cfg", choices=CFG_PARTS)
-    parser.add_argument("--info", choices=INFO_PARTS)
-    parser.add_argument("--help", choices=_help_topics())
-    parser.add_argument("overrides", nargs="*")
-    return parser
-
-
-def _help_topics() -> tuple[str, ...]:
-    from compbench.config import GROUPS
-
-    return ("", *GROUPS)
-
-
-def _hydra_flags(argv: list[str]) -> list[str]:
-    """Hydra's flags with their optional word joined to them, so that argparse never takes an
-    override for it: `--cfg` (job) / `--cfg hydra`, `-c all`, `--info` (all) / `--info defaults`,
-    `--help` / `-h` / `--help GROUP` / `GROUP --help`."""
-    from compbench.introspect import CFG_PARTS, INFO_PARTS
-
-    flags = {"--cfg": ("--cfg", CFG_PARTS, "job"), "-c": ("--cfg", CFG_PARTS, "job"),
-             "--info": ("--info", INFO_PARTS, "all"), "--help": ("--help", _help_topics(), ""),
-             "-h": ("--help", _help_topics(), "")}
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        flag = flags.get(argv[i])
-        if flag is None:
-            out.append(argv[i])
-            i += 1
-            continue
-        name, words, bare = flag
-        word = argv[i + 1] if i + 1 < len(argv) else None
-        if word in words and word:
-            out.append(f"{name}={word}")
-            i += 2
-            continue
-        if name == "--help" and out and out[-1] in words:  # `compbench train compressor --help`
-            bare = out.pop()
-        out.append(f"{name}={bare}")
-        i += 1
-    return out
-
-
-def _describe(args: argparse.Namespace) -> int:
-    """--help [GROUP], --info, --cfg: print and exit (nothing runs, nothing is written)."""
-    from compbench import introspect
-
-    if args.help is not None:
-        print(introspect.group_help(args.help) if args.help else introspect.help_text(_TRAIN_USAGE))
-        return 0
-    overrides, _ = hydra_dirs(args.overrides, args.multirun)
-    if args.info:
-        introspect.print_info(overrides, args.info)
-        return 0
-    if not args.multirun:
-        print(introspect.cfg_text(overrides, args.cfg), end="")
-        return 0
-    from compbench.sweep import plan_jobs
-
-    jobs = plan_jobs(overrides)
-    texts = [introspect.cfg_text(job, args.cfg) for job in jobs]  # every job checked before any is shown
-    for i, (job, text) in enumerate(zip(jobs, texts, strict=True)):
-        print(f"# job {i + 1}/{len(jobs)}: {' '.join(job)}\n{text}", end="")
-    return 0
-
-
-def hydra_dirs(overrides: list[str], multirun: bool) -> tuple[list[str], str | None]:
-    """Honour Hydra's folder overrides: `hydra.run.dir=D` is `output_dir=D`, `hydra.sweep.dir=D`
-    the sweep's folder (-m). compbench composes with Hydra's compose API (no @hydra.main), so any
-    other `hydra.*` setting would be silently ignored: it is refused."""
-    rest, run_dir, sweep_dir = [], None, None
-    for o in overrides:
-        key, _, value = o.partition("=")
-        if key == "hydra.run.dir" and not multirun:
-            run_dir = value
-        elif key == "hydra.sweep.dir" and multirun:
-            sweep_dir = value
-        elif key.lstrip("+~").startswith(("hydra.", "hydra/")):
-            where = "hydra.sweep.dir=DIR with -m" if multirun else "output_dir=DIR (or hydra.run.dir=DIR)"
-            raise ValueError(f"{key} is not used by compbench (it composes configs without Hydra's app "
-                             f"runner); for the output folder pass {where}")
-        else:
-            rest.append(o)
-    if run_dir is not None:
-        given = [o.partition("=")[2] for o in rest if o.partition("=")[0] == "output_dir"]
-        if given and given[-1] != run_dir:
-            raise ValueError(f"hydra.run.dir={run_dir} and output_dir={given[-1]} differ; pass one of them")
-        rest.append(f"output_dir={run_dir}")
-    return rest, sweep_dir
-
-
-def launch(argv: list[str]) -> int:
-    """`compbench launch -np N [--engine horovod|torch] script.py [args]`."""
-    from compbench.launch import run_processes
-
-    parser = ArgumentParser(prog="compbench launch")
-    parser.add_argument("-np", type=int, default=2)
-    parser.add_argument("--engine", choices=["horovod", "torch"], default="horovod")
-    parser.add_argument("script")
-    parser.add_argument("args", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    if args.np < 1:
-        raise ValueError(f"-np {args.np} must be >= 1")
-    if not Path(args.script).is_file():
-        raise ValueError(f"script {args.script} does not exist")
-    code, message = run_processes([sys.executable, args.script, *args.args], args.engine, args.np)
-    if code:
-        print(f"error: {message}", file=sys.stderr)
-    return code
+    try:
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
+    except ValueError:  # the symbol does not exist in this interpreter
+        pass
 
 
 if __name__ == "__main__":
