@@ -10,11 +10,12 @@ combination checks (compressor x memory x comm x scheduler x engine x optimizer)
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -260,12 +261,27 @@ def check_creatable(key: str, path: Path, shown: Path | None = None,
         raise ValueError(f"{key}={shown}: cannot create folders in {parent} ({e.strerror}); {fix}") from None
 
 
-def check_writable_file(key: str, path: Path) -> None:
+def check_writable_file(key: str, path: Path, ours: Callable[[Path], bool] | None = None,
+                        what: str = "") -> None:
     """Refuse `key=path` for a file written at the end of a long job (a benchmark, a plan) unless it
-    can be written: not a folder, not a read-only file, and its folder exists or can be made."""
+    can be written: not a folder, not a read-only file, its folder exists or can be made, and an
+    existing file is one compbench wrote (`ours(path)`, `what` names it; None: any file):
+    `output=~/.bashrc` must not replace the user's file."""
     fix = f"pass {key}=FILE with FILE a path you can write"
     if path.is_dir():
         raise ValueError(f"{key}={path} is a folder; {fix}")
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{key}={path} exists and is not writable; {fix}")
+    if ours is not None and path.exists() and not ours(path):
+        raise ValueError(f"{key}={path} exists and is not {what}: compbench overwrites only its own "
+                         f"files; pass another {key}=FILE or remove it")
     check_creatable(key, path.parent, shown=path, fix=fix)
+
+
+def is_json_with(path: Path, keys: set[str]) -> bool:
+    """Whether `path` holds a JSON object with at least these top-level keys (a file compbench wrote)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and keys <= data.keys()

@@ -80,6 +80,19 @@ def test_a_user_error_is_one_line_and_exit_code_2(tmp_path):
         "error: compbench plan models comm=ps or comm=ring, not comm=allgather; add comm=ps"]
 
 
+def test_a_plan_written_by_hand_is_not_overwritten(tmp_path):
+    from compbench.plan.main import main
+
+    mine = tmp_path / "p.csv"
+    mine.write_text("layers.0.weight,1024,y,2\n")  # no PLAN.json beside it: not compbench's
+    with pytest.raises(ValueError, match=r"p.csv exists and is not a plan compbench wrote"):
+        main([*SMALL_MLP, "comm=ps", "net.gbps=1", f"output={mine}"])
+    assert mine.read_text() == "layers.0.weight,1024,y,2\n"
+    ours = tmp_path / "ours.csv"
+    for _ in range(2):  # compbench's own plan may be replaced by a new one
+        assert main([*SMALL_MLP, "comm=ps", "net.gbps=1", f"output={ours}"]) == 0
+
+
 def test_a_plan_file_must_match_the_model(tmp_path):
     from compbench.schedulers.secopa import SeCoPa
 

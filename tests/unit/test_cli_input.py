@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from compbench import config, netem
+from compbench.bench.main import _is_report
 from compbench.checks import check_writable_file
 from compbench.data import KeyRange, idx
 from compbench.sweep import expand, plan_jobs
@@ -106,3 +107,15 @@ def test_output_files_are_checked_before_the_work(tmp_path):
         check_writable_file("output", tmp_path)
     with pytest.raises(ValueError, match=r"/dev/null exists and is not a folder"):
         check_writable_file("output", Path("/dev/null/p.csv"))
+
+
+def test_an_output_file_compbench_did_not_write_is_refused(tmp_path):
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"config": 1}')
+    with pytest.raises(ValueError, match=r"notes.json exists and is not a benchmark report: compbench "
+                                         r"overwrites only its own files; pass another output=FILE"):
+        check_writable_file("output", mine, ours=_is_report, what="a benchmark report")
+    ours = tmp_path / "bench.json"
+    ours.write_text('{"config": {}, "environment": {}, "floors": [], "results": [], "overhead": []}')
+    check_writable_file("output", ours, ours=_is_report, what="a benchmark report")  # a rerun: fine
+    check_writable_file("output", tmp_path / "new.json", ours=_is_report, what="a benchmark report")

@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from compbench import registry
-from compbench.checks import check_writable_file, require_int
+from compbench.checks import check_writable_file, is_json_with, require_int
 from compbench.compressors.base import check_ratio
 
 
@@ -116,7 +116,8 @@ def check(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, Any]
         overhead_numel = _positive_int(overhead_numel, "overhead_numel")
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     output = cfg.output or str(Path(cfg.outputs_root) / "bench" / f"{stamp}.json")
-    check_writable_file("output", Path(output))  # now, not after the whole benchmark ran
+    # Now, not after the whole benchmark ran.
+    check_writable_file("output", Path(output), ours=_is_report, what="a benchmark report")
     return {
         "compressors": compressors,
         "sizes": sizes,
@@ -210,6 +211,11 @@ def format_table(report: dict[str, Any]) -> str:
                           for o in report["overhead"])
         lines.append(f"per-call overhead at n={report['overhead'][0]['numel']}, encode/decode us: {small}")
     return "\n".join(lines)
+
+
+def _is_report(path: Path) -> bool:
+    """A report `main` wrote (see `report` there and micro.OUT)."""
+    return is_json_with(path, {"config", "environment", "floors", "results"})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, open_dict
 from torch import nn
 
 from compbench import registry
-from compbench.checks import check_writable_file, require_int
+from compbench.checks import check_writable_file, is_json_with, require_int
 from compbench.compressors.base import check_ratio
 from compbench.plan.cost import TOPOLOGIES, Decision, plan_gradients, summarize, write_plan
 from compbench.plan.fit import fit_primitives, lines_from_json
@@ -48,8 +48,11 @@ def main(overrides: list[str]) -> int:
     default = f"{picked['model']}-{picked['compressor']}-{topology}-np{world}.csv"
     path = Path(cfg.output) if cfg.output else Path(cfg.outputs_root) / "plans" / default
     sidecar = path.with_suffix(".json")
-    for file in (path, sidecar):  # before the probe and the fit, not after
-        check_writable_file("output", file)
+    # Before the probe and the fit, not after. The CSV is ours when its sidecar is (a plan written
+    # by hand has none).
+    for file in (path, sidecar):
+        check_writable_file("output", file, ours=lambda _: _is_sidecar(sidecar),
+                            what="a plan compbench wrote")
     compressor, selection = build_compressor_and_selection(cfg)
     from compbench import compat
 
@@ -83,6 +86,11 @@ def main(overrides: list[str]) -> int:
         "summary": summary, "gradients": [_decision_json(d) for d in decisions]}, indent=1, default=str))
     _print_summary(cfg, path, sidecar, world, details["network"], summary, overrides)
     return 0
+
+
+def _is_sidecar(path: Path) -> bool:
+    """A PLAN.json `main` wrote."""
+    return is_json_with(path, {"choices", "world", "topology", "summary", "gradients"})
 
 
 def _apply_ratio(cfg: DictConfig) -> None:
