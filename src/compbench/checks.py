@@ -21,6 +21,9 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from compbench.settings import RunSettings
+from compbench.values import is_int, is_number, require_int, require_number, show
+
 # `engine.np` above this many workers per core is refused: each worker is a full process with its
 # own copy of the model and of the engine's buffers; at 32 workers per core (np=64 on 2 cores) a
 # job took 9.7 GB, ran 167 s and died of a gloo timeout. Above one per core it only warns.
@@ -40,36 +43,6 @@ def check_settings(cfg: DictConfig) -> None:
     _check_batch_fits_dataset(cfg)
     _check_output_dir(cfg)
     _check_profiled_model(cfg)
-
-
-# -- helpers ---------------------------------------------------------------------------------
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)  # `epochs=true` is not 1 epoch
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def require_int(key: str, v: Any, low: int, fix: str = "") -> None:
-    if not _is_int(v) or v < low:
-        raise ValueError(f"{key}={_show(v)} must be an integer >= {low}{'; ' + fix if fix else ''}")
-
-
-def require_number(key: str, v: Any, low: float, strict: bool = False, fix: str = "") -> None:
-    ok = _is_number(v) and math.isfinite(v) and (v > low if strict else v >= low)
-    if not ok:
-        bound = f"> {low:g}" if strict else f">= {low:g}"
-        raise ValueError(f"{key}={_show(v)} must be a finite number {bound}{'; ' + fix if fix else ''}")
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if OmegaConf.is_config(v):
-        return str(OmegaConf.to_container(v))
-    return str(v)
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -100,18 +73,7 @@ def _check_finite(cfg: DictConfig) -> None:
 
 
 def _check_run_settings(cfg: DictConfig) -> None:
-    for key in ("epochs", "batch_size", "eval_batch_size"):
-        require_int(key, cfg[key], 1)
-    if cfg.max_steps is not None:
-        require_int("max_steps", cfg.max_steps, 1, "or max_steps=null for no limit")
-    require_int("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, "0 checkpoints at epoch ends only")
-    require_int("seed", cfg.seed, 0)
-    require_int("num_workers", cfg.num_workers, 0)
-    if cfg.threads is not None:
-        require_int("threads", cfg.threads, 1, "or threads=null for cores / workers")
-    for key in ("eval", "checkpoint", "progress", "flush_denormal"):
-        if not isinstance(cfg[key], bool):
-            raise ValueError(f"{key}={_show(cfg[key])} must be true or false")
+    RunSettings.of(cfg)  # the top-level keys, typed (compbench.settings)
 
 
 def _check_engine(cfg: DictConfig) -> None:
@@ -171,15 +133,15 @@ def _check_optim(cfg: DictConfig) -> None:
     if "betas" in o:
         betas = o.betas
         if (not OmegaConf.is_list(betas) or len(betas) != 2
-                or not all(_is_number(b) and 0 <= b < 1 for b in betas)):
-            raise ValueError(f"optim.betas={_show(betas)} must be two numbers in [0, 1); "
+                or not all(is_number(b) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"optim.betas={show(betas)} must be two numbers in [0, 1); "
                              f"e.g. optim.betas=[0.9,0.999]")
     if "lr_schedule" in o and o.lr_schedule not in _LR_SCHEDULES:
         raise ValueError(f"optim.lr_schedule={o.lr_schedule} is unknown; use {', '.join(_LR_SCHEDULES)}")
     steps = o.get("lr_step_epochs")
-    steps_ok = steps is None or (OmegaConf.is_list(steps) and all(_is_number(s) and s >= 0 for s in steps))
+    steps_ok = steps is None or (OmegaConf.is_list(steps) and all(is_number(s) and s >= 0 for s in steps))
     if not steps_ok:
-        raise ValueError(f"optim.lr_step_epochs={_show(steps)} must be a list of epochs >= 0, e.g. [30,60]")
+        raise ValueError(f"optim.lr_step_epochs={show(steps)} must be a list of epochs >= 0, e.g. [30,60]")
 
 
 def _default_lr(name: str) -> str:
@@ -194,7 +156,7 @@ def _check_dataset_keys(cfg: DictConfig) -> None:
         if key in cfg.dataset:
             problem = allowed.problem(cfg.dataset[key])
             if problem:
-                raise ValueError(f"dataset.{key}={_show(cfg.dataset[key])} {problem}")
+                raise ValueError(f"dataset.{key}={show(cfg.dataset[key])} {problem}")
 
 
 def _check_model_fits_dataset(cfg: DictConfig) -> None:
@@ -214,7 +176,7 @@ def _check_model_fits_dataset(cfg: DictConfig) -> None:
                          f"classification; use a text dataset, e.g. dataset=shakespeare")
     if lm_data:
         block, context = cfg.model.get("block_size"), cfg.dataset.get("block_size")
-        if _is_int(block) and _is_int(context) and block < context:
+        if is_int(block) and is_int(context) and block < context:
             raise ValueError(f"model.block_size={block} is shorter than the dataset's windows "
                              f"(dataset.block_size={context}); raise it or lower dataset.block_size")
 

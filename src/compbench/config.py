@@ -123,8 +123,6 @@ def check(cfg: DictConfig) -> DictConfig:
         from compbench.netem import check as check_shaped_link
 
         check_shaped_link(cfg.net.get("emulate_gbps"), cfg.net.get("emulate_latency_us"))  # root, ip, tc
-    if cfg.on_nonfinite not in ("raise", "skip", "ignore"):
-        raise ValueError(f"on_nonfinite={cfg.on_nonfinite} is unknown; use raise, skip or ignore")
 
     # Building the light components validates their parameters (e.g. qsgd levels < 1); the built
     # compressor's capabilities may follow them (randk's `scale` makes it unbiased).

@@ -25,8 +25,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from compbench import registry
-from compbench.checks import check_writable_file, is_json_with, require_int
+from compbench.checks import check_writable_file, is_json_with
 from compbench.compressors.base import check_ratio
+from compbench.values import require_int
 
 
 def main(overrides: list[str]) -> int:

@@ -24,10 +24,11 @@ from omegaconf import DictConfig, open_dict
 from torch import nn
 
 from compbench import registry
-from compbench.checks import check_writable_file, is_json_with, require_int
+from compbench.checks import check_writable_file, is_json_with
 from compbench.compressors.base import check_ratio
 from compbench.plan.cost import TOPOLOGIES, Decision, plan_gradients, summarize, write_plan
 from compbench.plan.fit import fit_primitives, lines_from_json
+from compbench.values import require_int
 
 
 def main(overrides: list[str]) -> int:

@@ -204,7 +204,7 @@ def _gather_to_all(engine: Any, obj: Any) -> list[Any]:
 
 def save_checkpoint(trainer: Any, epoch: int, batch: int) -> None:
     """Collective: every rank calls it at the same point; rank 0 writes."""
-    if not trainer.cfg.checkpoint:
+    if not trainer.settings.checkpoint:
         return
     per_rank = _gather_to_all(trainer.engine, _rank_state(trainer))
     if not trainer.rank0:
@@ -234,7 +234,7 @@ def load_checkpoint(trainer: Any, path: Path) -> tuple[int, int]:
     """Restore everything saved; returns the position (epoch, batch) to continue from. The parent's
     config check (`check_resume`) has already refused a checkpoint of another run; the world size is
     checked again here, where it is known for sure."""
-    state = read_checkpoint(path, f"resume={trainer.cfg.resume}", map_location=None)
+    state = read_checkpoint(path, f"resume={trainer.settings.resume}", map_location=None)
     if state["world_size"] != trainer.engine.size:
         raise ValueError(f"{path} was written by {state['world_size']} workers; "
                          f"resume with engine.np={state['world_size']}")

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from compbench import registry
 from compbench.data.loader import ShardedLoader
 from compbench.errors import as_peer_lost
+from compbench.settings import RunSettings
 from compbench.sync.build import build_synchronizer
 from compbench.train.build import build_datasets, build_model
 from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
@@ -39,12 +40,13 @@ from compbench.train.task import task_of
 
 def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
     """Train on this rank. `run_dir` is None under an external launcher: rank 0 then picks it."""
-    threads = int(os.environ.get("COMPBENCH_THREADS", cfg.get("threads") or 0) or 0)
+    settings = RunSettings.of(cfg)
+    threads = int(os.environ.get("COMPBENCH_THREADS", settings.threads or 0) or 0)
     if threads:
         torch.set_num_threads(threads)
     # A model that has learned its data drives activations and gradients into the denormal range,
     # where x86 arithmetic is ~100x slower: the MLP of bench_e2e took 216 ms a step instead of 117.
-    torch.set_flush_denormal(bool(cfg.flush_denormal))
+    torch.set_flush_denormal(settings.flush_denormal)
     engine = registry.build(cfg.engine, drop=("np",))
     if run_dir is None:
         from compbench.rundir import prepare_run_dir
@@ -69,8 +71,9 @@ EXCHANGE_PHASES = ("compress", "comm", "decompress")
 class Trainer:
     def __init__(self, cfg: DictConfig, engine, run_dir: Path) -> None:
         self.cfg, self.engine, self.run_dir = cfg, engine, run_dir
+        self.settings = s = RunSettings.of(cfg)  # the top-level keys, typed
         self.rank0 = engine.rank == 0
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        torch.manual_seed(s.seed)  # identical initial weights on every rank
         self.model = build_model(cfg)
         with torch.no_grad():  # and, for safety under any launcher, rank 0's weights everywhere
             for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
@@ -78,54 +81,54 @@ class Trainer:
         self.task = task_of(cfg.dataset._target_)  # classification or language modelling
         train_ds, *eval_sets = build_datasets(cfg)
         self.data_info = self.task.data_info(train_ds)
-        self.train_loader = ShardedLoader(train_ds, cfg.batch_size, engine.rank, engine.size, cfg.seed, True,
-                                          cfg.num_workers)
-        self.eval_loaders = [ShardedLoader(ds, cfg.eval_batch_size, engine.rank, engine.size, train=False)
+        self.train_loader = ShardedLoader(train_ds, s.batch_size, engine.rank, engine.size, s.seed, True,
+                                          s.num_workers)
+        self.eval_loaders = [ShardedLoader(ds, s.eval_batch_size, engine.rank, engine.size, train=False)
                              for ds in eval_sets]
         if len(self.train_loader) == 0:
-            raise ValueError(f"batch_size={cfg.batch_size} x {engine.size} workers exceeds the "
+            raise ValueError(f"batch_size={s.batch_size} x {engine.size} workers exceeds the "
                              f"{len(train_ds)} training samples; lower batch_size")
 
         self.stats = StepStats()
         # The synchronization mode, assembled in one place (compbench.sync.build): per step through
         # compbench's pipeline, a baseline's own, in rounds (diloco) or inside the optimizer.
-        self.sync = build_synchronizer(cfg, engine, self.stats, guard_nonfinite=cfg.on_nonfinite == "skip")
+        self.sync = build_synchronizer(cfg, engine, self.stats, guard_nonfinite=s.on_nonfinite == "skip")
         self.pipeline, self.scheduler = self.sync.pipeline, self.sync.scheduler
         if self.pipeline is not None:
             self.compressor, self.memory = self.pipeline.compressor, self.pipeline.memory
         self.model = self.sync.setup(self.model)
         self.optimizer = self.sync.make_optimizer(self.model, registry.plain(cfg.optim))
-        self.epochs = cfg.epochs
+        self.epochs = s.epochs
         self.lr_schedule = build_schedule(self.optimizer, len(self.train_loader), self.epochs,
                                           **registry.plain(cfg.optim))
         self.recorder = Recorder(run_dir, run_hparams(cfg, engine.size)) if self.rank0 else None
         self.step = 0
 
     def fit(self) -> dict[str, Any] | None:
-        cfg, t_start = self.cfg, time.perf_counter()
+        s, t_start = self.settings, time.perf_counter()
         final: dict[str, float] = {}
-        self.not_evaluated = None if cfg.eval else "eval=false"
-        max_steps = cfg.max_steps or math.inf
+        self.not_evaluated = None if s.eval else "eval=false"
+        max_steps = s.max_steps or math.inf
         epoch, batch = self.resume_position()
         while epoch < self.epochs and self.step < max_steps:
             self.train_loader.epoch = epoch
             batch = self.train_epoch(epoch, batch, max_steps)
             if batch < len(self.train_loader):  # stopped inside the epoch (max_steps)
-                if cfg.eval and self.task.eval_when_stopped:
+                if s.eval and self.task.eval_when_stopped:
                     final = self.evaluate(epoch)
                 elif not final:
-                    self.not_evaluated = (f"the run stopped at max_steps={cfg.max_steps} inside epoch "
+                    self.not_evaluated = (f"the run stopped at max_steps={s.max_steps} inside epoch "
                                           f"{epoch + 1}, and evaluation runs at epoch ends; raise max_steps "
                                           "or lower epochs")
                 save_checkpoint(self, epoch, batch)
                 break
-            final = self.evaluate(epoch) if cfg.eval else {}
+            final = self.evaluate(epoch) if s.eval else {}
             epoch, batch = epoch + 1, 0
             save_checkpoint(self, epoch, batch)
         return self.finish(final, time.perf_counter() - t_start)
 
     def resume_position(self) -> tuple[int, int]:
-        path = find_checkpoint(self.cfg.resume, self.run_dir) if self.cfg.resume else None
+        path = find_checkpoint(self.settings.resume, self.run_dir) if self.settings.resume else None
         if path is None:
             return 0, 0
         epoch, batch = load_checkpoint(self, path)
@@ -137,11 +140,11 @@ class Trainer:
         """Train from batch `first_batch`; returns the index of the next batch (len(loader) if done)."""
         from tqdm import tqdm
 
-        model, stats, engine, cfg = self.model, self.stats, self.engine, self.cfg
+        model, stats, engine, s = self.model, self.stats, self.engine, self.settings
         model.train()
         steps = len(self.train_loader)
         bar = tqdm(total=steps, initial=first_batch, desc=f"epoch {epoch + 1}/{self.epochs}",
-                   disable=not self.rank0 or not cfg.progress, dynamic_ncols=True, leave=False)
+                   disable=not self.rank0 or not s.progress, dynamic_ncols=True, leave=False)
         i = first_batch
         for i, (x, y) in enumerate(self.train_loader.batches(first_batch), start=first_batch):
             if self.step >= max_steps:
@@ -157,7 +160,7 @@ class Trainer:
                 loss.backward()
             # Overlapping schedulers compressed and started groups inside backward: not compute.
             stats.add_ms("compute", -(stats.ms["compress"] + stats.ms["comm"]))
-            if cfg.on_nonfinite != "ignore" and not self.gradients_finite():
+            if s.on_nonfinite != "ignore" and not self.gradients_finite():
                 self.step += 1  # on_nonfinite=skip: every rank drops this step together
                 continue
             self.sync.synchronize()  # per step: memory -> compress -> communicate -> decompress
@@ -176,7 +179,7 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             self.step += 1
-            if cfg.checkpoint_every_steps and self.step % cfg.checkpoint_every_steps == 0 and i + 1 < steps:
+            if s.checkpoint_every_steps and self.step % s.checkpoint_every_steps == 0 and i + 1 < steps:
                 save_checkpoint(self, epoch, i + 1)
         bar.close()
         return steps
@@ -199,7 +202,7 @@ class Trainer:
         self.stats.add_ms("comm_exposed", waited)
         if ranks_with_bad.item() == 0:
             return True
-        if self.cfg.on_nonfinite == "raise":
+        if self.settings.on_nonfinite == "raise":
             where = f"rank {self.engine.rank}: {', '.join(bad[:3])}" if bad else "another rank"
             raise FloatingPointError(f"non-finite gradient at step {self.step} ({where}); "
                                      f"lower the learning rate or pass on_nonfinite=skip")

@@ -1,0 +1,83 @@
+"""The run's top-level settings (conf/train.yaml's own keys), typed: `RunSettings.of(cfg)` checks each
+key against the type and range declared on its field and returns the values as plain Python, so
+the trainer reads `settings.epochs` (an int >= 1) instead of trusting `cfg.epochs`. This is the one
+home of these rules (compbench.checks calls it in the parent before anything is written; the
+workers build the same object from the same config).
+
+The component groups (model, compressor, ...) are checked by their own modules; `ratio` by
+compbench.config (it is a shorthand for compressor.ratio).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from compbench.values import require_int, show
+
+ON_NONFINITE = ("raise", "skip", "ignore")
+
+
+def _int(low: int, fix: str = "", nullable: bool = False) -> Any:
+    return field(metadata={"kind": "int", "low": low, "fix": fix, "nullable": nullable})
+
+
+def _flag() -> Any:
+    return field(metadata={"kind": "bool"})
+
+
+def _choice(choices: tuple[str, ...]) -> Any:
+    return field(metadata={"kind": "choice", "choices": choices})
+
+
+def _path() -> Any:
+    # A folder name may look like a number (`output_dir=3`): taken as text, as the shell would.
+    return field(metadata={"kind": "path", "nullable": True})
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """conf/train.yaml's top-level keys (comments there say what each does)."""
+
+    # In the order they are checked (the first bad one is reported).
+    epochs: int = _int(1)
+    batch_size: int = _int(1)
+    eval_batch_size: int = _int(1)
+    max_steps: int | None = _int(1, "or max_steps=null for no limit", nullable=True)
+    checkpoint_every_steps: int = _int(0, "0 checkpoints at epoch ends only")
+    seed: int = _int(0)
+    num_workers: int = _int(0)
+    threads: int | None = _int(1, "or threads=null for cores / workers", nullable=True)
+    eval: bool = _flag()
+    checkpoint: bool = _flag()
+    progress: bool = _flag()
+    flush_denormal: bool = _flag()
+    on_nonfinite: str = _choice(ON_NONFINITE)
+    resume: str | None = _path()
+    output_dir: str | None = _path()
+    outputs_root: str = _path()
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> RunSettings:
+        """The settings of `cfg`, each checked (ValueError: one line naming the key and the fix)."""
+        return cls(**{f.name: _checked(f, cfg[f.name]) for f in dataclasses.fields(cls)})
+
+
+def _checked(f: dataclasses.Field, v: Any) -> Any:
+    meta = f.metadata
+    if v is None and meta.get("nullable"):
+        return None
+    kind = meta["kind"]
+    if kind == "int":
+        require_int(f.name, v, meta["low"], meta["fix"])
+    elif kind == "bool" and not isinstance(v, bool):
+        raise ValueError(f"{f.name}={show(v)} must be true or false")
+    elif kind == "choice" and v not in meta["choices"]:
+        raise ValueError(f"{f.name}={v} is unknown; use {', '.join(meta['choices'][:-1])} or "
+                         f"{meta['choices'][-1]}")
+    elif kind == "path":
+        return str(v)
+    return v

@@ -1,0 +1,41 @@
+"""compbench.settings: the run's top-level keys, typed, and their one set of checks."""
+
+import dataclasses
+
+import pytest
+from omegaconf import OmegaConf
+
+from compbench import config, registry
+from compbench.settings import RunSettings
+
+# Top-level keys that are not run settings: the ratio shorthand (compbench.config) and the sweep's.
+NOT_SETTINGS = {"defaults", "ratio", "sweep", "jobs"}
+
+
+def test_every_top_level_key_of_train_yaml_is_a_typed_setting():
+    yaml = OmegaConf.load(registry.conf_dir() / "train.yaml")
+    assert {f.name for f in dataclasses.fields(RunSettings)} == set(yaml) - NOT_SETTINGS
+
+
+def test_the_defaults_read_as_their_types():
+    s = RunSettings.of(config.compose(["model=mlp", "dataset=synthetic"]))
+    assert (s.epochs, s.max_steps, s.threads, s.eval, s.on_nonfinite) == (8, None, None, True, "raise")
+    assert isinstance(s.outputs_root, str)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("epochs=0", "epochs=0 must be an integer >= 1"),
+    ("max_steps=-1", "max_steps=-1 must be an integer >= 1; or max_steps=null for no limit"),
+    ("threads=1.5", "threads=1.5 must be an integer >= 1; or threads=null for cores / workers"),
+    ("progress=1", "progress=1 must be true or false"),
+    ("on_nonfinite=warn", "on_nonfinite=warn is unknown; use raise, skip or ignore"),
+])
+def test_a_bad_setting_is_one_line_naming_the_key(override, message):
+    cfg = config.compose(["model=mlp", "dataset=synthetic", override])
+    with pytest.raises(ValueError) as e:
+        RunSettings.of(cfg)
+    assert str(e.value) == message
+
+
+def test_a_folder_named_like_a_number_is_a_path():
+    assert RunSettings.of(config.compose(["model=mlp", "output_dir=3"])).output_dir == "3"
