@@ -20,8 +20,9 @@ def main(engine_name: str) -> None:
     engine = registry.build(registry.option_config("engine", engine_name), drop=("np",))
     r, n = engine.rank, engine.size
     bound = 80000
-    # the torch engine's capacity: the bound, shrinking by 1/16 a call (75015, 70326, 65930) until
-    # 4200 outgrows it (a second all_gather); then that frame + 1/8
+    # the torch engine's capacity: the bound first, then the longest frame + max(1/8, 4 KiB) and
+    # shrinking by 1/16 a call (4224, 4800, 4500) until 4200 outgrows it (a second
+    # all_gather); then that frame + 1/8
     for step, base in enumerate([5, 40, 3, 4200, 4200]):
         mine = payload_of(r, base * (r + 1))
         got, sent = engine.allgather_payload_async(mine, "x", bound).wait()

@@ -97,16 +97,17 @@ class TorchEngine(EngineBase):
         """One all_gather per exchange. Gloo gathers equal sizes only: a payload of the same layout on
         every rank (`bound` None) goes as it is; an uneven one as a frame (engines.wire: a header of
         first dimensions, then the bytes) padded to a capacity every rank knows, so no sizes travel
-        first. The capacity of a name is the largest frame any rank sent for it last time plus 1/8 or
-        4 KiB, whichever is more (4 KiB is 33 us at 1 Gbit/s, less than the round trip of a second
-        collective, and the payloads of small tensors vary by more than 1/8), shrinking by at most 1/16
-        a call, never above the compressor's bound. A frame longer than the capacity sends the rest in
-        a second all_gather (every rank sees the headers, so every rank knows). The padding is booked:
-        it is on the wire."""
+        first. A name's first exchange pads to the compressor's bound; after that the capacity is the
+        longest frame any rank sent last time plus 1/8 or 4 KiB, whichever is more (4 KiB is 33 us at
+        1 Gbit/s, less than the round trip of a second collective, and the payloads of small tensors
+        vary by more than 1/8), shrinking by at most 1/16 a call, never above the bound. A frame
+        longer than the capacity sends the rest in a second all_gather (every rank sees the headers,
+        so every rank knows). The padding is booked: it is on the wire."""
         if bound is None:
             return self._gather_equal(payload)
         longest = wire.frame_header_bytes(payload) + bound
-        capacity = min(self._capacity.get(name, longest), longest)
+        known = self._capacity.get(name)  # None: this name's first exchange, padded to the bound
+        capacity = longest if known is None else min(known, longest)
         blob = wire.frame(payload, header=True)
         used = blob.numel()
         first = blob[:capacity] if used >= capacity else torch.cat([blob, blob.new_zeros(capacity - used)])
@@ -127,8 +128,8 @@ class TorchEngine(EngineBase):
                 rows = torch.cat([rows, tail.view(self.size, over)], dim=1)
                 sent += over
             most = max(lengths)
-            self._capacity[name] = min(longest, max(_round_up(most + max(most // 8, 4096), 64),
-                                                    capacity * 15 // 16))
+            want = _round_up(most + max(most // 8, 4096), 64)
+            self._capacity[name] = min(longest, want if known is None else max(want, capacity * 15 // 16))
             return [wire.unframe(rows[r], payload, header=True)[0] for r in range(self.size)], sent
 
         return Handle(finish)
