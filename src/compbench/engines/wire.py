@@ -77,12 +77,13 @@ def frame_header_bytes(payload: list[Tensor]) -> int:
 
 def frame(payload: list[Tensor], header: bool) -> Tensor:
     """The payload's bytes in order, after a header of first dimensions when `header`."""
+    device = payload[0].device if payload else torch.device("cpu")
     parts = [t.contiguous().view(-1).view(torch.uint8) for t in payload if t.numel()]
     if header:
         dims = torch.tensor([t.shape[0] if t.dim() else 1 for t in payload], dtype=torch.int32)
-        parts.insert(0, dims.to(payload[0].device).view(torch.uint8))
+        parts.insert(0, dims.to(device).view(torch.uint8))
     if not parts:
-        return torch.empty(0, dtype=torch.uint8, device=payload[0].device if payload else "cpu")
+        return torch.empty(0, dtype=torch.uint8, device=device)
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
