@@ -3,6 +3,8 @@
 All collectives are issued in the same order on every rank (a hang otherwise). `*_async` calls
 return a `Handle` at once; `handle.wait()` gives the result. Allgather takes a list of tensors whose
 first dimension may differ between ranks and returns, per rank, the list that rank sent.
+`allgather_payload_async` is comm=allgather's exchange: one collective per payload, sizes inside it
+(engines.wire frames), and the bytes really sent returned with the payloads.
 """
 
 from __future__ import annotations

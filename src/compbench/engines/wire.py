@@ -1,5 +1,6 @@
 """Payloads as bytes: a list of tensors of any dtypes travels as one uint8 blob plus a header of
-(numel, dtype code) per tensor. Used by the point-to-point `shift` and by comm=ps's all-to-all."""
+(numel, dtype code) per tensor. Used by the point-to-point `shift` and by comm=ps's all-to-all.
+Frames (below): a payload as one uint8 tensor for the allgathers, with a smaller header."""
 
 from __future__ import annotations
 
