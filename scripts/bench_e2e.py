@@ -12,7 +12,9 @@ Rows: compbench none (torch and horovod engines), dragonn and dgc at ratio 1e-3 
 (each with its usual memory), DDP fp32 and PowerSGD rank 1 (comm=ddp), Horovod's
 DistributedOptimizer with and without fp16 (comm=horovod_optimizer), and, outside compbench, a
 plain DDP and a plain Horovod training script (same model, optimizer, batch, synthetic data and
-flush_denormal, started by compbench's launcher): the harness's own cost. The table, the targets of
+flush_denormal, started by compbench's launcher): the harness's own cost. A second table puts every
+phase of the compbench rows next to its floor (compbench.floors: the memory passes it must make at
+this machine's read pass, the wire time at the shaped link). The tables, the targets of
 the issue checked, the machine's load before and after, and every run directory go to
 outputs/bench_e2e/DATE-TIME/ (table.md, results.json). Timings on a shared machine are noisy:
 compare the ratios of one table, measured side by side.
@@ -127,7 +129,8 @@ def run(out: Path, overrides: list[str], timeout: float) -> dict:
     except subprocess.TimeoutExpired:
         return {"status": "failed", "error": f"timed out after {timeout:.0f} s"}
     try:
-        return json.loads((out / "results.json").read_text())["summary"]
+        results = json.loads((out / "results.json").read_text())
+        return {**results["summary"], "floors": results.get("floors")}
     except (OSError, ValueError, KeyError):
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         return {"status": "failed", "error": lines[-1] if lines else f"exit code {proc.returncode}"}
@@ -209,12 +212,34 @@ def main(argv: list[str] | None = None) -> int:
                       fmt(rel[0] / rel[2] if rel[0] and rel[2] else None, ".3f")]
         lines.append("| " + " | ".join(cells) + " |")
 
+    # Every phase of the compbench rows against its floor (compbench.floors), from the first repeat.
+    phases = ("compute", "compress", "comm_exposed", "decompress", "optimizer", "other")
+    floor_lines = ["| run | " + " | ".join(p.replace("comm_exposed", "exposed comm") for p in phases) + " |",
+                   "|" + "---|" * (len(phases) + 1)]
+    for link in links:
+        for key, label, _ in rows:
+            floors = (summaries.get(f"{link}-{key}-0") or {}).get("floors")
+            if not floors:
+                continue
+            cells = []
+            for p in phases:
+                row = floors["phases"][p]
+                cells.append(f"{fmt(row['ms'])} / {fmt(row['floor_ms'])}"
+                             + (f" ({row['x_floor']:.1f}x)" if row["x_floor"] is not None else ""))
+            floor_lines.append(f"| {label}, {link} | " + " | ".join(cells) + " |")
+
     checks = []
 
     def target(text: str, ok: bool | None) -> None:
         checks.append(f"- [{'x' if ok else ' '}] {text}" + ("" if ok is not None else " (not measured)"))
 
     if "shaped" in links:
+        for key in ("dragonn", "dgc"):
+            floors = (summaries.get(f"shaped-{key}-0") or {}).get("floors")
+            row = floors["phases"]["comm_exposed"] if floors else None
+            ok = None if row is None or row["floor_ms"] is None else row["ms"] <= row["floor_ms"] + 2.0
+            target(f"shaped: {key} exposed comm <= wire time + 2 ms: "
+                   f"{fmt(row and row['ms'])} vs {fmt(row and row['floor_ms'])} ms", ok)
         bounds = (("ddp_topk", "the DDP top-k hook", 1.3), ("ddp_powersgd", "DDP PowerSGD rank 1", 1.4),
                   ("ddp_fp32", "DDP fp32", 7.0))
         for base, name, bound in bounds:
@@ -234,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         f"# compbench end to end: 2 workers, MLP 4096x4096+4096x10, batch 32/worker, {args.steps} steps, "
         f"median step time ({args.repeat} repeat(s))", "",
         *lines, "",
+        "Each phase against its floor (ms / floor ms, x floor; compbench.floors: memory passes at this "
+        "machine's read pass, wire time at the shaped link), first repeat:", "",
+        *floor_lines, "",
         "x vs ...: that baseline's step time / this row's (higher is faster); vs ... (unshaped): this row's "
         "time / the baseline's (<= 1.05: within 5%).", "",
         *checks, "",

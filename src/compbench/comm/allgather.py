@@ -14,12 +14,16 @@ from compbench.memory.base import Memory
 class AllgatherComm(CommBase):
     def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
         payload, ctx = encode(self.compressor, memory, grad, name, self.stats)
-        self.book_payload(payload)
-        gathered = self.engine.allgather_async(payload, name)
+        # One collective: a payload whose layout every rank knows (exact wire_bytes) goes as it is,
+        # an uneven one framed with its sizes (engines.wire) within the compressor's bound.
+        exact = self.compressor.wire_bytes(grad.numel())
+        bound = None if exact is not None else self.compressor.max_wire_bytes(grad.numel())
+        gathered = self.engine.allgather_payload_async(payload, name, bound)
         into = _decode_target(self.compressor.caps.decodes_into, grad, payload)
 
         def finish() -> Tensor:
-            payloads = gathered.wait()
+            payloads, sent = gathered.wait()
+            self.book(sent)  # what really left this rank: the payload, its header and any padding
             with self.stats.time("decompress"):
                 if into is None:
                     return self.compressor.decompress_all(payloads, ctx)

@@ -3,6 +3,8 @@
 All collectives are issued in the same order on every rank (a hang otherwise). `*_async` calls
 return a `Handle` at once; `handle.wait()` gives the result. Allgather takes a list of tensors whose
 first dimension may differ between ranks and returns, per rank, the list that rank sent.
+`allgather_payload_async` is comm=allgather's exchange: one collective per payload, sizes inside it
+(engines.wire frames), and the bytes really sent returned with the payloads.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Engine(Protocol):
     def allgather_async(self, tensors: list[Tensor], name: str) -> Handle: ...
     def allreduce(self, t: Tensor, name: str, average: bool = True) -> Tensor: ...
     def allgather(self, tensors: list[Tensor], name: str) -> list[list[Tensor]]: ...
+    def allgather_payload_async(self, payload: list[Tensor], name: str, bound: int | None) -> Handle: ...
     def alltoall(self, t: Tensor, splits: list[int], name: str) -> tuple[Tensor, list[int]]: ...
     def broadcast_(self, t: Tensor, root: int = 0, name: str = "bcast") -> Tensor: ...
     def broadcast_object(self, obj: Any, root: int = 0) -> Any: ...
@@ -75,6 +78,16 @@ class EngineBase:
 
     def allgather(self, tensors: list[Tensor], name: str) -> list[list[Tensor]]:
         return self.allgather_async(tensors, name).wait()  # type: ignore[attr-defined]
+
+    def allgather_payload_async(self, payload: list[Tensor], name: str, bound: int | None) -> Handle:
+        """One compressed exchange of comm=allgather as ONE collective. `bound`: None when every
+        rank's payload has this rank's layout (the compressor declares exact `wire_bytes`), else the
+        most bytes any rank's payload can take (`max_wire_bytes`), the same on every rank.
+        `handle.wait()` -> (every rank's payload, the bytes this rank really put on the wire).
+        This default (engines without a framed path) is the uneven allgather, booking the payload."""
+        gathered = self.allgather_async(payload, name)  # type: ignore[attr-defined]
+        sent = sum(t.numel() * t.element_size() for t in payload)
+        return Handle(lambda: (gathered.wait(), sent))
 
     def shift(self, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]:
         """Send `payload` to rank `dst` and receive rank `src`'s; every rank calls it together (a

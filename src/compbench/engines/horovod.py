@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from compbench.engines import wire
 from compbench.engines.base import EngineBase, Handle
 
 
@@ -37,16 +38,33 @@ class HorovodEngine(EngineBase):
         return Handle(lambda: self.hvd.synchronize(h))
 
     def allgather_async(self, tensors: list[Tensor], name: str) -> Handle:
-        base = name
-        sizes = torch.tensor([t.shape[0] for t in tensors], dtype=torch.int32)
-        h_sizes = self.hvd.allgather_async(sizes, name=f"{base}.sizes")
-        handles = [self.hvd.allgather_async(t, name=f"{base}.{i}") for i, t in enumerate(tensors)]
+        # Horovod gathers tensors whose first dimensions differ in one call but does not say where
+        # one rank's part ends: the sizes travel in the frame's header, not in a collective of their own.
+        return self._gather_frames(tensors, name, header=True, result=lambda per_rank, sent: per_rank)
 
-        def finish() -> list[list[Tensor]]:
-            per_rank = self.hvd.synchronize(h_sizes).view(self.size, len(tensors)).tolist()
-            parts = [self.hvd.synchronize(h).split([row[i] for row in per_rank])
-                     for i, h in enumerate(handles)]
-            return [[parts[i][r] for i in range(len(tensors))] for r in range(self.size)]
+    def allgather_payload_async(self, payload: list[Tensor], name: str, bound: int | None) -> Handle:
+        # Horovod's allgather takes uneven frames as they are: no capacity, nothing padded.
+        return self._gather_frames(payload, name, header=bound is not None,
+                                   result=lambda per_rank, sent: (per_rank, sent))
+
+    def _gather_frames(self, tensors: list[Tensor], name: str, header: bool, result) -> Handle:
+        """One Horovod allgather of each rank's frame (engines.wire), split back into payloads."""
+        single = not header and len(tensors) == 1 and tensors[0].dim() > 0
+        blob = tensors[0] if single else wire.frame(tensors, header)
+        h = self.hvd.allgather_async(blob, name=name)
+        sent = blob.numel() * blob.element_size()
+
+        def finish():
+            out = self.hvd.synchronize(h)
+            if single:
+                return result([[part] for part in out.split(tensors[0].shape[0])], sent)
+            per_rank, pos = [], 0
+            for _ in range(self.size):
+                payload, length = wire.unframe(out[pos:], tensors, header)
+                per_rank.append(payload)
+                pos += length
+            assert pos == out.numel(), (pos, out.numel())
+            return result(per_rank, sent)
 
         return Handle(finish)
 

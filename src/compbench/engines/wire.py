@@ -1,7 +1,10 @@
 """Payloads as bytes: a list of tensors of any dtypes travels as one uint8 blob plus a header of
-(numel, dtype code) per tensor. Used by the point-to-point `shift` and by comm=ps's all-to-all."""
+(numel, dtype code) per tensor. Used by the point-to-point `shift` and by comm=ps's all-to-all.
+Frames (below): a payload as one uint8 tensor for the allgathers, with a smaller header."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -58,3 +61,58 @@ def from_bytes(blob: Tensor, specs: list[Spec]) -> list[Tensor]:
         out.append(blob[pos : pos + size].clone().view(dtype))
         pos += size
     return out
+
+
+# Frames: one exchange's payload as ONE uint8 tensor, so that an allgather of it is one collective.
+# Every rank's payload has the same number of tensors, the same dtypes and the same trailing
+# dimensions (they follow from the rank-independent Ctx); only first dimensions may differ, and only
+# for compressors whose bytes depend on the data. Their frames start with a header of one int32 per
+# tensor (its first dimension): 4 bytes per tensor, booked as sent. A payload whose layout is the
+# same on every rank (the compressor declares exact `wire_bytes`) travels without a header.
+FRAME_DIM_BYTES = 4
+
+
+def frame_header_bytes(payload: list[Tensor]) -> int:
+    return FRAME_DIM_BYTES * len(payload)
+
+
+def frame(payload: list[Tensor], header: bool) -> Tensor:
+    """The payload's bytes in order, after a header of first dimensions when `header`."""
+    device = payload[0].device if payload else torch.device("cpu")
+    parts = [t.contiguous().view(-1).view(torch.uint8) for t in payload if t.numel()]
+    if header:
+        dims = torch.tensor([t.shape[0] if t.dim() else 1 for t in payload], dtype=torch.int32)
+        parts.insert(0, dims.to(device).view(torch.uint8))
+    if not parts:
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def frame_length(blob: Tensor, like: list[Tensor]) -> int:
+    """Bytes of the framed payload (with header) that starts at `blob[0]`."""
+    dims = blob[: frame_header_bytes(like)].clone().view(torch.int32).tolist()
+    return frame_header_bytes(like) + sum(d * _row_bytes(t) for d, t in zip(dims, like, strict=True))
+
+
+def unframe(blob: Tensor, like: list[Tensor], header: bool) -> tuple[list[Tensor], int]:
+    """The payload a `frame` of a peer made (`like`: this rank's payload, for dtypes and trailing
+    dimensions) and the frame's length in bytes; `blob` may be longer (padding, the next rank's
+    frame). The tensors are views of `blob` where the byte offset allows it (copies otherwise)."""
+    pos, dims = 0, [t.shape[0] if t.dim() else 1 for t in like]
+    if header:
+        pos = frame_header_bytes(like)
+        dims = blob[:pos].clone().view(torch.int32).tolist()
+    out = []
+    for d, t in zip(dims, like, strict=True):
+        size = d * _row_bytes(t)
+        piece = blob[pos : pos + size]
+        if piece.storage_offset() % t.element_size():
+            piece = piece.clone()  # an odd byte offset cannot be reinterpreted as a wider dtype
+        out.append(piece.view(t.dtype).view(d, *t.shape[1:]) if t.dim() else piece.view(t.dtype).view(()))
+        pos += size
+    return out, pos
+
+
+def _row_bytes(t: Tensor) -> int:
+    """Bytes per unit of the first dimension (a 0-dim tensor is one row)."""
+    return math.prod(t.shape[1:]) * t.element_size()

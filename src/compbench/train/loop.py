@@ -291,9 +291,24 @@ class Trainer:
                    "scheduler": self.sync.summary()}
         if self.data_info is not None:
             results["data"] = self.data_info  # language models: tokenizer, vocabulary size, split
+        results["floors"] = self.floors(summary)
         write_json_atomic(self.run_dir / "results.json", results)
         print(format_summary(results, self.run_dir), flush=True)
         return results
+
+
+    def floors(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Each phase against its floor on this machine (compbench.floors); rank 0 measures the read
+        pass now, after training, over a tensor the size of the parameters."""
+        from compbench.floors import measure_read_gbps, phase_floors
+        from compbench.report.cluster_model import pattern
+
+        params = list(self.model.parameters())
+        nbytes = sum(p.numel() * p.element_size() for p in params)
+        read_gbps = measure_read_gbps(nbytes, params[0].device if params else "cpu")
+        return phase_floors(summary, world_size=self.engine.size, read_gbps=read_gbps,
+                            link_gbps=self.cfg.net.get("emulate_gbps"), memory=self.cfg.choices.memory,
+                            optim=registry.plain(self.cfg.optim), pattern=pattern(self.cfg.choices.comm))
 
 
 def environment(engine) -> dict[str, Any]:

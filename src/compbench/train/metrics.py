@@ -41,7 +41,7 @@ TAGS: dict[str, tuple[str, str]] = {
     "time/optimizer_ms": ("ms", "optimizer step and learning-rate schedule"),
     "time/other_ms": ("ms", "step - (compute + compress + comm + decompress + optimizer): checks, copies"),
     "time/step_ms": ("ms", "wall time of the whole training step on rank 0"),
-    "comm/bytes_sent": ("bytes", "bytes one worker handed to the engine this step (exact tensor sizes)"),
+    "comm/bytes_sent": ("bytes", "bytes one worker put on the wire this step (payloads, headers, padding)"),
     "comm/bytes_dense": ("bytes", "fp32 bytes of the same gradients uncompressed, per worker and step"),
     "comm/ratio_effective": ("x", "bytes_dense / bytes_sent: how many times smaller the step's traffic is"),
     "comm/bytes_allreduce": ("bytes", "part of bytes_sent that went uncompressed through the fp32 allreduce"),
@@ -270,6 +270,10 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
     if split is not None:
         parts = " + ".join(f"{p} {v:.1f}" for p, v in split.items())
         lines.append(f"  step time    {s['step_ms']:.1f} ms = {parts}")
+    if results.get("floors"):
+        from compbench.floors import format_floors
+
+        lines += format_floors(results["floors"])
     lines += [f"  run folder   {run_dir}",
               f"  results      {run_dir / 'results.json'}",
               f"  tensorboard  {run_dir / 'tb'}  (tensorboard --logdir {run_dir.parent})"]

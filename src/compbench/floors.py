@@ -1,0 +1,123 @@
+"""Every phase of a step next to its floor: the time it cannot go below on this machine.
+
+A floor is what a phase must at least do, priced on this machine: the memory passes it has to make
+over the gradients or the parameters (each pass priced at the read bandwidth that one `x.sum()` over
+a gradient-sized tensor reaches here, the "read pass" of `compbench bench`), or the bytes it has to
+put on the link (priced at the shaped link's rate). A phase far above its floor is the harness (or an
+implementation) at work, not the algorithm. The declarations are data, in the tables below:
+
+- compress: the encode reads the (compensated) gradient once; error-feedback memory adds the passes
+  over its own state that it cannot avoid (`MEMORY_PASSES`: reading and writing each state tensor).
+  Priced over the fp32 bytes of the compressed tensors.
+- exposed comm: the wire time of the step's bytes at the link rate, by the communicator's declared
+  collective pattern (ring allgather: N-1 payloads through each link; ring allreduce: 2(N-1)/N of the
+  tensor). Communication hidden behind back-propagation may expose less; the wire time is the mark
+  that a step which waits for all of it cannot beat. Unknown (None) without a shaped link.
+- decompress: one pass writing the averaged dense gradient of the compressed tensors (an optimizer
+  that takes the sparse update directly would not need it).
+- optimizer: its passes over the parameters and their state (`OPTIMIZER_PASSES`: read parameter and
+  gradient, write the parameter, read and write each state tensor).
+- compute: the model's own work (no floor from the harness); other: 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+# Passes over the compressed tensors an error-feedback memory adds to the encode's one read:
+# residual reads and writes its residual; dgc reads and writes its momentum and its residual.
+MEMORY_PASSES = {"none": 0, "residual": 2, "dgc": 4}
+# Passes over the parameters per optimizer step: read p and g, write p (3), plus a read and a write
+# per state tensor (momentum: 1; Adam and AdamW: 2).
+OPTIMIZER_STATE = {"sgd": 1, "adam": 2, "adamw": 2}
+PHASES = ("compute", "compress", "comm_exposed", "decompress", "optimizer", "other")
+LABELS = {"comm_exposed": "exposed comm"}
+
+
+def optimizer_passes(optim: Mapping[str, Any]) -> int | None:
+    """Passes over the parameters of one step of `optim` (a config's optim group), None if unknown."""
+    name = str(optim.get("name") or optim.get("_name") or "")
+    if name not in OPTIMIZER_STATE:
+        return None
+    state = OPTIMIZER_STATE[name]
+    if name == "sgd" and not optim.get("momentum"):
+        state = 0
+    return 3 + 2 * state
+
+
+def measure_read_gbps(nbytes: int, device: torch.device | str = "cpu", repeats: int = 7) -> float:
+    """GB/s of one read pass (`x.sum()`) over an fp32 tensor of `nbytes` (at least 32 MiB, so that
+    caches do not flatter it), with this process's threads: the fastest of `repeats` after one
+    warm-up, since a floor is the best this machine does (a busy machine's median undersells it)."""
+    x = torch.ones(max(nbytes, 32 << 20) // 4, device=device)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    x.sum()
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        x.sum()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return x.numel() * 4 / min(times) / 1e9
+
+
+def wire_ms(summary: Mapping[str, Any], world_size: int, pattern: str,
+            link_gbps: float | None) -> float | None:
+    """Time the step's bytes take through one worker's link: the dense allreduce part as a ring
+    allreduce, the compressed part by the communicator's pattern (allgather and all-to-all plus
+    gather alike: each link carries N-1 payloads of the rank's size)."""
+    if not link_gbps or world_size < 2:
+        return None
+    n = world_size
+    sent = float(summary.get("bytes_sent_per_step") or 0.0)
+    dense = float(summary.get("bytes_allreduce_per_step") or 0.0)
+    compressed = sent - dense
+    through = 2 * (n - 1) / n * dense
+    through += (2 * (n - 1) / n if pattern == "allreduce" else (n - 1)) * compressed
+    return through / (link_gbps * 1e9 / 8) * 1e3
+
+
+def phase_floors(summary: Mapping[str, Any], *, world_size: int, read_gbps: float, link_gbps: float | None,
+                 memory: str, optim: Mapping[str, Any], pattern: str) -> dict[str, Any]:
+    """Each phase's time and floor (ms) with what the floor is made of, for results.json."""
+    per_ms = 1e3 / (read_gbps * 1e9)  # ms per byte of one pass
+    dense = float(summary.get("bytes_dense_per_step") or 0.0)
+    compressed = max(0.0, dense - float(summary.get("bytes_allreduce_per_step") or 0.0))
+    enc = 1 + MEMORY_PASSES.get(memory, 0) if compressed else 0
+    opt = optimizer_passes(optim)
+    wire = wire_ms(summary, world_size, pattern, link_gbps)
+    mb_c, mb_p = f"{compressed / 1e6:.3g} MB", f"{dense / 1e6:.3g} MB"
+    floors: dict[str, tuple[float | None, str]] = {
+        "compute": (None, "the model's forward and backward"),
+        "compress": (enc * compressed * per_ms, f"{enc} pass(es) over {mb_c}"),
+        "comm_exposed": (wire, "no shaped link" if wire is None else f"wire time at {link_gbps:g} Gbit/s"),
+        "decompress": (compressed * per_ms, f"1 pass over {mb_c}"),
+        "optimizer": (None if opt is None else opt * dense * per_ms, f"{opt} passes over {mb_p}"),
+        "other": (0.0, "nothing"),
+    }
+    out: dict[str, Any] = {}
+    for phase in PHASES:
+        ms = summary.get(f"{phase}_ms")
+        floor, basis = floors[phase]
+        times = None if ms is None or not floor else float(ms) / floor
+        out[phase] = {"ms": ms, "floor_ms": floor, "x_floor": times, "basis": basis}
+    return {"read_gbps": read_gbps, "link_gbps": link_gbps, "phases": out}
+
+
+def format_floors(floors: Mapping[str, Any]) -> list[str]:
+    """The summary's lines: each phase, its floor and how many times the floor it takes."""
+    link = f", link {floors['link_gbps']:g} Gbit/s" if floors.get("link_gbps") else ""
+    lines = [f"  vs floor     (this machine: read pass {floors['read_gbps']:.1f} GB/s{link})"]
+    for phase, row in floors["phases"].items():
+        ms, floor, times = row["ms"], row["floor_ms"], row["x_floor"]
+        shown = "-" if ms is None else f"{ms:.1f}"
+        bound = "-" if floor is None else f"{floor:.1f}"
+        ratio = f"{times:.1f}x" if times is not None else ""
+        lines.append(f"    {LABELS.get(phase, phase):13s}{shown:>8s} ms  floor {bound:>6s} ms "
+                     f"{ratio:>7s}  ({row['basis']})")
+    return lines

@@ -1,0 +1,62 @@
+"""Every phase against its floor (compbench.floors), and the frames that carry an uneven payload in
+one collective (compbench.engines.wire)."""
+
+import pytest
+import torch
+
+from compbench.engines import wire
+from compbench.floors import format_floors, optimizer_passes, phase_floors, wire_ms
+
+SUMMARY = {"compute_ms": 30.0, "compress_ms": 8.0, "comm_exposed_ms": 3.0, "decompress_ms": 2.0,
+           "optimizer_ms": 12.0, "other_ms": 1.0, "bytes_sent_per_step": 125_000 + 16_000,
+           "bytes_dense_per_step": 64e6 + 16_000, "bytes_allreduce_per_step": 16_000}
+
+
+def test_optimizer_passes_count_the_state_it_reads_and_writes():
+    assert optimizer_passes({"name": "sgd", "momentum": 0.0}) == 3
+    assert optimizer_passes({"name": "sgd", "momentum": 0.9}) == 5
+    assert optimizer_passes({"name": "adamw"}) == optimizer_passes({"name": "adam"}) == 7
+    assert optimizer_passes({"name": "lion"}) is None
+
+
+def test_wire_time_by_pattern():
+    # 2 workers at 1 Gbit/s: the allgather's payload once, the dense allreduce's 2(N-1)/N = 1 times
+    assert wire_ms(SUMMARY, 2, "allgather", 1.0) == pytest.approx(141_000 * 8 / 1e9 * 1e3)
+    # 4 workers: 3 payloads through each link, 1.5 times the dense part
+    assert wire_ms(SUMMARY, 4, "allgather", 1.0) == pytest.approx((3 * 125_000 + 1.5 * 16_000) * 8e-6)
+    assert wire_ms(SUMMARY, 4, "allreduce", 1.0) == pytest.approx(1.5 * 141_000 * 8e-6)
+    assert wire_ms(SUMMARY, 2, "allgather", None) is None
+
+
+def test_phase_floors_price_passes_at_the_read_pass():
+    floors = phase_floors(SUMMARY, world_size=2, read_gbps=10.0, link_gbps=1.0, memory="residual",
+                          optim={"name": "sgd", "momentum": 0.9}, pattern="allgather")
+    p = floors["phases"]
+    assert p["compress"]["floor_ms"] == pytest.approx(3 * 64e6 / 10e9 * 1e3)  # encode + residual's 2
+    assert p["decompress"]["floor_ms"] == pytest.approx(64e6 / 10e9 * 1e3)
+    assert p["optimizer"]["floor_ms"] == pytest.approx(5 * (64e6 + 16_000) / 10e9 * 1e3)
+    assert p["comm_exposed"]["floor_ms"] == pytest.approx(141_000 * 8e-6)
+    assert p["compute"]["floor_ms"] is None and p["other"]["floor_ms"] == 0.0
+    assert p["compress"]["x_floor"] == pytest.approx(8.0 / 19.2)
+    lines = format_floors(floors)
+    assert "read pass 10.0 GB/s, link 1 Gbit/s" in lines[0] and len(lines) == 7
+    assert any(line.split()[:2] == ["exposed", "comm"] for line in lines)
+
+
+@pytest.mark.parametrize("header", [True, False])
+def test_frames_round_trip_views_at_any_offset(header):
+    payload = [torch.arange(5, dtype=torch.uint8), torch.randn(7),
+               torch.arange(6, dtype=torch.int64).view(3, 2), torch.tensor([2.5], dtype=torch.float64)]
+    blob = wire.frame(payload, header)
+    assert blob.dtype == torch.uint8
+    assert blob.numel() == sum(t.numel() * t.element_size() for t in payload) + (16 if header else 0)
+    # two frames back to back, the second at an odd offset, then padding
+    both = torch.cat([blob, blob, torch.zeros(9, dtype=torch.uint8)])
+    first, length = wire.unframe(both, payload, header)
+    second, _ = wire.unframe(both[length:], payload, header)
+    assert length == blob.numel()
+    for got in (first, second):
+        for a, b in zip(got, payload, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if header:
+        assert wire.frame_length(both[length:], payload) == length
