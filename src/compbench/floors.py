@@ -4,10 +4,12 @@ A floor is what a phase must at least do, priced on this machine: the memory pas
 over the gradients or the parameters (each pass priced at the read bandwidth that one `x.sum()` over
 a gradient-sized tensor reaches here, the "read pass" of `compbench bench`), or the bytes it has to
 put on the link (priced at the shaped link's rate). A phase far above its floor is the harness (or an
-implementation) at work, not the algorithm. The declarations are data, in the tables below:
+implementation) at work, not the algorithm. The declarations are data (the memory's traits, the
+optimizer table below):
 
 - compress: the encode reads the (compensated) gradient once; error-feedback memory adds the passes
-  over its own state that it cannot avoid (`MEMORY_PASSES`: reading and writing each state tensor).
+  over its own state that it cannot avoid (`MemoryTraits.state_passes`: reading and writing each
+  state tensor).
   Priced over the fp32 bytes of the compressed tensors.
 - exposed comm: the wire time of the step's bytes at the link rate, by the communicator's declared
   collective pattern (ring allgather: N-1 payloads through each link; ring allreduce: 2(N-1)/N of the
@@ -28,9 +30,6 @@ from typing import Any
 
 import torch
 
-# Passes over the compressed tensors an error-feedback memory adds to the encode's one read:
-# residual reads and writes its residual; dgc reads and writes its momentum and its residual.
-MEMORY_PASSES = {"none": 0, "residual": 2, "dgc": 4}
 # Passes over the parameters per optimizer step: read p and g, write p (3), plus a read and a write
 # per state tensor (momentum: 1; Adam and AdamW: 2).
 OPTIMIZER_STATE = {"sgd": 1, "adam": 2, "adamw": 2}
@@ -83,12 +82,12 @@ def wire_ms(summary: Mapping[str, Any], world_size: int, pattern: str,
 
 
 def phase_floors(summary: Mapping[str, Any], *, world_size: int, read_gbps: float, link_gbps: float | None,
-                 memory: str, optim: Mapping[str, Any], pattern: str) -> dict[str, Any]:
+                 memory_passes: int, optim: Mapping[str, Any], pattern: str) -> dict[str, Any]:
     """Each phase's time and floor (ms) with what the floor is made of, for results.json."""
     per_ms = 1e3 / (read_gbps * 1e9)  # ms per byte of one pass
     dense = float(summary.get("bytes_dense_per_step") or 0.0)
     compressed = max(0.0, dense - float(summary.get("bytes_allreduce_per_step") or 0.0))
-    enc = 1 + MEMORY_PASSES.get(memory, 0) if compressed else 0
+    enc = 1 + memory_passes if compressed else 0
     opt = optimizer_passes(optim)
     wire = wire_ms(summary, world_size, pattern, link_gbps)
     mb_c, mb_p = f"{compressed / 1e6:.3g} MB", f"{dense / 1e6:.3g} MB"

@@ -29,7 +29,7 @@ def test_wire_time_by_pattern():
 
 
 def test_phase_floors_price_passes_at_the_read_pass():
-    floors = phase_floors(SUMMARY, world_size=2, read_gbps=10.0, link_gbps=1.0, memory="residual",
+    floors = phase_floors(SUMMARY, world_size=2, read_gbps=10.0, link_gbps=1.0, memory_passes=2,
                           optim={"name": "sgd", "momentum": 0.9}, pattern="allgather")
     p = floors["phases"]
     assert p["compress"]["floor_ms"] == pytest.approx(3 * 64e6 / 10e9 * 1e3)  # encode + residual's 2

@@ -115,7 +115,7 @@ class TorchEngine(EngineBase):
         work = dist.all_gather(list(out.chunk(self.size)), first, async_op=True)
 
         def finish() -> tuple[list[list[Tensor]], int]:
-            work.wait()  # type: ignore[union-attr]  # None only off the group
+            work.wait()
             rows = out.view(self.size, capacity)
             lengths = [wire.frame_length(rows[r], payload) for r in range(self.size)]
             over = max(lengths) - capacity
@@ -144,7 +144,7 @@ class TorchEngine(EngineBase):
         work = dist.all_gather(parts, blob, async_op=True)
 
         def finish() -> tuple[list[list[Tensor]], int]:
-            work.wait()  # type: ignore[union-attr]
+            work.wait()
             per_rank = [[p] for p in parts] if single else [wire.unframe(p, payload, False)[0] for p in parts]
             return per_rank, blob.numel() * blob.element_size()
 

@@ -18,11 +18,14 @@ class MemoryTraits:
     owns_momentum: applies SGD momentum itself to the tensors it compensates (DGC's momentum
       correction), so the optimizer must not apply it to them again: it needs optim=sgd.
     needs_sparse: works on the indices a sparsifier sent (`Capabilities.sparse`).
+    state_passes: the passes over the compressed tensors it adds to the encode's one read, a read
+      and a write per state tensor it keeps (compbench.floors prices the compress phase's floor).
     """
 
     feeds_back: bool = False
     owns_momentum: bool = False
     needs_sparse: bool = False
+    state_passes: int = 0
 
 
 @runtime_checkable

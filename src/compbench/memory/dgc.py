@@ -33,7 +33,8 @@ class DGCMemory:
     1-D and uncompressed tensors past the memory (dense, with the optimizer's usual update).
     """
 
-    traits = MemoryTraits(feeds_back=True, owns_momentum=True, needs_sparse=True)
+    traits = MemoryTraits(feeds_back=True, owns_momentum=True, needs_sparse=True,
+                          state_passes=4)  # momentum and residual, each read and written
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ class ResidualMemory:
     dense decode and a subtraction over n elements.
     """
 
-    traits = MemoryTraits(feeds_back=True)
+    traits = MemoryTraits(feeds_back=True, state_passes=2)  # its residual, read and written
 
     def __init__(self, beta: float = 1.0, gamma: float = 1.0) -> None:
         self.beta = float(beta)

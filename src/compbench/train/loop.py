@@ -296,7 +296,6 @@ class Trainer:
         print(format_summary(results, self.run_dir), flush=True)
         return results
 
-
     def floors(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Each phase against its floor on this machine (compbench.floors); rank 0 measures the read
         pass now, after training, over a tensor the size of the parameters."""
@@ -306,8 +305,9 @@ class Trainer:
         params = list(self.model.parameters())
         nbytes = sum(p.numel() * p.element_size() for p in params)
         read_gbps = measure_read_gbps(nbytes, params[0].device if params else "cpu")
+        memory_passes = registry.component_class("memory", self.cfg.choices.memory).traits.state_passes
         return phase_floors(summary, world_size=self.engine.size, read_gbps=read_gbps,
-                            link_gbps=self.cfg.net.get("emulate_gbps"), memory=self.cfg.choices.memory,
+                            link_gbps=self.cfg.net.get("emulate_gbps"), memory_passes=memory_passes,
                             optim=registry.plain(self.cfg.optim), pattern=pattern(self.cfg.choices.comm))
 
 
