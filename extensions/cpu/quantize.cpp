@@ -1,4 +1,4 @@
-// Quantizers: TernGrad's scale and 2-bit codes, QSGD's bucket norms and codes (both from the CUDA
+// Quantizers: TernGrad's scale (its codes are generated: compll/specs/terngrad.py), QSGD's bucket norms and codes (both from the CUDA
 // kernels' counter-based stream), TBQ's step with its residual update.
 
 #include "common.h"
@@ -154,49 +154,10 @@ void ternary_pass(int64_t n, uint8_t* out, Vec8 vec8, One one) {
   });
 }
 
-// uint8: 2-bit TernGrad codes, 4 per byte (code i at bits 2*(i % 4)): +1 (code 1) where
-// x > U_i * s, -1 (code 3) where x < -U_i * s, else 0, with U_i = (murmur3_32(i, seed) >> 8) * 2^-24,
-// the counter-based stream of the CUDA kernel (quantize.cu), so CPU and GPU send the same codes.
-// Twin: kernels.twins.terngrad_codes.
-at::Tensor terngrad_codes(const at::Tensor& x, const at::Tensor& scale, int64_t seed) {
-  check_flat_f32(x, "terngrad_codes");
-  TORCH_CHECK(scale.numel() == 1, "terngrad_codes: scale must have one element");
-  TORCH_CHECK(x.numel() < (int64_t{1} << 32), "terngrad_codes: counts 32-bit indices; split the tensor");
-  const int64_t n = x.numel();
-  at::Tensor packed = at::empty({(n + 3) / 4}, x.options().dtype(at::kByte));
-  const float* p = x.data_ptr<float>();
-  const float sv = scale.to(at::kFloat).item<float>();
-  const uint32_t s = static_cast<uint32_t>(seed);
-  constexpr float kU24 = 5.9604644775390625e-08f;  // 2^-24
-  auto one = [&](int64_t i) {
-    const float thr = static_cast<float>(murmur3_32(static_cast<uint32_t>(i), s) >> 8) * kU24 * sv;
-    return ternary_code((p[i] > thr) - (p[i] < -thr));
-  };
-#if defined(__AVX2__)
-  const __m256 vs = _mm256_set1_ps(sv), vu = _mm256_set1_ps(kU24), sign = _mm256_set1_ps(-0.f);
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  auto vec8 = [&](int64_t i) {
-    const __m256i key = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(i))), lanes);
-    // (h >> 8) < 2^24 converts exactly; u * 2^-24 * s in the scalar order (both products rounded).
-    const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(murmur3_32x8(key, s), 8)), vu);
-    const __m256 thr = _mm256_mul_ps(u, vs);
-    const __m256 v = _mm256_loadu_ps(p + i);
-    const unsigned pos = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, thr, _CMP_GT_OQ)));
-    const unsigned neg = static_cast<unsigned>(
-        _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_xor_ps(thr, sign), _CMP_LT_OQ)));
-    return codes_from_masks(pos, neg);
-  };
-#else
-  auto vec8 = [](int64_t) { return uint16_t{0}; };
-#endif
-  ternary_pass(n, packed.data_ptr<uint8_t>(), vec8, one);
-  return packed;
-}
-
 // QSGD in one read: per bucket of `bucket_size` elements the L2 norm (fp64 sum of squares, the
 // bucket then re-read from L1), scale = levels / norm (0 for an all-zero bucket), and the uint8
 // offset-binary codes floor(clamp((U_i + levels) + x_i * scale, 0, 2 levels)), U_i the counter-based
-// stream of terngrad_codes (quantize.cu): the CUDA kernel's codes for the same norms. Returns
+// stream (murmur3_32(i, seed) >> 8) * 2^-24 of quantize.cu: the CUDA kernel's codes for the same norms. Returns
 // (codes, fp32 norms). Twin: kernels.twins.bucket_norms and qsgd_codes.
 std::tuple<at::Tensor, at::Tensor> qsgd_quantize(const at::Tensor& x, int64_t levels, int64_t bucket_size,
                                                  int64_t seed) {

@@ -119,14 +119,15 @@ def qsgd_codes(flat: Tensor, scale: Tensor, levels: int, bucket_size: int, seed:
 
 
 def terngrad_codes(flat: Tensor, scale: Tensor, seed: int) -> Tensor:
-    """Packed 2-bit TernGrad codes with the counter-based stream. Twin: `twins.terngrad_codes`."""
+    """Packed 2-bit TernGrad codes with the counter-based stream (the kernel generated from
+    compll/specs/terngrad.py). Twin: `twins.terngrad_codes`."""
     x = _flat_f32(flat)
     n = x.numel()
     nbytes = (n + 3) // 4
     out = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
     args = (as_cupy(x), np.int64(n), as_cupy(scale.reshape(1).float().contiguous()),
             np.uint32(seed & 0xFFFFFFFF), as_cupy(out), np.int64(nbytes))
-    launch("quantize", "terngrad_codes", nbytes, x.device, args)
+    launch("compll_terngrad", "terngrad_codes", nbytes, x.device, args)
     return out
 
 
