@@ -72,7 +72,8 @@ def spec(name: str) -> lang.Spec:
 
 def conf_text(s: lang.Spec) -> str:
     """The generated conf/compressor/NAME.yaml of a registered spec."""
-    lines = [f"# {s.doc.splitlines()[0]} Generated from specs/{s.name}.py (CompLL): do not edit.",
+    lines = [f"# {s.doc.splitlines()[0]} (CompLL: compll/specs/{s.name}.py)",
+             "# Generated from the spec by compbench.compll.runtime: do not edit.",
              f"_target_: compbench.compll.registered.{s.name}"]
     for key, setting in s.settings.items():
         value = str(setting.default).lower() if isinstance(setting.default, bool) else setting.default
