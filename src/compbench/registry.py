@@ -31,10 +31,10 @@ def conf_dir() -> Path:
 
 def conf_sources() -> list[tuple[str, Path]]:
     """Every conf folder as (origin, path): compbench's own ("compbench") first, then the one
-    generated from its CompLL specs (`compll.runtime.conf_folder`), then the plugins'
+    generated from its CompLL specs (`compll.generated.conf_folder`), then the plugins'
     (compbench.plugins: entry points and $COMPBENCH_CONF_PATH)."""
     from compbench import plugins
-    from compbench.compll.runtime import conf_folder
+    from compbench.compll.generated import conf_folder
 
     own = conf_dir()
     # Second, compbench's compressors written as CompLL specs (their generated conf/compressor/*.yaml).

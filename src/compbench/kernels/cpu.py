@@ -35,7 +35,7 @@ def source_dir() -> Path:
 def sources() -> list[Path]:
     """The translation units (ops.cpp registers what the others define; the CompLL specs' generated
     units register their own operators); common.h is hashed too."""
-    from compbench.compll.runtime import cpu_sources
+    from compbench.compll.generated import cpu_sources
 
     return [*sorted(source_dir().glob("*.cpp")), *cpu_sources()]
 

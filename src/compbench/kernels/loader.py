@@ -36,7 +36,7 @@ def source_dir() -> Path:
 def sources() -> list[Path]:
     """Every kernel source: the hand-written ones, sorted, then those generated from the CompLL specs
     (`compll_NAME.cu`; the compile test and the host-shim test walk the same list)."""
-    from compbench.compll.runtime import cuda_sources
+    from compbench.compll.generated import cuda_sources
 
     return [*sorted(source_dir().glob("*.cu")), *cuda_sources()]
 
@@ -48,7 +48,7 @@ def module(name: str) -> Any:
 
     path = source_dir() / f"{name}.cu"
     if name.startswith("compll_"):
-        from compbench.compll.runtime import generated_dir
+        from compbench.compll.generated import generated_dir
 
         path = generated_dir() / "cuda" / f"{name}.cu"
     if not path.is_file():
