@@ -1,12 +1,13 @@
 """The C++ generator: a spec as two operators of the CPU extension (`torch.ops.compbench_cpu.*`).
 
 encode(x, inputs, seed, params) -> (packed codes, fp32 header): ATen's parallel_for over chunks of
-`lang.CHUNK` elements. Each chunk keeps its reductions in 8 lanes (lane l takes the elements
-i = l mod 8; lanes combined as ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7)), then the tensor's last n mod 8
-elements, then the chunks in order): the same result at any number of threads. Codes are computed
-per tile of `TILE` elements into a byte buffer (a plain loop the compiler vectorizes), then packed.
-When the codes read no header (onebit's bits), reductions and codes share one read of x; otherwise
-a first pass reduces and a second encodes.
+`lang.CHUNK` elements, 8 elements at a time in SIMD registers (GCC's vector extensions: `vexpr`;
+the tensor's last n mod 8 elements one by one: `expr`). Each chunk keeps its reductions in 8 lanes
+(lane l takes the elements i = l mod 8; lanes combined as ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7)),
+then the tensor's last n mod 8 elements, then the chunks in order): the same result at any number
+of threads. The codes of 8 elements are packed straight into the output (`cl_pack8`: one bit plane
+per movemask). When the codes read no header (onebit's bits), reductions and codes share one read
+of x; otherwise a first pass reduces and a second encodes.
 
 decode(packed, header, numel, params, out) -> out: the 2^bits values computed once from the header
 (the spec's `value`), then out[i] = table[code i].
@@ -19,8 +20,6 @@ from __future__ import annotations
 
 from compbench.compll import lang
 from compbench.compll.lang import FLOAT, INT, Expr
-
-TILE = 1024
 
 _OPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "&", "|", "<<", ">>"}
 
@@ -87,6 +86,63 @@ def lets(*roots: Expr, scalar: bool = False, names: dict[int, str] | None = None
                     for v in lang.lets(*roots))
 
 
+def vexpr(e: Expr) -> str:
+    """The element expression on 8 consecutive elements at once, with GCC's vector extensions
+    (v8f: fp32, v8i: int32 and conditions as -1/0 masks): the same operations lane by lane, so the
+    same roundings as `expr`, in SIMD registers."""
+    def as_float(node: Expr, text: str) -> str:
+        if node.kind == FLOAT:
+            return text
+        return f"__builtin_convertvector({text if node.kind == INT else f'({text} & bi(1))'}, v8f)"
+
+    if isinstance(e, lang.Let):
+        return e.name
+    if isinstance(e, lang.Const):
+        return f"bi({e.value})" if e.kind == INT else f"bf({float(e.value)!r}f)"
+    if isinstance(e, lang.X):
+        return "xv"
+    if isinstance(e, lang.Uniform):
+        return "uv"
+    if isinstance(e, lang.Header):
+        return f"bf(h{e.index})"
+    if isinstance(e, lang.Input):
+        return f"bf(in{e.index})"
+    if isinstance(e, lang.Param):
+        return f"bf(float(prm_{e.name}))"
+    if isinstance(e, lang.Bin):
+        a, b = vexpr(e.a), vexpr(e.b)
+        if e.kind == FLOAT and e.op in ("+", "-", "*", "/"):
+            a, b = as_float(e.a, a), as_float(e.b, b)
+        return f"({a} {e.op} {b})"
+    if isinstance(e, lang.Un):
+        a = vexpr(e.a)
+        if e.op == "abs":
+            return f"cl_vabs({a})" if e.a.kind == FLOAT else f"(({a} < bi(0)) ? -{a} : {a})"
+        if e.op == "to_int":
+            return {FLOAT: f"__builtin_convertvector({a}, v8i)", INT: a}.get(e.a.kind, f"({a} & bi(1))")
+        if e.op == "to_float":
+            return as_float(e.a, a)
+        return {"neg": f"(-{a})", "isnan": f"({a} != {a})", "exponent": f"(((v8i)({a}) >> 23) & bi(255))",
+                "pow2": f"(v8f)(({a}) << 23)"}[e.op]
+    if isinstance(e, lang.Where):
+        a, b = vexpr(e.a), vexpr(e.b)
+        if e.kind == FLOAT:
+            a, b = as_float(e.a, a), as_float(e.b, b)
+        return f"({vexpr(e.cond)} ? {a} : {b})"
+    if isinstance(e, lang.MinMax):
+        a, b = vexpr(e.a), vexpr(e.b)
+        if e.kind == FLOAT:
+            a, b = as_float(e.a, a), as_float(e.b, b)
+            return f"cl_v{e.op}({a}, {b})"
+        return f"(({a} {'<' if e.op == 'min' else '>'} {b}) ? {a} : {b})"
+    raise ValueError(f"CompLL: no vector translation of {type(e).__name__}")
+
+
+def vlets(*roots: Expr) -> str:
+    types = {FLOAT: "v8f", INT: "v8i", lang.BOOL: "v8i"}
+    return " ".join(f"const {types[v.kind]} {v.name} = {vexpr(v.e)};" for v in lang.lets(*roots))
+
+
 HELPERS = """\
 inline int32_t cl_exponent(float v) {  // the biased exponent field of an fp32
   uint32_t b;
@@ -106,6 +162,69 @@ inline float cl_uniform(uint32_t seed, int64_t i) {
 // NaN-propagating min / max (torch.minimum / maximum); both are NaN-free selects otherwise.
 template <typename T> inline T cl_minf(T a, T b) { return (std::isnan(a) || a < b) ? a : b; }
 template <typename T> inline T cl_maxf(T a, T b) { return (std::isnan(a) || a > b) ? a : b; }
+// 8 lanes at once (GCC vector extensions): lane l is element 8j + l.
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
+typedef uint8_t v8b __attribute__((vector_size(8)));
+inline v8f bf(float c) { return v8f{c, c, c, c, c, c, c, c}; }
+inline v8i bi(int32_t c) { return v8i{c, c, c, c, c, c, c, c}; }
+inline v8f cl_vabs(v8f a) { return (v8f)((v8i)a & bi(0x7FFFFFFF)); }
+inline v8f cl_vmin(v8f a, v8f b) { return ((a != a) | (a < b)) ? a : b; }
+inline v8f cl_vmax(v8f a, v8f b) { return ((a != a) | (a > b)) ? a : b; }
+inline v8u cl_vrotl(v8u x, int r) { return (x << r) | (x >> (32 - r)); }
+// cl_uniform of elements i..i+7 (murmur3_32 lane by lane).
+inline v8f cl_uniform8(uint32_t seed, int64_t i) {
+  const v8u key = v8u{0, 1, 2, 3, 4, 5, 6, 7} + static_cast<uint32_t>(i);
+  v8u k = cl_vrotl(key * 0xCC9E2D51u, 15) * 0x1B873593u;
+  v8u h = cl_vrotl(k ^ seed, 13) * 5u + 0xE6546B64u;
+  h ^= 4u;
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return __builtin_convertvector((v8i)(h >> 8), v8f) * bf(5.9604644775390625e-08f);
+}
+// Bit k of each lane's code as 8 bits (bit l: lane l).
+inline unsigned cl_plane(v8i code, int k) {
+#if defined(__AVX2__)
+  return static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps((__m256i)((code >> k) << 31))));
+#else
+  unsigned m = 0;
+  for (int l = 0; l < 8; ++l) m |= static_cast<unsigned>((code[l] >> k) & 1) << l;
+  return m;
+#endif
+}
+// Bit l of m moved to bit B*l.
+template <int B> struct Spread {
+  uint32_t v[256];
+  constexpr Spread() : v() {
+    for (int m = 0; m < 256; ++m) {
+      uint32_t w = 0;
+      for (int l = 0; l < 8; ++l) w |= static_cast<uint32_t>((m >> l) & 1) << (B * l);
+      v[m] = w;
+    }
+  }
+};
+// The B bytes of 8 codes of B bits (code l at bits B*l), written to out.
+template <int B> inline void cl_pack8(v8i code, uint8_t* out) {
+  if constexpr (B == 8) {
+    const v8b c = __builtin_convertvector(code, v8b);
+    std::memcpy(out, &c, 8);
+  } else {
+    static constexpr Spread<B> spread;
+    uint32_t w = 0;
+    for (int k = 0; k < B; ++k) w |= spread.v[cl_plane(code, k)] << k;
+    std::memcpy(out, &w, B);
+  }
+}
+inline v8f cl_load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
 """
 
 
@@ -113,6 +232,21 @@ def _acc_type(r: lang.Reduction) -> tuple[str, str]:
     return {"sum": ("double", "0.0"), "count": ("int64_t", "0"),
             "max": ("float", "-std::numeric_limits<float>::infinity()"),
             "min": ("float", "std::numeric_limits<float>::infinity()")}[r.op]
+
+
+def _vacc(r: lang.Reduction) -> tuple[str, str]:
+    return {"sum": ("v8d", "v8d{}"), "count": ("v8i", "v8i{}"),
+            "max": ("v8f", "bf(-std::numeric_limits<float>::infinity())"),
+            "min": ("v8f", "bf(std::numeric_limits<float>::infinity())")}[r.op]
+
+
+def _vacc_step(r: lang.Reduction, acc: str) -> str:
+    body = vexpr(r.expr)
+    if r.op == "sum":
+        return f"{acc} += __builtin_convertvector({body}, v8d);"
+    if r.op == "count":
+        return f"{acc} += ({body}) & bi(1);"
+    return f"{acc} = cl_v{r.op}({acc}, {body});"
 
 
 def _acc_step(r: lang.Reduction, acc: str) -> str:
@@ -126,6 +260,8 @@ def _acc_step(r: lang.Reduction, acc: str) -> str:
 
 def _combine(r: lang.Reduction, k: int) -> str:
     a = [f"a{k}[{j}]" for j in range(8)]
+    if r.op == "count":
+        a = [f"int64_t({v})" for v in a]
     if r.op in ("sum", "count"):
         return f"(({a[0]} + {a[4]}) + ({a[1]} + {a[5]})) + (({a[2]} + {a[6]}) + ({a[3]} + {a[7]}))"
     m = f"cl_{r.op}f"
@@ -153,7 +289,7 @@ def source(spec: lang.Spec) -> str:
            '#include "common.h"', "", "#include <torch/library.h>", "",
            "#include <algorithm>", "#include <cmath>", "#include <cstring>", "#include <limits>",
            "#include <vector>", "", "namespace compbench_cpu {", f"namespace compll_{spec.name} {{", "",
-           HELPERS, f"constexpr int64_t kChunk = {lang.CHUNK}, kTile = {TILE};", "",
+           HELPERS, f"constexpr int64_t kChunk = {lang.CHUNK};", "",
            "struct Part {"]
     for k, r in enumerate(reds):
         t, init = _acc_type(r)
@@ -189,18 +325,16 @@ def source(spec: lang.Spec) -> str:
     def reduce_chunk(indent: str) -> list[str]:
         lines = []
         for k, r in enumerate(reds):
-            t, init = _acc_type(r)
-            lines.append(f"{indent}{t} a{k}[8] = {{{', '.join([init] * 8)}}};")
+            t, init = _vacc(r)
+            lines.append(f"{indent}{t} a{k} = {init};")
         return lines
 
     def lanes(indent: str, lo: str, hi: str) -> list[str]:
-        accs = (_acc_step(r, f"a{k}[l]") for k, r in enumerate(reds))
-        steps = " ".join([lets(*(r.expr for r in reds)), *accs])
+        accs = (_vacc_step(r, f"a{k}") for k, r in enumerate(reds))
+        steps = " ".join([vlets(*(r.expr for r in reds)), *accs])
         return [f"{indent}for (int64_t b = {lo}; b + 8 <= {hi}; b += 8) {{",
-                f"{indent}  for (int l = 0; l < 8; ++l) {{",
-                f"{indent}    const int64_t i = b + l; (void)i;",
-                f"{indent}    const float xv = p[i]; {steps}",
-                f"{indent}  }}", f"{indent}}}"]
+                f"{indent}  const v8f xv = cl_load8(p + b); {steps}",
+                f"{indent}}}"]
 
     def finish_chunk(indent: str) -> list[str]:
         lines = [f"{indent}compll_{spec.name}::Part& part = parts[static_cast<size_t>(c)];"]
@@ -213,30 +347,26 @@ def source(spec: lang.Spec) -> str:
         lines.append(f"{indent}}}")
         return lines
 
-    def codes(indent: str, lo: str, hi: str) -> list[str]:
-        code = expr(spec.code)
-        lines = [f"{indent}for (int64_t t0 = {lo}; t0 < {hi}; t0 += kTile) {{",
-                 f"{indent}  const int64_t t1 = std::min<int64_t>({hi}, t0 + kTile);"]
-        if spec.bits == 8:
-            lines += [f"{indent}  for (int64_t i = t0; i < t1; ++i) {{",
-                      f"{indent}    const float xv = p[i]; (void)xv; {lets(spec.code)}",
-                      f"{indent}    o[i] = static_cast<uint8_t>(({code}) & 255);",
-                      f"{indent}  }}"]
-        else:
-            mask = (1 << spec.bits) - 1
-            pack = " | ".join(f"(cb[j + {k}] << {spec.bits * k})" for k in range(per))
-            lines += [f"{indent}  uint8_t cb[kTile + 8];",
-                      f"{indent}  for (int64_t i = t0; i < t1; ++i) {{",
-                      f"{indent}    const float xv = p[i]; (void)xv; {lets(spec.code)}",
-                      f"{indent}    cb[i - t0] = static_cast<uint8_t>(({code}) & {mask});",
-                      f"{indent}  }}",
-                      f"{indent}  for (int64_t i = t1; i < t0 + kTile && i < t1 + {per}; ++i) "
-                      "cb[i - t0] = 0;",
-                      f"{indent}  for (int64_t j = 0; j < t1 - t0; j += {per}) "
-                      f"o[(t0 + j) / {per}] = static_cast<uint8_t>({pack});",
-                      ]
-        lines.append(f"{indent}}}")
-        return lines
+    def codes(indent: str, lo: str, hi: str, fused: bool = False) -> list[str]:
+        """One loop over [lo, hi): 8 elements at a time (one load; with `fused`, the reductions'
+        lanes too), their codes packed straight into the output; the tensor's last n mod 8
+        elements one by one."""
+        mask = (1 << spec.bits) - 1
+        roots = [*(r.expr for r in reds), spec.code] if fused else [spec.code]
+        accs = [_vacc_step(r, f"a{k}") for k, r in enumerate(reds)] if fused else []
+        uv = "const v8f uv = cl_uniform8(sd, i); " if spec.seeded else ""
+        return [f"{indent}int64_t i = {lo};",
+                f"{indent}for (; i + 8 <= {hi}; i += 8) {{",
+                f"{indent}  const v8f xv = cl_load8(p + i); {uv}{vlets(*roots)}",
+                *(f"{indent}  {step}" for step in accs),
+                f"{indent}  cl_pack8<{spec.bits}>(({vexpr(spec.code)}) & bi({mask}), o + i / {per});",
+                f"{indent}}}",
+                f"{indent}for (; i < {hi}; ++i) {{  // the last n mod 8 elements",
+                f"{indent}  const float xv = p[i]; (void)xv; {lets(spec.code)}",
+                f"{indent}  if (i % {per} == 0) o[i / {per}] = 0;",
+                f"{indent}  o[i / {per}] |= static_cast<uint8_t>((({expr(spec.code)}) & {mask}) << "
+                f"({spec.bits} * (i % {per})));",
+                f"{indent}}}"]
 
     chunk_head = ["  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {",
                   "    for (int64_t c = c0; c < c1; ++c) {",
@@ -257,12 +387,7 @@ def source(spec: lang.Spec) -> str:
         out += chunk_head
         if reds:
             out += reduce_chunk("      ")
-            # lanes and codes per tile: the tile is re-read from L1 for the codes
-            out += ["      for (int64_t s0 = lo; s0 < hi; s0 += kTile) {",
-                    "        const int64_t s1 = std::min(hi, s0 + kTile);"]
-            out += lanes("        ", "s0", "s1")
-            out += codes("        ", "s0", "s1")
-            out += ["      }"]
+            out += codes("      ", "lo", "hi", fused=True)
             out += finish_chunk("      ")
         else:
             out += codes("      ", "lo", "hi")
