@@ -71,7 +71,6 @@ at::Tensor signum_step(at::Tensor& m, const at::Tensor& g, double beta);
 at::Tensor absmax_var(const at::Tensor& x);
 std::tuple<at::Tensor, at::Tensor> qsgd_quantize(const at::Tensor& x, int64_t levels, int64_t bucket_size,
                                                  int64_t seed);
-at::Tensor tbq_step(at::Tensor& r, const at::Tensor& g, double tau);
 // decode.cpp: codes back to values.
 at::Tensor decode_codes(const at::Tensor& packed, int64_t numel, int64_t bits, const at::Tensor& values,
                         at::Tensor& out);

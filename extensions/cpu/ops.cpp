@@ -23,7 +23,6 @@ TORCH_LIBRARY(compbench_cpu, m) {
   m.def("pack_signs(Tensor x) -> (Tensor, Tensor)", &pack_signs);
   m.def("absmax_var(Tensor x) -> Tensor", &absmax_var);
   m.def("decode_codes(Tensor packed, int numel, int bits, Tensor values, Tensor(a!) out) -> Tensor(a!)", &decode_codes);
-  m.def("tbq_step(Tensor(a!) r, Tensor g, float tau) -> Tensor", &tbq_step);
   m.def("signum_step(Tensor(a!) m, Tensor g, float beta) -> Tensor", &signum_step);
   m.def("qsgd_dequantize(Tensor codes, Tensor norms, int levels, int bucket_size, Tensor(a!) out) -> Tensor(a!)",
         &qsgd_dequantize);

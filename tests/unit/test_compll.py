@@ -14,7 +14,7 @@ import math
 import shutil
 import subprocess
 import sys
-from ctypes import c_longlong, c_uint, c_void_p
+from ctypes import c_float, c_longlong, c_uint, c_void_p
 
 import numpy as np
 import pytest
@@ -49,6 +49,11 @@ def _params(s: lang.Spec) -> dict:
     return {k: s.settings[k].default for k in s.params}
 
 
+def _state(s: lang.Spec, n: int) -> torch.Tensor | None:
+    """A stateful spec's state before the encode (TBQ's residual), else None."""
+    return _x(n, 11) if s.stateful else None
+
+
 def _natural_reference(x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Natural compression from its definition (Horvath et al., 2019), in numpy: |x| in
     [2^e, 2^(e+1)) goes up to 2^(e+1) iff U < |x| / 2^e - 1, sign kept; compbench's 8-bit code: sign
@@ -70,13 +75,15 @@ def _natural_reference(x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray
     return codes, np.array([amax], np.float32)
 
 
-def _reference(name: str, x: torch.Tensor, seed: int):
-    """(codes packed, header) of the reference implementation of spec `name`."""
+def _reference(name: str, x: torch.Tensor, seed: int, state: torch.Tensor | None):
+    """(codes packed, header) of the reference implementation of spec `name` (`state` updated)."""
     if name == "onebit":
         return _onebit(x, torch.empty_like(x))
     if name == "terngrad":
         scale = x.abs().max().reshape(1)
         return twins.terngrad_codes(x, scale, seed), scale
+    if name == "tbq":
+        return twins.tbq_step(state, x, 0.01), torch.zeros(0)
     if name == "natural":
         codes, header = _natural_reference(x.numpy(), seed)
         return torch.from_numpy(codes), torch.from_numpy(header)
@@ -88,9 +95,12 @@ def _reference(name: str, x: torch.Tensor, seed: int):
 def test_torch_oracle_matches_the_reference(name, n):
     s = runtime.spec(name)
     x = _x(n, 1)
-    packed, header = gen_torch.module(s).encode(x, _inputs(s, x), 12345, _params(s))
-    want_packed, want_header = _reference(name, x, 12345)
+    state, want_state = _state(s, n), _state(s, n)
+    packed, header = gen_torch.module(s).encode(x, _inputs(s, x), 12345, _params(s), state)
+    want_packed, want_header = _reference(name, x, 12345, want_state)
     assert torch.equal(packed, want_packed)
+    if s.stateful:
+        assert torch.equal(state, want_state)
     torch.testing.assert_close(header, want_header.reshape(-1), rtol=2e-6, atol=1e-9)
 
 
@@ -104,15 +114,18 @@ def test_generated_cpu_kernels_match_the_torch_oracle(name, n, threads):
     params = [float(v) for v in _params(s).values()]
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
+    state, want_state = _state(s, n), _state(s, n)
     try:
-        packed, header = runtime.cpu_encode(s, x, _inputs(s, x), 2**40 + 77, params)
+        packed, header = runtime.cpu_encode(s, x, _inputs(s, x), 2**40 + 77, params, state)
         out = torch.full((n + 3,), 7.0)
         decoded = runtime.cpu_decode(s, packed, header, n, params, out)
     finally:
         torch.set_num_threads(old)
     oracle = gen_torch.module(s)
-    want_packed, want_header = oracle.encode(x, _inputs(s, x), 77, _params(s))
+    want_packed, want_header = oracle.encode(x, _inputs(s, x), 77, _params(s), want_state)
     assert torch.equal(packed, want_packed)
+    if s.stateful:
+        assert torch.equal(state, want_state)
     # fp64 sums in another order: the header may differ in its last bit; max, min, counts are exact.
     torch.testing.assert_close(header, want_header, rtol=2e-6, atol=1e-9)
     assert torch.equal(decoded[:n], oracle.decode(packed, header, n, _params(s)))
@@ -167,21 +180,31 @@ def test_generated_cuda_kernels_match_the_torch_oracle_on_the_host(host_lib, nam
     oracle = gen_torch.module(s)
     x = _x(n, 3)
     inputs = _inputs(s, x)
-    want_packed, header = oracle.encode(x, inputs, 99, _params(s))
-    h = (header if s.header else inputs).numpy().astype(np.float32).copy()
-    if h.size == 0:
-        h = np.zeros(1, np.float32)
+    state, want_state = _state(s, n), _state(s, n)
+    want_packed, header = oracle.encode(x, inputs, 99, _params(s), want_state)
+    h = (header if s.header and not s.inputs else inputs).numpy().astype(np.float32).copy()
     xs = x.numpy().copy()
+    st = state.numpy().copy() if s.stateful else None
     nbytes = want_packed.numel()
     out = np.zeros(nbytes, np.uint8)
-    prm = np.array(list(_params(s).values()), np.float32)
+    given = {"state": st, "x": xs, "n": n, "h": h, "seed": 99, "out": out, "nbytes": nbytes, **_params(s)}
+    types, args = [], []
+    for ctype, name in gen_cuda.encode_args(s):
+        value = given[name]
+        if isinstance(value, np.ndarray):
+            types.append(c_void_p)
+            args.append(value.ctypes.data_as(c_void_p))
+        else:
+            cls = {"long long": c_longlong, "unsigned int": c_uint, "float": c_float}[ctype]
+            types.append(cls)
+            args.append(cls(value))
     enc = getattr(host_lib, s.encode_name)
-    extra = [c_void_p] if s.params else []
-    enc.argtypes = [c_void_p, c_longlong, c_void_p, c_uint, c_void_p, c_longlong, *extra]
+    enc.argtypes = types
     enc.restype = None
-    ptr = [a.ctypes.data_as(c_void_p) for a in (xs, h, out, prm)]
-    _grid(host_lib, enc, ptr[0], n, ptr[1], 99, ptr[2], nbytes, *([ptr[3]] if s.params else []))
+    _grid(host_lib, enc, *args)
     assert torch.equal(torch.from_numpy(out), want_packed)
+    if s.stateful:
+        assert torch.equal(torch.from_numpy(st), want_state)
     table = oracle.table(header, _params(s)).numpy().copy()
     decoded = np.zeros(n, np.float32)
     dec = getattr(host_lib, s.decode_name)
@@ -261,6 +284,8 @@ def test_the_extension_is_keyed_on_the_generated_sources():
     (lambda: lang.Spec(name="b", doc="d", bits=8, code=lang.x * 2.0, value=lang.Code() * 1.0),
      "code must be an int expression"),
     (lambda: lang.where(lang.x, 1, 0).kind, "needs a comparison as cond"),
+    (lambda: lang.Spec(name="b", doc="d", bits=8, code=lang.to_int(lang.x), value=lang.Code() * 1.0,
+                       update=lang.State() + lang.x), "a compressor of its own keeps no state yet"),
     (lambda: bool(lang.x < 1.0), "has no truth value"),
     (lambda: lang.reduce("mean", lang.x), "use one of sum, max, min, count"),
 ])
@@ -278,6 +303,7 @@ def test_gen_prints_each_target_and_refuses_bad_input():
     assert ok.returncode == 0 and "natural_encode" in ok.stdout and "TORCH_LIBRARY_FRAGMENT" in ok.stdout
     assert "class Compressor(SpecCompressor)" in gen("natural").stdout
     assert "__global__ void terngrad_codes" in gen("terngrad", "--target", "cuda").stdout
+    assert "state[i] = " in gen("tbq", "--target", "cuda").stdout
     for args, message in [(("nope",), f"error: no CompLL spec 'nope'; choose one of: {', '.join(SPECS)}"),
                           (("natural", "--target", "java"),
                            "error: --target java: choose one of torch, cpu, cuda, conf")]:

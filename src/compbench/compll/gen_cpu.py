@@ -38,6 +38,8 @@ def expr(e: Expr, scalar: bool = False, names: dict[int, str] | None = None) -> 
         return "xv"
     if isinstance(e, lang.Uniform):
         return "cl_uniform(sd, i)"
+    if isinstance(e, lang.State):
+        return "stv"
     if isinstance(e, lang.Code):
         return "code"
     if isinstance(e, lang.Header):
@@ -103,6 +105,8 @@ def vexpr(e: Expr) -> str:
         return "xv"
     if isinstance(e, lang.Uniform):
         return "uv"
+    if isinstance(e, lang.State):
+        return "sv"
     if isinstance(e, lang.Header):
         return f"bf(h{e.index})"
     if isinstance(e, lang.Input):
@@ -297,8 +301,9 @@ def source(spec: lang.Spec) -> str:
     out += ["};", "", f"}}  // namespace compll_{spec.name}", f"using namespace compll_{spec.name};", ""]
     out[out.index(f"namespace compll_{spec.name} {{")] = f"namespace compll_{spec.name} {{"
     # encode
+    state_arg = ", at::Tensor& state" if spec.stateful else ""
     out += [f"std::tuple<at::Tensor, at::Tensor> {enc}(const at::Tensor& x, const at::Tensor& inputs, "
-            "int64_t seed, at::ArrayRef<double> params) {",
+            f"int64_t seed, at::ArrayRef<double> params{state_arg}) {{",
             f'  check_flat_f32(x, "{enc}");',
             f'  TORCH_CHECK(x.numel() < (int64_t{{1}} << 32), "{enc}: counts 32-bit indices; '
             'split the tensor");',
@@ -307,6 +312,9 @@ def source(spec: lang.Spec) -> str:
             "  const int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;",
             f"  const int64_t nbytes = (n + {per - 1}) / {per};",
             "  const float* p = x.data_ptr<float>();",
+            *([f'  check_flat_f32(state, "{enc}");',
+               f'  TORCH_CHECK(state.numel() == x.numel(), "{enc}: state and x sizes differ");',
+               "  float* sp = state.data_ptr<float>();"] if spec.stateful else []),
             "  const at::Tensor in_t = inputs.to(at::kFloat).contiguous();",
             "  const float* in_p = in_t.data_ptr<float>();",
             "  (void)in_p;",
@@ -352,20 +360,28 @@ def source(spec: lang.Spec) -> str:
         lanes too), their codes packed straight into the output; the tensor's last n mod 8
         elements one by one."""
         mask = (1 << spec.bits) - 1
-        roots = [*(r.expr for r in reds), spec.code] if fused else [spec.code]
+        upd = [spec.update] if spec.update is not None else []
+        roots = [*(r.expr for r in reds), spec.code, *upd] if fused else [spec.code, *upd]
+        sv = "const v8f sv = cl_load8(sp + i); " if spec.stateful else ""
+        store = ([f"{indent}  const v8f su = {vexpr(spec.update)};",
+                  f"{indent}  std::memcpy(sp + i, &su, sizeof(su));"] if spec.update is not None else [])
+        tail_state = "const float stv = sp[i]; " if spec.stateful else ""
+        tail_store = [f"{indent}  sp[i] = {expr(spec.update)};"] if spec.update is not None else []
         accs = [_vacc_step(r, f"a{k}") for k, r in enumerate(reds)] if fused else []
         uv = "const v8f uv = cl_uniform8(sd, i); " if spec.seeded else ""
         return [f"{indent}int64_t i = {lo};",
                 f"{indent}for (; i + 8 <= {hi}; i += 8) {{",
-                f"{indent}  const v8f xv = cl_load8(p + i); {uv}{vlets(*roots)}",
+                f"{indent}  const v8f xv = cl_load8(p + i); {sv}{uv}{vlets(*roots)}",
                 *(f"{indent}  {step}" for step in accs),
                 f"{indent}  cl_pack8<{spec.bits}>(({vexpr(spec.code)}) & bi({mask}), o + i / {per});",
+                *store,
                 f"{indent}}}",
                 f"{indent}for (; i < {hi}; ++i) {{  // the last n mod 8 elements",
-                f"{indent}  const float xv = p[i]; (void)xv; {lets(spec.code)}",
+                f"{indent}  const float xv = p[i]; (void)xv; {tail_state}{lets(spec.code, *upd)}",
                 f"{indent}  if (i % {per} == 0) o[i / {per}] = 0;",
                 f"{indent}  o[i / {per}] |= static_cast<uint8_t>((({expr(spec.code)}) & {mask}) << "
                 f"({spec.bits} * (i % {per})));",
+                *tail_store,
                 f"{indent}}}"]
 
     chunk_head = ["  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {",
@@ -443,8 +459,8 @@ def source(spec: lang.Spec) -> str:
                 f"o[k] = r[in[whole] * {per} + (k - whole * {per})];"]
     out += ["  return out;", "}", "",
             "TORCH_LIBRARY_FRAGMENT(compbench_cpu, m) {",
-            f'  m.def("{enc}(Tensor x, Tensor inputs, int seed, float[] params) -> (Tensor, Tensor)", '
-            f'&{enc});',
+            f'  m.def("{enc}(Tensor x, Tensor inputs, int seed, float[] params'
+            f'{", Tensor(a!) state" if spec.stateful else ""}) -> (Tensor, Tensor)", &{enc});',
             f'  m.def("{dec}(Tensor packed, Tensor header, int numel, float[] params, Tensor(a!) out) '
             '-> Tensor(a!)", '
             f"&{dec});",

@@ -30,6 +30,8 @@ def element(e: Expr, scalar: bool = False) -> str:
         return "x"
     if isinstance(e, lang.Uniform):
         return "u"
+    if isinstance(e, lang.State):
+        return "state"
     if isinstance(e, lang.Code):
         return "code"
     if isinstance(e, lang.Header):
@@ -128,7 +130,7 @@ def source(spec: lang.Spec) -> str:
     lines += [
         "",
         "",
-        "def encode(x, inputs, seed, params):",
+        "def encode(x, inputs, seed, params, state=None):",
         f'    """x: flat fp32 -> (uint8 codes, {spec.bits} bits each, packed; fp32 header of '
         f'{len(spec.header)})."""',
         "    n = x.numel()",
@@ -136,8 +138,11 @@ def source(spec: lang.Spec) -> str:
     ]
     if spec.seeded:
         lines.append("    u = counter_uniform(seed, n)")
-    lines += _lets("    ", spec.code)
+    roots = [spec.code, *([spec.update] if spec.update is not None else [])]
+    lines += _lets("    ", *roots)
     lines.append(f"    code = {element(spec.code)}")
+    if spec.update is not None:
+        lines.append(f"    state.copy_({element(spec.update)})  # the state's new value, in place")
     lines += [
         "    code = code.expand(n) if code.dim() == 0 else code",
         "    return pack_codes(code.to(torch.int32) & (2**BITS - 1), BITS), header",

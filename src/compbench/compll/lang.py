@@ -104,6 +104,13 @@ class Param(Expr):
 
 
 @dataclass(frozen=True, eq=False)
+class State(Expr):
+    """Element i of the compressor's per-element state (fp32, e.g. TBQ's residual), as it was before
+    this encode; the spec's `update` is its new value, written in place by the same pass."""
+    kind: str = FLOAT
+
+
+@dataclass(frozen=True, eq=False)
 class Input(Expr):
     """Scalar k handed to the encode kernel by the caller (fp32; e.g. TernGrad's clipped scale)."""
     index: int
@@ -312,6 +319,7 @@ class Spec:
     inputs: int = 0
     settings: Mapping[str, Setting] = field(default_factory=dict)
     caps: Capabilities = Capabilities()
+    update: Expr | None = None
     register: bool = True
     encode_name: str = ""
     decode_name: str = ""
@@ -328,6 +336,13 @@ class Spec:
             raise ValueError(f"spec {self.name}: code must be an int expression (to_int(...) or where)")
         check(self, self.code, element=True, decode=False)
         check(self, self.value, element=True, decode=True)
+        if self.update is not None and self.register:
+            raise ValueError(f"spec {self.name}: a compressor of its own keeps no state yet; "
+                             "set register=False and keep the state in a hand-written compressor")
+        if self.update is not None:
+            check(self, self.update, element=True, decode=False)
+            if self.update.kind != FLOAT:
+                raise ValueError(f"spec {self.name}: update is the state's new fp32 value")
         for h in self.header:
             check(self, h, element=False, decode=False)
         for r in self.reductions:
@@ -349,19 +364,34 @@ class Spec:
     def params(self) -> list[str]:
         """The settings the kernels read (`Param` nodes), in the order of `settings`: the kernels'
         `params` argument."""
-        roots = [self.code, self.value, *self.header, *(r.expr for r in self.reductions)]
+        roots = [*self._code_roots, self.value, *self.header, *(r.expr for r in self.reductions)]
         used = {n.name for r in roots for n in walk(r) if isinstance(n, Param)}
         used |= {n.name for r in roots for v in lets(r) for n in walk(v.e) if isinstance(n, Param)}
         return [k for k in self.settings if k in used]
 
     @property
+    def stateful(self) -> bool:
+        """The encode reads and updates a per-element state (`State()`, `update`)."""
+        return self.update is not None
+
+    @property
+    def reads_header(self) -> bool:
+        """The codes read the header or the inputs (the CUDA encode then takes them as `h`)."""
+        return any(isinstance(n, (Header, Input)) for r in self._code_roots for n in walk(r))
+
+    @property
+    def _code_roots(self) -> list[Expr]:
+        roots = [self.code, *([self.update] if self.update is not None else [])]
+        return roots + [v.e for v in lets(*roots)]
+
+    @property
     def seeded(self) -> bool:
-        return any(isinstance(n, Uniform) for n in walk(self.code))
+        return any(isinstance(n, Uniform) for r in self._code_roots for n in walk(r))
 
     @property
     def fused(self) -> bool:
         """The codes need no reduction: one read computes both (onebit's bits and means)."""
-        return not any(isinstance(n, Header) for n in walk(self.code))
+        return not any(isinstance(n, Header) for r in self._code_roots for n in walk(r))
 
 
 def walk(e: Expr):
@@ -377,7 +407,7 @@ def check(spec: Spec, e: Expr, *, element: bool, decode: bool) -> None:
     """ValueError for a node that has no meaning where it is used."""
     for n in walk(e):
         where_ = "value" if decode else ("code" if element else "header")
-        bad = ((isinstance(n, (X, Uniform, Input)) and (decode or not element))
+        bad = ((isinstance(n, (X, Uniform, Input, State)) and (decode or not element))
                or (isinstance(n, Code) and not decode)
                or (isinstance(n, (Reduction, Numel)) and element)
                or (isinstance(n, Header) and not element))

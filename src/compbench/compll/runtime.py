@@ -52,9 +52,12 @@ def _op(name: str):
     return getattr(torch.ops.compbench_cpu, name)
 
 
-def cpu_encode(s: lang.Spec, flat: Tensor, inputs: Tensor, seed: int,
-               params: list[float]) -> tuple[Tensor, Tensor]:
-    """The generated C++ encode: (packed codes, fp32 header). `flat`: contiguous fp32 CPU."""
+def cpu_encode(s: lang.Spec, flat: Tensor, inputs: Tensor, seed: int, params: list[float],
+               state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The generated C++ encode: (packed codes, fp32 header); `state` (a stateful spec's) is updated
+    in place. `flat`: contiguous fp32 CPU."""
+    if s.stateful:
+        return _op(s.encode_name)(flat, inputs, seed & 0xFFFFFFFF, params, state)
     return _op(s.encode_name)(flat, inputs, seed & 0xFFFFFFFF, params)
 
 
@@ -63,27 +66,27 @@ def cpu_decode(s: lang.Spec, packed: Tensor, header: Tensor, numel: int, params:
     return _op(s.decode_name)(packed, header, numel, params, out)
 
 
-def cuda_encode(s: lang.Spec, flat: Tensor, inputs: Tensor, seed: int,
-                params: list[float]) -> tuple[Tensor, Tensor]:
-    """The generated RawKernel: the header by the generated torch code on the GPU (reductions are
-    torch's), then one thread per packed byte."""
+def cuda_encode(s: lang.Spec, flat: Tensor, inputs: Tensor, seed: int, params: list[float],
+                state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The generated RawKernel (parameters: `gen_cuda.encode_args`): the header by the generated torch
+    code on the GPU (reductions are torch's), then one thread per packed byte."""
     import numpy as np
 
     from compbench.kernels.loader import as_cupy, launch
 
     n = flat.numel()
-    if s.header:
-        header = gen_torch.module(s).make_header(flat, inputs, dict(zip(s.params, params, strict=True)))
-        h = header
-    else:
-        header = flat.new_zeros(0)
-        h = inputs.reshape(-1).float().contiguous() if inputs.numel() else flat.new_zeros(1)
+    header = gen_torch.module(s).make_header(flat, inputs, dict(zip(s.params, params, strict=True)))
     nbytes = packed_nbytes(n, s.bits)
     out = torch.empty(nbytes, dtype=torch.uint8, device=flat.device)
-    args = [as_cupy(flat), np.int64(n), as_cupy(h.contiguous()), np.uint32(seed & 0xFFFFFFFF), as_cupy(out),
-            np.int64(nbytes)]
-    if s.params:
-        args.append(as_cupy(torch.tensor(params, dtype=torch.float32, device=flat.device)))
+    args: list = [as_cupy(state)] if s.stateful else []
+    args += [as_cupy(flat), np.int64(n)]
+    if s.reads_header:
+        h = header if s.header and not s.inputs else inputs.reshape(-1).float()
+        args.append(as_cupy(h.contiguous()))
+    if s.seeded:
+        args.append(np.uint32(seed & 0xFFFFFFFF))
+    args += [np.float32(v) for v in params]
+    args += [as_cupy(out), np.int64(nbytes)]
     launch(f"compll_{s.name}", s.encode_name, nbytes, flat.device, tuple(args))
     return out, header
 

@@ -143,8 +143,9 @@ def terngrad_codes(flat: Tensor, scale: Tensor, seed: int) -> Tensor:
 
 
 def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
-    """TBQ's step, residual `r` updated in place; packed 2-bit codes. Twin: `kernels.twins.tbq_step`."""
-    return torch.ops.compbench_cpu.tbq_step(r, g, tau)
+    """TBQ's step, residual `r` updated in place; packed 2-bit codes (generated from
+    compll/specs/tbq.py). Twin: `kernels.twins.tbq_step`."""
+    return torch.ops.compbench_cpu.tbq_step(g, g.new_zeros(0), 0, [float(tau)], r)[0]
 
 
 def onebit_pack(flat: Tensor) -> tuple[Tensor, Tensor]:

@@ -132,8 +132,9 @@ def terngrad_codes(flat: Tensor, scale: Tensor, seed: int) -> Tensor:
 
 
 def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
-    """TBQ with the residual update in the kernel: R (fp32, contiguous) is updated in place;
-    returns the packed 2-bit codes. Twin: `twins.tbq_step` (= tbq._threshold_quantize)."""
+    """TBQ with the residual update in the kernel (generated from compll/specs/tbq.py): R (fp32,
+    contiguous) is updated in place; returns the packed 2-bit codes. Twin: `twins.tbq_step`
+    (= tbq._threshold_quantize)."""
     if r.dtype != torch.float32 or not r.is_contiguous():
         raise ValueError("tbq_step updates a contiguous fp32 residual in place")
     grad = _flat_f32(g)
@@ -141,7 +142,7 @@ def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
     nbytes = (n + 3) // 4
     out = torch.empty(nbytes, dtype=torch.uint8, device=r.device)
     args = (as_cupy(r), as_cupy(grad), np.int64(n), np.float32(tau), as_cupy(out), np.int64(nbytes))
-    launch("tbq", "tbq_step", nbytes, r.device, args)
+    launch("compll_tbq", "tbq_step", nbytes, r.device, args)
     return out
 
 
