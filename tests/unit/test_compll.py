@@ -309,3 +309,21 @@ def test_gen_prints_each_target_and_refuses_bad_input():
                            "error: --target java: choose one of torch, cpu, cuda, conf")]:
         res = gen(*args)
         assert res.returncode == 2 and res.stderr.strip().splitlines() == [message], res.stderr
+
+
+@needs_kernels
+def test_a_registered_spec_runs_its_compiled_kernels_on_cpu(monkeypatch):
+    calls = []
+    encode, decode = runtime.cpu_encode, runtime.cpu_decode
+    monkeypatch.setattr(runtime, "cpu_encode", lambda *a: calls.append("encode") or encode(*a))
+    monkeypatch.setattr(runtime, "cpu_decode", lambda *a: calls.append("decode") or decode(*a))
+    x = _x(7 * 14287, 8).reshape(7, -1)
+    comp = build_compressor("natural")
+    comp.begin_step(5, 0.0)
+    payload, ctx = comp.compress(x, "w")
+    out = comp.decompress(payload, ctx)
+    assert calls == ["encode", "decode"]
+    monkeypatch.setenv("COMPBENCH_KERNELS", "0")  # the generated torch code: the same payload and decode
+    twin_payload, _ = comp.compress(x, "w")
+    assert all(torch.equal(a, b) for a, b in zip(payload, twin_payload, strict=True))
+    assert torch.equal(comp.decompress(twin_payload, ctx), out) and calls == ["encode", "decode"]
