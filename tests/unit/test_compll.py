@@ -286,6 +286,8 @@ def test_the_extension_is_keyed_on_the_generated_sources():
     (lambda: lang.where(lang.x, 1, 0).kind, "needs a comparison as cond"),
     (lambda: lang.Spec(name="b", doc="d", bits=8, code=lang.to_int(lang.x), value=lang.Code() * 1.0,
                        update=lang.State() + lang.x), "a compressor of its own keeps no state yet"),
+    (lambda: lang.Spec(name="b", doc="d", bits=8, code=lang.to_int(lang.Input(0)), value=lang.Code() * 1.0,
+                       inputs=1), "a compressor of its own has no caller to hand it inputs"),
     (lambda: bool(lang.x < 1.0), "has no truth value"),
     (lambda: lang.reduce("mean", lang.x), "use one of sum, max, min, count"),
 ])

@@ -336,6 +336,9 @@ class Spec:
             raise ValueError(f"spec {self.name}: code must be an int expression (to_int(...) or where)")
         check(self, self.code, element=True, decode=False)
         check(self, self.value, element=True, decode=True)
+        if self.inputs and self.register:
+            raise ValueError(f"spec {self.name}: a compressor of its own has no caller to hand it inputs; "
+                             "compute them as reductions in the header, or set register=False")
         if self.update is not None and self.register:
             raise ValueError(f"spec {self.name}: a compressor of its own keeps no state yet; "
                              "set register=False and keep the state in a hand-written compressor")
