@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     if args.target == "conf":
         if not s.register:
             raise ValueError(f"spec {s.name} is a kernel of a hand-written compressor: it has no conf entry "
-                             "(conf/compressor/{s.name}.yaml is)".replace("{s.name}", s.name))
+                             f"(conf/compressor/{s.name}.yaml is its option)")
         text = runtime.conf_text(s)
     else:
         text = {"torch": gen_torch.source, "cpu": gen_cpu.source, "cuda": gen_cuda.source}[args.target](s)
