@@ -66,14 +66,11 @@ at::Tensor sampled_threshold(const at::Tensor& x, int64_t m, int64_t j, int64_t 
 at::Tensor block_absmax(const at::Tensor& x);
 // signs.cpp: 1-bit codes.
 std::tuple<at::Tensor, at::Tensor> pack_signs(const at::Tensor& x);
-std::tuple<at::Tensor, at::Tensor> onebit_pack(const at::Tensor& x);
 at::Tensor signum_step(at::Tensor& m, const at::Tensor& g, double beta);
 // quantize.cpp: scales and stochastic or thresholded codes.
 at::Tensor absmax_var(const at::Tensor& x);
-at::Tensor terngrad_codes(const at::Tensor& x, const at::Tensor& scale, int64_t seed);
 std::tuple<at::Tensor, at::Tensor> qsgd_quantize(const at::Tensor& x, int64_t levels, int64_t bucket_size,
                                                  int64_t seed);
-at::Tensor tbq_step(at::Tensor& r, const at::Tensor& g, double tau);
 // decode.cpp: codes back to values.
 at::Tensor decode_codes(const at::Tensor& packed, int64_t numel, int64_t bits, const at::Tensor& values,
                         at::Tensor& out);

@@ -14,6 +14,8 @@
 
 namespace compbench_cpu {
 
+// The operators generated from CompLL specs (compbench.compll) register themselves in their own
+// units (TORCH_LIBRARY_FRAGMENT).
 TORCH_LIBRARY(compbench_cpu, m) {
   m.def("dragonn_select(Tensor x, float threshold, int slots, int seed) -> Tensor", &dragonn_select);
   m.def("block_absmax(Tensor x) -> Tensor", &block_absmax);
@@ -21,9 +23,6 @@ TORCH_LIBRARY(compbench_cpu, m) {
   m.def("pack_signs(Tensor x) -> (Tensor, Tensor)", &pack_signs);
   m.def("absmax_var(Tensor x) -> Tensor", &absmax_var);
   m.def("decode_codes(Tensor packed, int numel, int bits, Tensor values, Tensor(a!) out) -> Tensor(a!)", &decode_codes);
-  m.def("terngrad_codes(Tensor x, Tensor scale, int seed) -> Tensor", &terngrad_codes);
-  m.def("tbq_step(Tensor(a!) r, Tensor g, float tau) -> Tensor", &tbq_step);
-  m.def("onebit_pack(Tensor x) -> (Tensor, Tensor)", &onebit_pack);
   m.def("signum_step(Tensor(a!) m, Tensor g, float beta) -> Tensor", &signum_step);
   m.def("qsgd_dequantize(Tensor codes, Tensor norms, int levels, int bucket_size, Tensor(a!) out) -> Tensor(a!)",
         &qsgd_dequantize);

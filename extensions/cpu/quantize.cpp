@@ -1,5 +1,5 @@
-// Quantizers: TernGrad's scale and 2-bit codes, QSGD's bucket norms and codes (both from the CUDA
-// kernels' counter-based stream), TBQ's step with its residual update.
+// Quantizers: TernGrad's scale, QSGD's bucket norms and codes (from the CUDA kernels' counter-based
+// stream). TernGrad's codes and TBQ's step are generated from CompLL specs (compll/specs/).
 
 #include "common.h"
 
@@ -10,35 +10,6 @@
 #include <vector>
 
 namespace compbench_cpu {
-namespace {
-
-// Bytes of 2-bit codes per unit of parallel work in the ternary kernels (65536 elements).
-constexpr int64_t kCodeChunkBytes = 16384;
-
-// The 2-bit code of a ternary value: +1 -> 1, -1 -> 3 (int8 -1 & 3), 0 -> 0.
-inline unsigned ternary_code(int q) { return static_cast<unsigned>(q) & 3u; }
-
-#if defined(__AVX2__)
-// Bit j of m moved to bit 2j: two 8-lane compare masks become 16 bits of packed 2-bit codes.
-struct Spread {
-  uint16_t v[256];
-  constexpr Spread() : v() {
-    for (int m = 0; m < 256; ++m) {
-      unsigned out = 0;
-      for (int j = 0; j < 8; ++j) out |= ((m >> j) & 1u) << (2 * j);
-      v[m] = static_cast<uint16_t>(out);
-    }
-  }
-};
-constexpr Spread kSpread;
-
-// Two bytes of codes from 8-lane masks of "+1" and "-1": code bit 0 = nonzero, bit 1 = negative.
-inline uint16_t codes_from_masks(unsigned pos, unsigned neg) {
-  return static_cast<uint16_t>(kSpread.v[pos | neg] | (kSpread.v[neg] << 1));
-}
-#endif
-
-}  // namespace
 
 // fp64 [max abs(x), population variance of x] in one read: TernGrad's scale and clipping bound.
 // Per chunk of 16384 elements (re-read from cache for the squares) the sum and the squared
@@ -128,75 +99,10 @@ at::Tensor absmax_var(const at::Tensor& x) {
   return out;
 }
 
-// Fills `out` with the 2-bit codes of elements [0, n), in parallel chunks of whole bytes: `vec8(i)`
-// gives the two bytes of elements i..i+7 (AVX2) where all eight are inside the tensor, `one(i)` the
-// code of element i for the rest.
-template <typename Vec8, typename One>
-void ternary_pass(int64_t n, uint8_t* out, Vec8 vec8, One one) {
-  const int64_t nbytes = (n + 3) / 4;
-  at::parallel_for(0, (nbytes + kCodeChunkBytes - 1) / kCodeChunkBytes, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t b1 = std::min(nbytes, (c + 1) * kCodeChunkBytes);
-      int64_t b = c * kCodeChunkBytes;
-#if defined(__AVX2__)
-      for (; b + 2 <= b1 && 4 * b + 8 <= n; b += 2) {
-        const uint16_t two = vec8(4 * b);
-        out[b] = static_cast<uint8_t>(two & 0xFF);
-        out[b + 1] = static_cast<uint8_t>(two >> 8);
-      }
-#endif
-      for (; b < b1; ++b) {
-        unsigned bits = 0;
-        for (int t = 0; t < 4 && 4 * b + t < n; ++t) bits |= one(4 * b + t) << (2 * t);
-        out[b] = static_cast<uint8_t>(bits);
-      }
-    }
-  });
-}
-
-// uint8: 2-bit TernGrad codes, 4 per byte (code i at bits 2*(i % 4)): +1 (code 1) where
-// x > U_i * s, -1 (code 3) where x < -U_i * s, else 0, with U_i = (murmur3_32(i, seed) >> 8) * 2^-24,
-// the counter-based stream of the CUDA kernel (quantize.cu), so CPU and GPU send the same codes.
-// Twin: kernels.twins.terngrad_codes.
-at::Tensor terngrad_codes(const at::Tensor& x, const at::Tensor& scale, int64_t seed) {
-  check_flat_f32(x, "terngrad_codes");
-  TORCH_CHECK(scale.numel() == 1, "terngrad_codes: scale must have one element");
-  TORCH_CHECK(x.numel() < (int64_t{1} << 32), "terngrad_codes: counts 32-bit indices; split the tensor");
-  const int64_t n = x.numel();
-  at::Tensor packed = at::empty({(n + 3) / 4}, x.options().dtype(at::kByte));
-  const float* p = x.data_ptr<float>();
-  const float sv = scale.to(at::kFloat).item<float>();
-  const uint32_t s = static_cast<uint32_t>(seed);
-  constexpr float kU24 = 5.9604644775390625e-08f;  // 2^-24
-  auto one = [&](int64_t i) {
-    const float thr = static_cast<float>(murmur3_32(static_cast<uint32_t>(i), s) >> 8) * kU24 * sv;
-    return ternary_code((p[i] > thr) - (p[i] < -thr));
-  };
-#if defined(__AVX2__)
-  const __m256 vs = _mm256_set1_ps(sv), vu = _mm256_set1_ps(kU24), sign = _mm256_set1_ps(-0.f);
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  auto vec8 = [&](int64_t i) {
-    const __m256i key = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(i))), lanes);
-    // (h >> 8) < 2^24 converts exactly; u * 2^-24 * s in the scalar order (both products rounded).
-    const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(murmur3_32x8(key, s), 8)), vu);
-    const __m256 thr = _mm256_mul_ps(u, vs);
-    const __m256 v = _mm256_loadu_ps(p + i);
-    const unsigned pos = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, thr, _CMP_GT_OQ)));
-    const unsigned neg = static_cast<unsigned>(
-        _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_xor_ps(thr, sign), _CMP_LT_OQ)));
-    return codes_from_masks(pos, neg);
-  };
-#else
-  auto vec8 = [](int64_t) { return uint16_t{0}; };
-#endif
-  ternary_pass(n, packed.data_ptr<uint8_t>(), vec8, one);
-  return packed;
-}
-
 // QSGD in one read: per bucket of `bucket_size` elements the L2 norm (fp64 sum of squares, the
 // bucket then re-read from L1), scale = levels / norm (0 for an all-zero bucket), and the uint8
 // offset-binary codes floor(clamp((U_i + levels) + x_i * scale, 0, 2 levels)), U_i the counter-based
-// stream of terngrad_codes (quantize.cu): the CUDA kernel's codes for the same norms. Returns
+// stream (murmur3_32(i, seed) >> 8) * 2^-24 of quantize.cu: the CUDA kernel's codes for the same norms. Returns
 // (codes, fp32 norms). Twin: kernels.twins.bucket_norms and qsgd_codes.
 std::tuple<at::Tensor, at::Tensor> qsgd_quantize(const at::Tensor& x, int64_t levels, int64_t bucket_size,
                                                  int64_t seed) {
@@ -264,41 +170,6 @@ std::tuple<at::Tensor, at::Tensor> qsgd_quantize(const at::Tensor& x, int64_t le
     }
   });
   return {codes, norms};
-}
-
-// TBQ's step with the residual update in one pass: R += g; code +1 where R >= tau, -1 where
-// R <= -tau (R -= tau * q), else 0; returns the packed 2-bit codes. Twin: kernels.twins.tbq_step.
-at::Tensor tbq_step(at::Tensor& r, const at::Tensor& g, double tau) {
-  check_flat_f32(r, "tbq_step");
-  check_flat_f32(g, "tbq_step");
-  TORCH_CHECK(r.numel() == g.numel(), "tbq_step: residual and gradient sizes differ");
-  const int64_t n = r.numel();
-  at::Tensor packed = at::empty({(n + 3) / 4}, r.options().dtype(at::kByte));
-  float* rp = r.data_ptr<float>();
-  const float* gp = g.data_ptr<float>();
-  const float t32 = static_cast<float>(tau);
-  auto one = [&](int64_t i) {
-    const float v = rp[i] + gp[i];
-    const int q = (v >= t32) - (v <= -t32);
-    rp[i] = v - t32 * static_cast<float>(q);
-    return ternary_code(q);
-  };
-#if defined(__AVX2__)
-  const __m256 vt = _mm256_set1_ps(t32), vnt = _mm256_set1_ps(-t32);
-  auto vec8 = [&](int64_t i) {
-    const __m256 v = _mm256_add_ps(_mm256_loadu_ps(rp + i), _mm256_loadu_ps(gp + i));
-    const __m256 up = _mm256_cmp_ps(v, vt, _CMP_GE_OQ), down = _mm256_cmp_ps(v, vnt, _CMP_LE_OQ);
-    // R - tau*q: minus tau where +1, plus tau where -1 (tau*q is exact, so is the scalar order).
-    const __m256 step = _mm256_or_ps(_mm256_and_ps(up, vt), _mm256_and_ps(down, vnt));
-    _mm256_storeu_ps(rp + i, _mm256_sub_ps(v, step));
-    return codes_from_masks(static_cast<unsigned>(_mm256_movemask_ps(up)),
-                            static_cast<unsigned>(_mm256_movemask_ps(down)));
-  };
-#else
-  auto vec8 = [](int64_t) { return uint16_t{0}; };
-#endif
-  ternary_pass(n, packed.data_ptr<uint8_t>(), vec8, one);
-  return packed;
 }
 
 }  // namespace compbench_cpu

@@ -1,5 +1,5 @@
-// 1-bit codes with their scale in one pass: signsgd/efsignsgd (l1 sum), onebit (both sides' means),
-// signum (the momentum update).
+// 1-bit codes with their scale in one pass: signsgd/efsignsgd (l1 sum), signum (the momentum
+// update); onebit's is generated (compll/specs/onebit.py).
 
 #include "common.h"
 
@@ -88,85 +88,6 @@ void sign_pass(int64_t n, uint8_t* out, Byte8 byte8, One one) {
       }
     }
   });
-}
-
-// (uint8 bits of x < 0, fp32 [mean of the negative elements, mean of the others], 0 for an empty
-// side): 1-bit SGD's step in one read. NaN counts with the non-negatives and makes both means NaN,
-// as the twin's clamped sums do. Twin: compressors.onebit._onebit.
-std::tuple<at::Tensor, at::Tensor> onebit_pack(const at::Tensor& x) {
-  check_flat_f32(x, "onebit_pack");
-  const int64_t n = x.numel(), nbytes = (n + 7) / 8, whole = n / 8;
-  const int64_t chunks = (nbytes + kSignChunkBytes - 1) / kSignChunkBytes;
-  at::Tensor packed = at::empty({nbytes}, x.options().dtype(at::kByte));
-  const float* p = x.data_ptr<float>();
-  uint8_t* out = packed.data_ptr<uint8_t>();
-  struct Sums { double neg = 0, pos = 0; int64_t count = 0; };  // count: negative elements
-  std::vector<Sums> partial(static_cast<size_t>(chunks));
-  // The two sides keep NaN: min/max_ps return their second operand (x) when either is NaN.
-  auto neg_part = [](float v) { return std::isnan(v) || v < 0.f ? v : 0.f; };
-  auto pos_part = [](float v) { return std::isnan(v) || v >= 0.f ? v : 0.f; };
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t first = c * kSignChunkBytes, last = std::min(whole, first + kSignChunkBytes);
-      Sums sums;
-      int64_t i = first;
-#if defined(__AVX2__)
-      // Per chunk, in registers: four fp64 lanes per side and half (a fixed order at any threads).
-      const __m256 zero = _mm256_setzero_ps();
-      __m256d n0 = _mm256_setzero_pd(), n1 = n0, p0 = n0, p1 = n0;
-      for (; i < last; ++i) {
-        const __m256 v = _mm256_loadu_ps(p + 8 * i);
-        const unsigned bits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ)));
-        const __m256 lo = _mm256_min_ps(zero, v), hi = _mm256_max_ps(zero, v);
-        n0 = _mm256_add_pd(n0, _mm256_cvtps_pd(_mm256_castps256_ps128(lo)));
-        n1 = _mm256_add_pd(n1, _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)));
-        p0 = _mm256_add_pd(p0, _mm256_cvtps_pd(_mm256_castps256_ps128(hi)));
-        p1 = _mm256_add_pd(p1, _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1)));
-        sums.count += __builtin_popcount(bits);
-        out[i] = static_cast<uint8_t>(bits);
-      }
-      alignas(32) double l[8];
-      _mm256_store_pd(l, _mm256_add_pd(n0, n1));
-      _mm256_store_pd(l + 4, _mm256_add_pd(p0, p1));
-      sums.neg = (l[0] + l[1]) + (l[2] + l[3]);
-      sums.pos = (l[4] + l[5]) + (l[6] + l[7]);
-#endif
-      for (; i < last; ++i) {
-        unsigned bits = 0;
-        for (int j = 0; j < 8; ++j) {
-          const float v = p[8 * i + j];
-          bits |= static_cast<unsigned>(v < 0.f) << j;
-          sums.neg += neg_part(v);
-          sums.pos += pos_part(v);
-        }
-        sums.count += __builtin_popcount(bits);
-        out[i] = static_cast<uint8_t>(bits);
-      }
-      if (whole < nbytes && first <= whole && whole < first + kSignChunkBytes) {  // a partial last byte
-        unsigned bits = 0;
-        for (int64_t k = 8 * whole; k < n; ++k) {
-          bits |= static_cast<unsigned>(p[k] < 0.f) << (k - 8 * whole);
-          sums.neg += neg_part(p[k]);
-          sums.pos += pos_part(p[k]);
-        }
-        sums.count += __builtin_popcount(bits);
-        out[whole] = static_cast<uint8_t>(bits);
-      }
-      partial[static_cast<size_t>(c)] = sums;
-    }
-  });
-  Sums total;
-  for (const Sums& s : partial) {
-    total.neg += s.neg;
-    total.pos += s.pos;
-    total.count += s.count;
-  }
-  const int64_t n_pos = n - total.count;
-  at::Tensor means = at::empty({2}, x.options());
-  float* mean = means.data_ptr<float>();
-  mean[0] = static_cast<float>(total.neg / static_cast<double>(std::max<int64_t>(total.count, 1)));
-  mean[1] = static_cast<float>(total.pos / static_cast<double>(std::max<int64_t>(n_pos, 1)));
-  return {packed, means};
 }
 
 // Signum's step: m = beta * m + (1 - beta) * g in place (torch's mul_ then add_ with alpha: a

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 # The exit status of a process a closed pipe stopped (128 + SIGPIPE), as `yes | head` reports it.
 _BROKEN_PIPE_EXIT = 141
 # The commands whose start-up imports torch (`cluster` and `--help` do not: they stay instant).
-_LOADS_TORCH = ("train", "list", "launch", "bench", "plan", "report", "claims")
+_LOADS_TORCH = ("train", "list", "launch", "bench", "gen", "plan", "report", "claims")
 
 
 def main(argv: list[str] | None = None) -> int:

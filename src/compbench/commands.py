@@ -7,6 +7,7 @@
   compbench list [GROUP]                        options of every config group, with parameters
   compbench launch -np N [--engine E] SCRIPT    run a script of yours as N ranks (wrap_compress_optimizer)
   compbench bench key=value ...                 encode/decode micro-benchmark of compressors
+  compbench gen SPEC [--target torch|cpu|cuda]  the code generated from a CompLL spec (compll/specs/)
   compbench plan key=value ...                  SeCoPa compression plan for a model and cluster
   compbench report DIR [--fit F] [--per-node L] tables, plots and what-if scaling of a run or sweep
   compbench claims [--suite cnn|text] [--quick]  published findings re-run as experiments, with a verdict each
@@ -24,11 +25,12 @@ from compbench.args import ArgumentParser
 from compbench.errors import report_user_error
 from compbench.run import train
 
-_COMMANDS = ("train", "list", "launch", "bench", "plan", "report", "claims", "cluster")
-_USAGE = ("usage: compbench {train,list,launch,bench,plan,report,claims,cluster} [-m] [--cfg] "
+_COMMANDS = ("train", "list", "launch", "bench", "gen", "plan", "report", "claims", "cluster")
+_USAGE = ("usage: compbench {train,list,launch,bench,gen,plan,report,claims,cluster} [-m] [--cfg] "
           "[key=value ...]  (compbench --help)")
 # Subcommands with their own argument handling: module with `main(argv) -> int`.
 _DELEGATED = {"launch": "compbench.commands:launch", "bench": "compbench.bench.main:main",
+              "gen": "compbench.compll.main:main",
               "plan": "compbench.plan.main:main", "report": "compbench.report.main:main",
               "claims": "compbench.claims.runner:main", "cluster": "compbench.cluster.main:main"}
 

@@ -30,12 +30,16 @@ def conf_dir() -> Path:
 
 
 def conf_sources() -> list[tuple[str, Path]]:
-    """Every conf folder as (origin, path): compbench's own ("compbench") first, then the plugins'
+    """Every conf folder as (origin, path): compbench's own ("compbench") first, then the one
+    generated from its CompLL specs (`compll.generated.conf_folder`), then the plugins'
     (compbench.plugins: entry points and $COMPBENCH_CONF_PATH)."""
     from compbench import plugins
+    from compbench.compll.generated import conf_folder
 
     own = conf_dir()
-    return [("compbench", own), *((s.origin, s.path) for s in plugins.sources() if s.path != own.resolve())]
+    # Second, compbench's compressors written as CompLL specs (their generated conf/compressor/*.yaml).
+    return [("compbench", own), ("compbench", conf_folder()),
+            *((s.origin, s.path) for s in plugins.sources() if s.path != own.resolve())]
 
 
 def check_sources(groups: tuple[str, ...]) -> None:

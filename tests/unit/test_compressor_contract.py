@@ -133,6 +133,9 @@ QUALITY: dict[str, tuple[float, float, float]] = {
     "tbq": (1 - 4 * 0.2420 + 0.3173 + 0.01, 2 * 0.2420 - 0.01, 0.01),
     # QSGD's variance bound per bucket of d = 512 at s = 127: min(d / s^2, sqrt(d) / s) = 0.0317; unbiased.
     "qsgd": (min(512 / 127**2, math.sqrt(512) / 127), 1 - 0.01, 1.0),
+    # Natural compression: x rounded to a neighbouring power of two, unbiased, variance at most x^2 / 8
+    # (|x| = 4/3 2^e); the mean over N(0, 1) is lower.
+    "natural": (1 / 8, 1 - 0.01, 1.0),
     # Ternary +-s with s = 2.5 sigma (clipped): variance s E|x| - E x^2 = 2.5 sqrt(2/pi) - 1 = 0.995;
     # unbiased but for the clipped tail (~1% of the energy).
     "terngrad": (2.5 * math.sqrt(2 / math.pi) - 1 + 0.03, 1 - 0.03, 1.0),

@@ -33,8 +33,11 @@ def source_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    """The translation units (ops.cpp registers what the others define); common.h is hashed too."""
-    return sorted(source_dir().glob("*.cpp"))
+    """The translation units (ops.cpp registers what the others define; the CompLL specs' generated
+    units register their own operators); common.h is hashed too."""
+    from compbench.compll.generated import cpu_sources
+
+    return [*sorted(source_dir().glob("*.cpp")), *cpu_sources()]
 
 
 def cpu_model() -> str | None:
@@ -72,8 +75,10 @@ def build(verbose: bool = False) -> Path:
 
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     lib.parent.mkdir(parents=True, exist_ok=True)
+    # -I: the generated units (in CompLL's cache folder) include common.h.
     load(name=NAME, sources=[str(f) for f in sources()], extra_cflags=list(FLAGS),
-         build_directory=str(lib.parent), is_python_module=False, verbose=verbose)
+         extra_include_paths=[str(source_dir())], build_directory=str(lib.parent), is_python_module=False,
+         verbose=verbose)
     return lib
 
 
@@ -132,19 +137,21 @@ def absmax_var(flat: Tensor) -> Tensor:
 
 
 def terngrad_codes(flat: Tensor, scale: Tensor, seed: int) -> Tensor:
-    """Packed 2-bit TernGrad codes with the counter-based stream of the CUDA kernel (seed mod 2^32).
-    Twin: `kernels.twins.terngrad_codes`."""
-    return torch.ops.compbench_cpu.terngrad_codes(flat, scale, seed & 0xFFFFFFFF)
+    """Packed 2-bit TernGrad codes with the counter-based stream of the CUDA kernel (seed mod 2^32),
+    generated from compll/specs/terngrad.py. Twin: `kernels.twins.terngrad_codes`."""
+    return torch.ops.compbench_cpu.terngrad_codes(flat, scale.reshape(1), seed & 0xFFFFFFFF, [])[0]
 
 
 def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
-    """TBQ's step, residual `r` updated in place; packed 2-bit codes. Twin: `kernels.twins.tbq_step`."""
-    return torch.ops.compbench_cpu.tbq_step(r, g, tau)
+    """TBQ's step, residual `r` updated in place; packed 2-bit codes (generated from
+    compll/specs/tbq.py). Twin: `kernels.twins.tbq_step`."""
+    return torch.ops.compbench_cpu.tbq_step(g, g.new_zeros(0), 0, [float(tau)], r)[0]
 
 
 def onebit_pack(flat: Tensor) -> tuple[Tensor, Tensor]:
-    """(packed bits of flat < 0, fp32 [mean of negatives, mean of the others]). Twin: `onebit._onebit`."""
-    return torch.ops.compbench_cpu.onebit_pack(flat)
+    """(packed bits of flat < 0, fp32 [mean of negatives, mean of the others]), generated from
+    compll/specs/onebit.py. Twin: `onebit._onebit`."""
+    return torch.ops.compbench_cpu.onebit_pack(flat, flat.new_zeros(0), 0, [])
 
 
 def signum_step(m: Tensor, g: Tensor, beta: float) -> Tensor:

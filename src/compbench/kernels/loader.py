@@ -34,8 +34,11 @@ def source_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    """Every kernel source, sorted (the compile test and the host-shim test walk the same list)."""
-    return sorted(source_dir().glob("*.cu"))
+    """Every kernel source: the hand-written ones, sorted, then those generated from the CompLL specs
+    (`compll_NAME.cu`; the compile test and the host-shim test walk the same list)."""
+    from compbench.compll.generated import cuda_sources
+
+    return [*sorted(source_dir().glob("*.cu")), *cuda_sources()]
 
 
 @cache
@@ -44,6 +47,10 @@ def module(name: str) -> Any:
     import cupy
 
     path = source_dir() / f"{name}.cu"
+    if name.startswith("compll_"):
+        from compbench.compll.generated import generated_dir
+
+        path = generated_dir() / "cuda" / f"{name}.cu"
     if not path.is_file():
         raise ValueError(f"no CUDA source {path}")
     # -I: the sources include common.cuh; NVRTC has no standard headers, the sources need none.

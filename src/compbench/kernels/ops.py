@@ -119,20 +119,22 @@ def qsgd_codes(flat: Tensor, scale: Tensor, levels: int, bucket_size: int, seed:
 
 
 def terngrad_codes(flat: Tensor, scale: Tensor, seed: int) -> Tensor:
-    """Packed 2-bit TernGrad codes with the counter-based stream. Twin: `twins.terngrad_codes`."""
+    """Packed 2-bit TernGrad codes with the counter-based stream (the kernel generated from
+    compll/specs/terngrad.py). Twin: `twins.terngrad_codes`."""
     x = _flat_f32(flat)
     n = x.numel()
     nbytes = (n + 3) // 4
     out = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
     args = (as_cupy(x), np.int64(n), as_cupy(scale.reshape(1).float().contiguous()),
             np.uint32(seed & 0xFFFFFFFF), as_cupy(out), np.int64(nbytes))
-    launch("quantize", "terngrad_codes", nbytes, x.device, args)
+    launch("compll_terngrad", "terngrad_codes", nbytes, x.device, args)
     return out
 
 
 def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
-    """TBQ with the residual update in the kernel: R (fp32, contiguous) is updated in place;
-    returns the packed 2-bit codes. Twin: `twins.tbq_step` (= tbq._threshold_quantize)."""
+    """TBQ with the residual update in the kernel (generated from compll/specs/tbq.py): R (fp32,
+    contiguous) is updated in place; returns the packed 2-bit codes. Twin: `twins.tbq_step`
+    (= tbq._threshold_quantize)."""
     if r.dtype != torch.float32 or not r.is_contiguous():
         raise ValueError("tbq_step updates a contiguous fp32 residual in place")
     grad = _flat_f32(g)
@@ -140,7 +142,7 @@ def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
     nbytes = (n + 3) // 4
     out = torch.empty(nbytes, dtype=torch.uint8, device=r.device)
     args = (as_cupy(r), as_cupy(grad), np.int64(n), np.float32(tau), as_cupy(out), np.int64(nbytes))
-    launch("tbq", "tbq_step", nbytes, r.device, args)
+    launch("compll_tbq", "tbq_step", nbytes, r.device, args)
     return out
 
 

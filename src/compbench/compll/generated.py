@@ -1,0 +1,105 @@
+"""The CompLL specs and the files generated from them (the kernels' loaders and the registry
+import this module, which imports no kernel or registry module: no import cycle).
+
+- `specs()`: every `specs/NAME.py` with its `SPEC` (sorted by name).
+- `generated_dir()`: a folder under ~/.cache/compbench/compll/KEY/ (KEY: a hash of everything
+  generated) holding cpu/compll_NAME.cpp (built into the CPU extension by `make kernels`: the
+  extension's cache key hashes these sources too), cuda/compll_NAME.cu (loaded by
+  `kernels.loader` like extensions/cuda/*.cu) and conf/compressor/NAME.yaml for every spec with
+  `register=True` (a conf folder the registry reads after compbench's own: the Hydra option and
+  the registry entry of a spec-only compressor). Written once, atomically; cheap to recompute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import pkgutil
+from functools import cache
+from pathlib import Path
+
+from compbench.compll import gen_cpu, gen_cuda, lang
+
+
+@cache
+def specs() -> dict[str, lang.Spec]:
+    """name -> Spec of every module in compbench/compll/specs/."""
+    from compbench.compll import specs as package
+
+    found: dict[str, lang.Spec] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        mod = importlib.import_module(f"{package.__name__}.{info.name}")
+        s = getattr(mod, "SPEC", None)
+        if not isinstance(s, lang.Spec) or s.name != info.name:
+            raise ValueError(f"compll spec {mod.__file__}: define SPEC = Spec(name={info.name!r}, ...)")
+        found[s.name] = s
+    return found
+
+
+def spec(name: str) -> lang.Spec:
+    """The spec called `name`; ValueError listing them otherwise."""
+    found = specs()
+    if name not in found:
+        raise ValueError(f"no CompLL spec {name!r}; choose one of: {', '.join(found)}")
+    return found[name]
+
+
+def conf_text(s: lang.Spec) -> str:
+    """The generated conf/compressor/NAME.yaml of a registered spec."""
+    lines = [f"# {s.doc.splitlines()[0]} (CompLL: compll/specs/{s.name}.py)",
+             "# Generated from the spec by compbench.compll: do not edit.",
+             f"_target_: compbench.compll.registered.{s.name}"]
+    for key, setting in s.settings.items():
+        value = str(setting.default).lower() if isinstance(setting.default, bool) else setting.default
+        lines.append(f"{key}: {value}")
+    lines += ["# Pipeline selection policy (experiment configs use the seeds' 204800 / 200; "
+              "0 compresses everything).",
+              "compress_threshold: 0", "dense_steps: 0", ""]
+    return "\n".join(lines)
+
+
+def _files() -> dict[str, str]:
+    files = {}
+    for s in specs().values():
+        files[f"cpu/compll_{s.name}.cpp"] = gen_cpu.source(s)
+        files[f"cuda/compll_{s.name}.cu"] = gen_cuda.source(s)
+        if s.register:
+            files[f"conf/compressor/{s.name}.yaml"] = conf_text(s)
+    return files
+
+
+@cache
+def generated_dir() -> Path:
+    """The folder of every generated file (written on first use; see the module docstring)."""
+    files = _files()
+    key = hashlib.sha256()
+    for rel, text in sorted(files.items()):
+        key.update(rel.encode() + b"\0" + text.encode() + b"\0")
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "compbench" / "compll"
+    final = root / key.hexdigest()[:16]
+    if not final.is_dir():
+        tmp = root / f".tmp-{os.getpid()}-{key.hexdigest()[:8]}"
+        for rel, text in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
+        (tmp / "conf" / "compressor").mkdir(parents=True, exist_ok=True)
+        try:
+            tmp.rename(final)
+        except OSError:  # another process wrote the same folder first
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def cpu_sources() -> list[Path]:
+    return sorted((generated_dir() / "cpu").glob("*.cpp"))
+
+
+def cuda_sources() -> list[Path]:
+    return sorted((generated_dir() / "cuda").glob("*.cu"))
+
+
+def conf_folder() -> Path:
+    return generated_dir() / "conf"

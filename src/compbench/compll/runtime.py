@@ -1,0 +1,168 @@
+"""What runs the generated code: the helpers the generated torch modules call, the launchers of the
+generated kernels and the compressor of a registered spec (finding specs and writing the generated
+files: `compll.generated`, re-exported here).
+
+- `SpecCompressor`: the compressor of a registered spec (the generated torch module subclasses it
+  with the spec's settings as keyword arguments, so the registry's signature checks apply).
+- `cpu_encode` / `cpu_decode` / `cuda_encode` / `cuda_decode`: the generated kernels' launchers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from compbench.compll import gen_torch, lang
+from compbench.compll.generated import (
+    conf_folder,
+    conf_text,
+    cpu_sources,
+    cuda_sources,
+    generated_dir,
+    spec,
+    specs,
+)
+from compbench.compressors.base import Ctx, make_ctx
+from compbench.compressors.packing import (
+    PackedCodeCompressor,
+    noise_seed,
+    pack_uint,
+    packed_nbytes,
+    unpack_uint,
+)
+from compbench.kernels.twins import counter_uniform
+
+__all__ = ["counter_uniform", "pack_codes", "unpack_codes", "specs", "spec", "generated_dir", "conf_folder",
+           "conf_text", "cpu_sources", "cuda_sources"]
+
+
+def pack_codes(codes: Tensor, bits: int) -> Tensor:
+    """int codes < 2^bits -> uint8 bytes, code i at bits bits*(i mod 8/bits) of byte i*bits/8."""
+    return pack_uint(codes.to(torch.uint8), bits)
+
+
+def unpack_codes(packed: Tensor, bits: int, numel: int) -> Tensor:
+    return unpack_uint(packed, bits, numel)
+
+
+# --- launchers --------------------------------------------------------------------------------------
+
+
+def _op(name: str):
+    return getattr(torch.ops.compbench_cpu, name)
+
+
+def cpu_encode(s: lang.Spec, flat: Tensor, inputs: Tensor, seed: int, params: list[float],
+               state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The generated C++ encode: (packed codes, fp32 header); `state` (a stateful spec's) is updated
+    in place. `flat`: contiguous fp32 CPU."""
+    if s.stateful:
+        return _op(s.encode_name)(flat, inputs, seed & 0xFFFFFFFF, params, state)
+    return _op(s.encode_name)(flat, inputs, seed & 0xFFFFFFFF, params)
+
+
+def cpu_decode(s: lang.Spec, packed: Tensor, header: Tensor, numel: int, params: list[float],
+               out: Tensor) -> Tensor:
+    return _op(s.decode_name)(packed, header, numel, params, out)
+
+
+def cuda_encode(s: lang.Spec, flat: Tensor, inputs: Tensor, seed: int, params: list[float],
+                state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The generated RawKernel (parameters: `gen_cuda.encode_args`): the header by the generated torch
+    code on the GPU (reductions are torch's), then one thread per packed byte."""
+    import numpy as np
+
+    from compbench.kernels.loader import as_cupy, launch
+
+    n = flat.numel()
+    header = gen_torch.module(s).make_header(flat, inputs, dict(zip(s.params, params, strict=True)))
+    nbytes = packed_nbytes(n, s.bits)
+    out = torch.empty(nbytes, dtype=torch.uint8, device=flat.device)
+    args: list = [as_cupy(state)] if s.stateful else []
+    args += [as_cupy(flat), np.int64(n)]
+    if s.reads_header:
+        h = header if s.header and not s.inputs else inputs.reshape(-1).float()
+        args.append(as_cupy(h.contiguous()))
+    if s.seeded:
+        args.append(np.uint32(seed & 0xFFFFFFFF))
+    args += [np.float32(v) for v in params]
+    args += [as_cupy(out), np.int64(nbytes)]
+    launch(f"compll_{s.name}", s.encode_name, nbytes, flat.device, tuple(args))
+    return out, header
+
+
+def cuda_decode(s: lang.Spec, packed: Tensor, header: Tensor, numel: int, params: list[float],
+                out: Tensor) -> Tensor:
+    import numpy as np
+
+    from compbench.kernels.loader import as_cupy, launch
+
+    table = gen_torch.module(s).table(header.cpu(), dict(zip(s.params, params, strict=True)))
+    table = table.to(packed.device).contiguous()
+    launch(f"compll_{s.name}", s.decode_name, numel, packed.device,
+           (as_cupy(packed.contiguous()), np.int64(numel), as_cupy(table), as_cupy(out)))
+    return out
+
+
+# --- the compressor of a registered spec ---------------------------------------------------------
+
+
+class SpecCompressor(PackedCodeCompressor):
+    """A compressor generated from a CompLL spec: `spec_name`'s codes packed `bits` per element and
+    its fp32 header on the wire ([codes, header], or [codes] without a header). Encode and decode
+    run the generated C++ kernels on CPU (when built), the generated RawKernels on CUDA (with CuPy),
+    else the generated torch code, which the parity tests compare them to."""
+
+    spec_name = ""
+
+    def __init__(self, **settings: float | int | bool) -> None:
+        s = self.spec = spec(self.spec_name)
+        self.name = s.name
+        self.caps = s.caps
+        for key, value in settings.items():
+            rule = s.settings[key]
+            ok = isinstance(value, rule.kind) and not (isinstance(value, bool) and rule.kind is not bool)
+            if rule.kind is float and isinstance(value, int) and not isinstance(value, bool):
+                ok, value = True, float(value)
+            if ok and rule.check:
+                ok = bool(eval(rule.check, {}, {"v": value}))  # noqa: S307 (the spec's own condition)
+            if not ok:
+                want = rule.hint or rule.kind.__name__
+                raise ValueError(f"compressor={s.name}: {key}={value!r} must be {want}; "
+                                 f"pass e.g. {key}={rule.default}")
+            setattr(self, key, value)
+        self.settings = settings
+        self._params = [float(settings[k]) for k in s.params]  # the kernels' `params`, in spec order
+
+    def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
+        from compbench.kernels import cpu_kernels_enabled, cuda_kernels_enabled
+
+        s = self.spec
+        flat = x.reshape(-1).float().contiguous()
+        seed = noise_seed(int(self.settings.get("seed", 0)), self.step, name) & 0xFFFFFFFF if s.seeded else 0
+        inputs = flat.new_zeros(0)
+        if cpu_kernels_enabled(flat):
+            packed, header = cpu_encode(s, flat, inputs, seed, self._params)
+        elif cuda_kernels_enabled(flat):
+            packed, header = cuda_encode(s, flat, inputs, seed, self._params)
+        else:
+            packed, header = gen_torch.module(s).encode(flat, inputs, seed, dict(self.settings))
+        return ([packed, header] if s.header else [packed]), make_ctx(x, name)
+
+    def _decode(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
+        from compbench.kernels import cpu_kernels_enabled, cuda_kernels_enabled
+
+        s = self.spec
+        packed = payload[0]
+        header = payload[1] if s.header else packed.new_zeros(0, dtype=torch.float32)
+        n = ctx.numel
+        res = torch.empty(n, dtype=torch.float32, device=packed.device) if out is None else out
+        res = res.reshape(-1)[:n]
+        if cpu_kernels_enabled(res) and packed.device.type == "cpu":
+            return cpu_decode(s, packed.contiguous(), header, n, self._params, res)
+        if cuda_kernels_enabled(res):
+            return cuda_decode(s, packed, header, n, self._params, res)
+        return gen_torch.module(s).decode(packed, header, n, dict(self.settings), res)
+
+    def wire_bytes(self, numel: int) -> int:
+        return packed_nbytes(numel, self.spec.bits) + 4 * len(self.spec.header)
