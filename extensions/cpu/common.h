@@ -80,4 +80,14 @@ at::Tensor decode_codes(const at::Tensor& packed, int64_t numel, int64_t bits, c
 at::Tensor qsgd_dequantize(const at::Tensor& codes, const at::Tensor& norms, int64_t levels, int64_t bucket_size,
                            at::Tensor& out);
 
+// memory.cpp: error-feedback memories fused with the selection pass.
+at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, int64_t kind, double c0,
+                             double c1, double scale, double threshold, int64_t slots, int64_t seed);
+at::Tensor compensate_at(const at::Tensor& a, const at::Tensor& b, const at::Tensor& g, const at::Tensor& indices,
+                         int64_t kind, double c0, double c1, double scale);
+// optim.cpp: the sparse update straight into the optimizer step.
+void dgc_sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const at::Tensor& indices,
+                  const at::Tensor& values, double lr, double weight_decay, double momentum, bool nesterov,
+                  bool first);
+
 }  // namespace compbench_cpu

@@ -1,5 +1,5 @@
 // compbench's CPU hot paths as torch operators (torch.ops.compbench_cpu.*), each one pass over the
-// gradient, registered here (select.cpp, signs.cpp, quantize.cpp, decode.cpp). Built by `make setup`
+// gradient, registered here (select.cpp, signs.cpp, quantize.cpp, decode.cpp, memory.cpp, optim.cpp). Built by `make setup`
 // (compbench.kernels.cpu); the pure-torch/numpy code they replace is their twin, fallback and test
 // oracle (tests/unit/test_cpu_kernels.py).
 //
@@ -28,6 +28,12 @@ TORCH_LIBRARY(compbench_cpu, m) {
   m.def("qsgd_dequantize(Tensor codes, Tensor norms, int levels, int bucket_size, Tensor(a!) out) -> Tensor(a!)",
         &qsgd_dequantize);
   m.def("qsgd_quantize(Tensor x, int levels, int bucket_size, int seed) -> (Tensor, Tensor)", &qsgd_quantize);
+  m.def("compensate_select(Tensor(a!) a, Tensor(b!) b, Tensor g, int kind, float c0, float c1, float scale, "
+        "float threshold, int slots, int seed) -> Tensor", &compensate_select);
+  m.def("compensate_at(Tensor a, Tensor b, Tensor g, Tensor indices, int kind, float c0, float c1, float scale) "
+        "-> Tensor", &compensate_at);
+  m.def("dgc_sgd_step(Tensor(a!) p, Tensor(b!) buf, Tensor grad, Tensor indices, Tensor values, float lr, "
+        "float weight_decay, float momentum, bool nesterov, bool first) -> ()", &dgc_sgd_step);
 }
 
 }  // namespace compbench_cpu

@@ -64,12 +64,20 @@ class Communicator(Protocol):
 def encode(compressor: Compressor, memory: Memory, x: Tensor, name: str, stats: StepStats,
            partial: Tensor | None = None) -> tuple[list[Tensor], Ctx]:
     """The one memory -> compress -> update step: compensate `x` (plus a `partial` sum received
-    from a peer, for a ring hop), compress it, let the memory keep what the compressor dropped."""
+    from a peer, for a ring hop), compress it, let the memory keep what the compressor dropped.
+    A compressor that fuses the memory (`Capabilities.fuses_memory`) runs the memory's deferred
+    compensation inside its selection pass (`Memory.defer`): same payload, same memory state."""
     with stats.time("compress"):
-        y = memory.compensate(x, name)
-        if partial is not None:
-            y = y + partial.reshape(y.shape)
-        payload, ctx = compressor.compress(y, name)
+        deferred = memory.defer(x, name) if partial is None and compressor.caps.fuses_memory else None
+        if deferred is not None:
+            payload, ctx = compressor.compress_deferred(deferred, name)  # type: ignore[attr-defined]
+            y = deferred.result
+            assert y is not None, f"{compressor.name}: compress_deferred must run the compensation"
+        else:
+            y = memory.compensate(x, name)
+            if partial is not None:
+                y = y + partial.reshape(y.shape)
+            payload, ctx = compressor.compress(y, name)
         memory.update(y, name, compressor, payload, ctx)
     return payload, ctx
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +22,9 @@ from compbench.compressors.sparse import (
     stable_seed,
 )
 from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
+
+if TYPE_CHECKING:
+    from compbench.memory.base import Deferred
 
 _M32 = 0xFFFFFFFF
 
@@ -162,6 +167,7 @@ class DRAGONN(SparseCompressor):
     """
 
     name = "dragonn"
+    caps = replace(SparseCompressor.caps, fuses_memory=True)
 
     def __init__(
         self,
@@ -211,6 +217,27 @@ class DRAGONN(SparseCompressor):
         hash_seed = stable_seed(self.seed, self.step, name, "murmur") & 0xFFFFFFFF
         idx = _select(flat, threshold, 4 * self.k_for(n), hash_seed, self._ws, density=r)
         return sparse_payload(flat.index_select(0, idx), idx), make_ctx(x, name)
+
+    def compress_deferred(self, deferred: Deferred, name: str) -> tuple[list[Tensor], Ctx]:
+        """`compress` of a memory's compensation (memory=residual) as ONE pass: the threshold's
+        samples are compensated where they are read, then the memory's update and the hashed
+        selection run together (`kernels.cpu.compensate_select`). Same payload and memory state."""
+        n = deferred.numel
+        r = self.ratio_for(n)
+        m = max(1, math.ceil(self.sample_ratio * n), math.ceil(self.min_top_samples / r))
+        if m >= n or n >= 2**32:
+            y = deferred.apply()
+            return self.compress(y, name)
+        seed = stable_seed(self.seed, self.step, name)
+        j = min(max(math.ceil(m * r), 1), m)
+        # = sampled_threshold(compensated, m, j, seed): the same stream, the same j-th largest.
+        samples = deferred.at(torch.from_numpy(sample_indices(n, m, seed & _M32)))
+        threshold = kth_largest(samples.abs(), j)
+        hash_seed = stable_seed(self.seed, self.step, name, "murmur") & 0xFFFFFFFF
+        y, table = deferred.select(float(threshold), 4 * self.k_for(n), hash_seed)
+        flat = y.reshape(-1)
+        idx = table[table >= 0]
+        return sparse_payload(flat.index_select(0, idx), idx), make_ctx(y, name)
 
     def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         """One scatter-add of every rank's payload (`batching`), else one decode per rank; into
