@@ -86,8 +86,8 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
 at::Tensor compensate_at(const at::Tensor& a, const at::Tensor& b, const at::Tensor& g, const at::Tensor& indices,
                          int64_t kind, double c0, double c1, double scale);
 // optim.cpp: the sparse update straight into the optimizer step.
-void dgc_sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const at::Tensor& indices,
-                  const at::Tensor& values, double lr, double weight_decay, double momentum, bool nesterov,
-                  bool first);
+void sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const at::Tensor& indices,
+              const at::Tensor& values, double lr, double weight_decay, double momentum, bool nesterov,
+              bool first, bool dgc);
 
 }  // namespace compbench_cpu

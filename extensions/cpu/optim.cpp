@@ -1,9 +1,14 @@
 // The decode and the optimizer step in one pass: the averaged sparse update (sorted unique flat
-// indices, their summed values) goes straight into DGC's SGD, with no dense zero-fill, scatter and
-// re-read of a gradient in between. Twin: sparse.sparse_decode_all into the .grad, then
-// train/optim.py's SGD.step for a `dgc` group (torch's add_/mul_ and its SGD step), bit for bit:
-//   d = p*wd;  buf = d (first step) or buf*m + d;  dec = nesterov ? fma(buf, m, d) : buf   (wd != 0)
-//   g = g + dec;  p = fma(g, -lr, p)
+// indices, their summed values) goes straight into the SGD step, with no dense zero-fill, scatter
+// and re-read of a gradient in between (a dense gradient is taken too: the step is still one pass
+// instead of torch's several). Twin: sparse.sparse_decode_all into the .grad, then train/optim.py's
+// SGD.step (its `dgc` groups' decay term, then torch's SGD step, fused or not), bit for bit:
+//   DGC's SGD (dgc = true; momentum on the decay term only, wd != 0):
+//     d = p*wd;  buf = d (first step) or buf*m + d;  dec = nesterov ? fma(buf, m, d) : buf
+//     g = g + dec;  p = fma(g, -lr, p)
+//   torch's SGD (dgc = false; dampening 0):
+//     d = fma(p, wd, g) (wd != 0, else g);  buf = d (first step) or buf*m + d  (m != 0)
+//     dir = nesterov ? fma(buf, m, d) : buf  (m != 0, else d);  p = fma(dir, -lr, p)
 // where g is 0 at every index the update does not carry (the twin's zero-filled decode).
 
 #include "common.h"
@@ -15,25 +20,27 @@ namespace compbench_cpu {
 // In place on p (and buf when wd != 0 and momentum != 0). `grad` is either a dense fp32 gradient of
 // p's size (then indices/values are ignored) or empty: the sparse update (indices int64 ascending
 // and unique, values fp32). Without weight decay only the carried entries are touched (O(k)).
-void dgc_sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const at::Tensor& indices,
-                  const at::Tensor& values, double lr, double weight_decay, double momentum, bool nesterov,
-                  bool first) {
-  check_flat_f32(p, "dgc_sgd_step");
+void sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const at::Tensor& indices,
+              const at::Tensor& values, double lr, double weight_decay, double momentum, bool nesterov,
+              bool first, bool dgc) {
+  check_flat_f32(p, "sgd_step");
   const int64_t n = p.numel();
   const bool dense = grad.numel() > 0;
   if (dense) {
-    check_flat_f32(grad, "dgc_sgd_step");
-    TORCH_CHECK(grad.numel() == n, "dgc_sgd_step: grad and parameter sizes differ");
+    check_flat_f32(grad, "sgd_step");
+    TORCH_CHECK(grad.numel() == n, "sgd_step: grad and parameter sizes differ");
   } else {
     TORCH_CHECK(indices.device().is_cpu() && indices.scalar_type() == at::kLong && indices.is_contiguous(),
-                "dgc_sgd_step: indices must be contiguous CPU int64");
-    check_flat_f32(values, "dgc_sgd_step");
-    TORCH_CHECK(values.numel() == indices.numel(), "dgc_sgd_step: indices and values sizes differ");
+                "sgd_step: indices must be contiguous CPU int64");
+    check_flat_f32(values, "sgd_step");
+    TORCH_CHECK(values.numel() == indices.numel(), "sgd_step: indices and values sizes differ");
   }
-  const bool decay = weight_decay != 0.0, with_buf = decay && momentum != 0.0;
+  const bool decay = weight_decay != 0.0;
+  // DGC's buffer is the decay term's momentum (none without decay); torch's, the gradient's.
+  const bool with_buf = momentum != 0.0 && (decay || !dgc);
   if (with_buf) {
-    check_flat_f32(buf, "dgc_sgd_step");
-    TORCH_CHECK(buf.numel() == n, "dgc_sgd_step: buffer and parameter sizes differ");
+    check_flat_f32(buf, "sgd_step");
+    TORCH_CHECK(buf.numel() == n, "sgd_step: buffer and parameter sizes differ");
   }
   float* pp = p.data_ptr<float>();
   float* pb = with_buf ? buf.data_ptr<float>() : nullptr;
@@ -43,10 +50,10 @@ void dgc_sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const 
   const float* val = dense ? nullptr : values.data_ptr<float>();
   const float neg_lr = static_cast<float>(-lr), wd = static_cast<float>(weight_decay);
   const float m = static_cast<float>(momentum);
-  if (!dense && !decay) {  // p -= lr * g at the k carried entries; elsewhere fma(0, -lr, p) == p
+  if (!dense && !decay && !with_buf) {  // p -= lr * g at the k carried entries; fma(0, -lr, p) == p
     at::parallel_for(0, k, 16384, [&](int64_t j0, int64_t j1) {
       for (int64_t j = j0; j < j1; ++j) {
-        TORCH_CHECK(0 <= idx[j] && idx[j] < n, "dgc_sgd_step: index ", idx[j], " out of range");
+        TORCH_CHECK(0 <= idx[j] && idx[j] < n, "sgd_step: index ", idx[j], " out of range");
         pp[idx[j]] = std::fma(val[j], neg_lr, pp[idx[j]]);
       }
     });
@@ -64,16 +71,26 @@ void dgc_sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const 
       } else {
         g = 0.f;
       }
-      if (decay) {
-        const float d = pp[i] * wd;
-        float dec = d;
-        if (with_buf) {
-          float b = first ? d : pb[i] * m;
-          if (!first) b = b + d;
-          pb[i] = b;
-          dec = nesterov ? std::fma(b, m, d) : b;
+      if (dgc) {
+        if (decay) {
+          const float d = pp[i] * wd;
+          float dec = d;
+          if (with_buf) {
+            float b = first ? d : pb[i] * m;
+            if (!first) b = b + d;
+            pb[i] = b;
+            dec = nesterov ? std::fma(b, m, d) : b;
+          }
+          g = g + dec;
         }
-        g = g + dec;
+      } else {
+        if (decay) g = std::fma(pp[i], wd, g);
+        if (with_buf) {
+          float b = first ? g : pb[i] * m;
+          if (!first) b = b + g;
+          pb[i] = b;
+          g = nesterov ? std::fma(b, m, g) : b;
+        }
       }
       pp[i] = std::fma(g, neg_lr, pp[i]);
     }

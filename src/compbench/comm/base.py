@@ -32,6 +32,8 @@ class CommTraits:
       (compbench.report.cluster_model): "allgather" (every payload to every rank), "allreduce" (a ring
       allreduce of the payload), "ps" (all-to-all of shards, re-encoded shards gathered) or
       "hierarchical" (fp32 to the node's leader, leaders' allgather, back to the workers).
+    sparse_results: hands a sparse compressor's average back sparse (a coalesced COO tensor, no dense
+      decode) for the names in `sparse_names`, which the pipeline sets (comm=allgather).
     """
 
     engines: tuple[str, ...] = ("horovod", "torch")
@@ -41,6 +43,7 @@ class CommTraits:
     baseline: bool = False
     between_machines: bool = False
     pattern: str = "allgather"
+    sparse_results: bool = False
 
 
 @runtime_checkable
@@ -52,7 +55,10 @@ class Communicator(Protocol):
         """Start averaging `grad` over all ranks; `handle.wait()` is the averaged dense tensor
         (grad's shape). Every rank calls it with the same names in the same order. The caller hands
         `grad` over: the result may be written into it (comm=allgather decodes into it), so pass a
-        copy of anything still needed."""
+        copy of anything still needed. With `traits.sparse_results`, for a name in the instance's
+        `sparse_names` and a sparse compressor, the result is the decoded sparse payload instead:
+        a coalesced COO tensor of grad's shape (`SparseCompressor.decompress_all_sparse`), for an
+        optimizer that steps from it in one pass (`train.optim.SGD`)."""
         ...
 
     @staticmethod
@@ -90,6 +96,7 @@ class CommBase:
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         self.engine, self.compressor, self.stats = engine, compressor, stats
         self.blocking = self.traits.blocking
+        self.sparse_names: frozenset[str] = frozenset()  # see Communicator.reduce (traits.sparse_results)
 
     @staticmethod
     def check_options(**options: Any) -> None:

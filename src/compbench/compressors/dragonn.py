@@ -247,6 +247,13 @@ class DRAGONN(SparseCompressor):
         mean = self.aggregate([sparse_decode(p, ctx) for p in payloads])
         return mean if out is None else check_out(out, ctx, mean.device).copy_(mean.view(-1)).view(ctx.shape)
 
+    def decompress_all_sparse(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+        """`decompress_all` as a coalesced COO tensor (see `SparseCompressor`); without `batching`
+        the dense per-rank decode is averaged first (its own order of additions)."""
+        if self.batching:
+            return super().decompress_all_sparse(payloads, ctx)
+        return self.decompress_all(payloads, ctx).to_sparse().coalesce()
+
     def max_wire_bytes(self, numel: int) -> int:
         # 4k slots, each a distinct index: never more than n of them.
         return 8 * min(numel, 4 * self.k_for(numel))

@@ -314,6 +314,20 @@ def sparse_decode_all(payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None
     return buf.to(ctx.dtype).view(ctx.shape)
 
 
+def sparse_average(payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+    """`sparse_decode_all` without the dense buffer: a coalesced COO tensor of ctx.shape (sorted
+    unique indices; duplicates summed in payload order, as the dense scatter-add does)."""
+    acc = acc_dtype(ctx.dtype)
+    values = torch.cat([p[0].to(acc) for p in payloads]).div_(len(payloads))
+    indices = torch.cat([p[1] for p in payloads]).long()
+    unique, inverse = torch.unique(indices, sorted=True, return_inverse=True)
+    sums = torch.zeros(unique.numel(), dtype=acc, device=values.device).index_add_(0, inverse, values)
+    coords = torch.stack(torch.unravel_index(unique, ctx.shape)) if len(ctx.shape) > 1 else unique.view(1, -1)
+    # Built from sorted unique indices: coalesced by construction, nothing to check.
+    return torch.sparse_coo_tensor(coords, sums.to(ctx.dtype), ctx.shape, is_coalesced=True,
+                                   check_invariants=False)
+
+
 class SparseCompressor(CompressorBase):
     """Base of the [values, indices] sparsifiers: decode, fused decode, sent indices, workspace."""
 
@@ -335,6 +349,13 @@ class SparseCompressor(CompressorBase):
     def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         """Average of every rank's decode with one scatter-add; into `out` when given."""
         return sparse_decode_all(payloads, ctx, out)
+
+    def decompress_all_sparse(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+        """The average of every rank's payload as what it is, sparse: a coalesced COO tensor of
+        ctx.shape, the optimizer's input without a dense decode (`train.optim.SGD`). Its values are
+        `decompress_all`'s at the indices it carries, bit for bit: the same division, and the sums
+        taken by the same sequential `index_add_` in the same order; every other element is 0."""
+        return sparse_average(payloads, ctx)
 
     def sent_indices(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
         """Flat indices this payload carries (memory=dgc masks its momentum there)."""

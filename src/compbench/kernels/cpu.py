@@ -191,12 +191,13 @@ def compensate_at(a: Tensor, b: Tensor, g: Tensor, indices: Tensor, kind: int, c
     return torch.ops.compbench_cpu.compensate_at(a, b, g, indices, kind, c0, c1, scale)
 
 
-def dgc_sgd_step(p: Tensor, buf: Tensor, grad: Tensor, indices: Tensor, values: Tensor, lr: float,
-                 weight_decay: float, momentum: float, nesterov: bool, first: bool) -> None:
-    """DGC's SGD step in one pass, from a dense `grad` or (grad empty) a sparse update: sorted unique
-    int64 `indices` and their `values`. Twin: the sparse decode into .grad, then `train.optim.SGD`."""
-    torch.ops.compbench_cpu.dgc_sgd_step(p, buf, grad, indices, values, lr, weight_decay, momentum,
-                                         nesterov, first)
+def sgd_step(p: Tensor, buf: Tensor, grad: Tensor, indices: Tensor, values: Tensor, lr: float,
+             weight_decay: float, momentum: float, nesterov: bool, first: bool, dgc: bool) -> None:
+    """One SGD step in one pass over p (and buf), from a dense `grad` or (grad empty) a sparse update:
+    sorted unique int64 `indices` and their `values`. `dgc`: DGC's SGD (momentum on the decay term
+    only), else torch's (dampening 0). Twin: the sparse decode into .grad, then `train.optim.SGD`."""
+    torch.ops.compbench_cpu.sgd_step(p, buf, grad, indices, values, lr, weight_decay, momentum, nesterov,
+                                     first, dgc)
 
 
 def main() -> None:
