@@ -88,6 +88,6 @@ at::Tensor compensate_at(const at::Tensor& a, const at::Tensor& b, const at::Ten
 // optim.cpp: the sparse update straight into the optimizer step.
 void sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const at::Tensor& indices,
               const at::Tensor& values, double lr, double weight_decay, double momentum, bool nesterov,
-              bool first, bool dgc);
+              bool first, bool dgc, int64_t fma_tail);
 
 }  // namespace compbench_cpu

@@ -33,7 +33,7 @@ TORCH_LIBRARY(compbench_cpu, m) {
   m.def("compensate_at(Tensor a, Tensor b, Tensor g, Tensor indices, int kind, float c0, float c1, float scale) "
         "-> Tensor", &compensate_at);
   m.def("sgd_step(Tensor(a!) p, Tensor(b!) buf, Tensor grad, Tensor indices, Tensor values, float lr, "
-        "float weight_decay, float momentum, bool nesterov, bool first, bool dgc) -> ()", &sgd_step);
+        "float weight_decay, float momentum, bool nesterov, bool first, bool dgc, int fma_tail) -> ()", &sgd_step);
 }
 
 }  // namespace compbench_cpu

@@ -9,7 +9,10 @@
 //   torch's SGD (dgc = false; dampening 0):
 //     d = fma(p, wd, g) (wd != 0, else g);  buf = d (first step) or buf*m + d  (m != 0)
 //     dir = nesterov ? fma(buf, m, d) : buf  (m != 0, else d);  p = fma(dir, -lr, p)
-// where g is 0 at every index the update does not carry (the twin's zero-filled decode).
+// where g is 0 at every index the update does not carry (the twin's zero-filled decode). torch's
+// fused CPU kernel (`fused: true`) rounds buf*m + g once, as an fma, in its scalar tail, the last
+// n % (its vector width) elements, where its compiler contracted the expression: the last
+// `fma_tail` elements do so here too (0 for torch's foreach step).
 
 #include "common.h"
 
@@ -22,7 +25,7 @@ namespace compbench_cpu {
 // and unique, values fp32). Without weight decay only the carried entries are touched (O(k)).
 void sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const at::Tensor& indices,
               const at::Tensor& values, double lr, double weight_decay, double momentum, bool nesterov,
-              bool first, bool dgc) {
+              bool first, bool dgc, int64_t fma_tail) {
   check_flat_f32(p, "sgd_step");
   const int64_t n = p.numel();
   const bool dense = grad.numel() > 0;
@@ -59,6 +62,7 @@ void sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const at::
     });
     return;
   }
+  const int64_t tail_from = n - std::min(n, std::max<int64_t>(0, fma_tail));
   at::parallel_for(0, n, 32768, [&](int64_t i0, int64_t i1) {
     // The carried entries of this range: indices are sorted, so a binary search finds the first.
     int64_t j = dense ? 0 : std::lower_bound(idx, idx + k, i0) - idx;
@@ -86,8 +90,13 @@ void sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const at::
       } else {
         if (decay) g = std::fma(pp[i], wd, g);
         if (with_buf) {
-          float b = first ? g : pb[i] * m;
-          if (!first) b = b + g;
+          float b = g;
+          if (!first && i < tail_from) {
+            b = pb[i] * m;
+            b = b + g;
+          } else if (!first) {
+            b = std::fma(pb[i], m, g);
+          }
           pb[i] = b;
           g = nesterov ? std::fma(b, m, g) : b;
         }

@@ -192,12 +192,23 @@ def compensate_at(a: Tensor, b: Tensor, g: Tensor, indices: Tensor, kind: int, c
 
 
 def sgd_step(p: Tensor, buf: Tensor, grad: Tensor, indices: Tensor, values: Tensor, lr: float,
-             weight_decay: float, momentum: float, nesterov: bool, first: bool, dgc: bool) -> None:
+             weight_decay: float, momentum: float, nesterov: bool, first: bool, dgc: bool,
+             fma_tail: int = 0) -> None:
     """One SGD step in one pass over p (and buf), from a dense `grad` or (grad empty) a sparse update:
     sorted unique int64 `indices` and their `values`. `dgc`: DGC's SGD (momentum on the decay term
-    only), else torch's (dampening 0). Twin: the sparse decode into .grad, then `train.optim.SGD`."""
+    only), else torch's (dampening 0); the last `fma_tail` elements update the momentum buffer with
+    one fma (torch's fused kernel's scalar tail: `fused_sgd_tail`). Twin: the sparse decode into
+    .grad, then `train.optim.SGD`."""
     torch.ops.compbench_cpu.sgd_step(p, buf, grad, indices, values, lr, weight_decay, momentum, nesterov,
-                                     first, dgc)
+                                     first, dgc, fma_tail)
+
+
+def fused_sgd_tail(numel: int) -> int:
+    """How many trailing elements torch's fused CPU SGD kernel steps in its scalar loop, where its
+    compiler contracted buf*m + g into one fma: numel mod its vector width, 8 floats (its AVX2 build
+    runs on AVX-512 machines too: measured with torch 2.13, tests/unit/test_fused_optimizer.py).
+    Its tasks are whole cache lines of 16 floats, so only the tensor's end has a tail."""
+    return numel % 8
 
 
 def main() -> None:

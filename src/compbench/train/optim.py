@@ -118,8 +118,10 @@ class SGD(torch.optim.SGD):
             dense, values = _EMPTY, sparse.values().contiguous()
         else:
             dense, indices, values = grad, _EMPTY_LONG, _EMPTY
+        # torch's fused kernel rounds its scalar tail differently (`kernels.cpu.fused_sgd_tail`).
+        tail = cpu.fused_sgd_tail(p.numel()) if group.get("fused") and not dgc else 0
         cpu.sgd_step(p, _EMPTY if buf is None else buf, dense, indices, values, float(group["lr"]), wd, m,
-                     nesterov, first, dgc is not None)
+                     nesterov, first, dgc is not None, tail)
 
     def sparse_params(self) -> set[Tensor]:
         """The parameters whose step takes a sparse .grad (a coalesced COO tensor: the averaged sparse
