@@ -135,3 +135,12 @@ def test_sparse_average_is_the_dense_decode_at_its_indices(shape, compressor):
     assert sparse.is_sparse and sparse.is_coalesced() and sparse.shape == torch.Size(shape)
     dense = compressor.decompress_all(payloads, ctx)
     assert torch.equal(sparse.to_dense().view(torch.int32), dense.view(torch.int32))
+
+
+def test_only_compressors_whose_average_is_sparse_declare_it():
+    from compbench.compressors.randk import RandK
+    from compbench.compressors.sparseloco import SparseLoCo
+
+    assert DGC.caps.sparse_average and DRAGONN.caps.sparse_average
+    assert not RandK.caps.sparse_average  # shared indices: the payload carries values only
+    assert not SparseLoCo.caps.sparse_average  # the mean over the senders, not over all ranks

@@ -23,7 +23,7 @@ class AllgatherComm(CommBase):
         payload, ctx = encode(self.compressor, memory, grad, name, self.stats)
         self.book_payload(payload)
         gathered = self.engine.allgather_async(payload, name)
-        sparse = self.compressor.caps.sparse and name in self.sparse_names
+        sparse = self.compressor.caps.sparse_average and name in self.sparse_names
         into = None if sparse else _decode_target(self.compressor.caps.decodes_into, grad, payload)
 
         def finish() -> Tensor:

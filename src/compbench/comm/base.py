@@ -32,8 +32,9 @@ class CommTraits:
       (compbench.report.cluster_model): "allgather" (every payload to every rank), "allreduce" (a ring
       allreduce of the payload), "ps" (all-to-all of shards, re-encoded shards gathered) or
       "hierarchical" (fp32 to the node's leader, leaders' allgather, back to the workers).
-    sparse_results: hands a sparse compressor's average back sparse (a coalesced COO tensor, no dense
-      decode) for the names in `sparse_names`, which the pipeline sets (comm=allgather).
+    sparse_results: hands the average back sparse (a coalesced COO tensor, no dense decode) for the
+      names in `sparse_names`, which the pipeline sets, when the compressor declares
+      `Capabilities.sparse_average` (comm=allgather).
     """
 
     engines: tuple[str, ...] = ("horovod", "torch")
@@ -56,8 +57,8 @@ class Communicator(Protocol):
         (grad's shape). Every rank calls it with the same names in the same order. The caller hands
         `grad` over: the result may be written into it (comm=allgather decodes into it), so pass a
         copy of anything still needed. With `traits.sparse_results`, for a name in the instance's
-        `sparse_names` and a sparse compressor, the result is the decoded sparse payload instead:
-        a coalesced COO tensor of grad's shape (`SparseCompressor.decompress_all_sparse`), for an
+        `sparse_names` and a compressor with `caps.sparse_average`, the result is the decoded sparse
+        payload instead: a coalesced COO tensor of grad's shape (`decompress_all_sparse`), for an
         optimizer that steps from it in one pass (`train.optim.SGD`)."""
         ...
 

@@ -331,7 +331,7 @@ def sparse_average(payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
 class SparseCompressor(CompressorBase):
     """Base of the [values, indices] sparsifiers: decode, fused decode, sent indices, workspace."""
 
-    caps = Capabilities(sparse=True, decodes_into=True, recipe=ERROR_FEEDBACK_RECIPE,
+    caps = Capabilities(sparse=True, decodes_into=True, sparse_average=True, recipe=ERROR_FEEDBACK_RECIPE,
                         why_not_summable="sends rank-dependent indices")
     ratio: float = 0.01
 
