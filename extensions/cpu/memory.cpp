@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <type_traits>
 
 namespace compbench_cpu {
 namespace {
@@ -23,29 +24,31 @@ struct Params {
 };
 
 // The compensated values of elements [lo, hi) into out[0, hi - lo), the state written back when
-// `write`. One kind per instantiation: the loop has no branch on it and vectorizes.
-template <int Kind, bool Write>
-inline void compensate_range(const Params& q, float* a, float* b, const float* g, int64_t lo, int64_t hi,
-                             float* out) {
+// `Write`. One kind and one `Extra` (residual: decay; dgc: clipped) per instantiation: the loop has
+// no branch and vectorizes.
+template <int Kind, bool Extra, bool Write>
+inline void compensate_range(const Params& q, float* __restrict__ a, float* __restrict__ b,
+                             const float* __restrict__ g, int64_t lo, int64_t hi, float* __restrict__ out) {
+  const float c0 = q.c0, c1 = q.c1, scale = q.scale;
   for (int64_t i = lo; i < hi; ++i) {
     float gi = g[i];
     if (Kind == 0) {
       float r = a[i];
-      if (q.decay) r = r * q.c0;
-      r = std::fma(gi, q.c1, r);
+      if (Extra) r = r * c0;
+      r = std::fma(gi, c1, r);
       if (Write) a[i] = r;
       out[i - lo] = r;
       continue;
     }
-    if (q.scaled) gi = gi * q.scale;
+    if (Extra) gi = gi * scale;
     float u = a[i], v = b[i];
     if (Kind == 1) {
-      u = u * q.c0;
+      u = u * c0;
       u = u + gi;
       v = v + u;
     } else {
       u = u + gi;
-      u = u * q.c0;
+      u = u * c0;
       v = v + u;
       v = v + gi;
     }
@@ -57,16 +60,58 @@ inline void compensate_range(const Params& q, float* a, float* b, const float* g
   }
 }
 
+// Largest abs over v[0..m), NaN ignored: the maximum block_absmax (select.cpp) takes, in vectors
+// (a scalar max reduction does not vectorize: its NaN rule is not associative for the compiler).
+inline float abs_max(const float* v, int64_t m) {
+  float hi = 0.f;
+  int64_t j = 0;
+#if defined(__AVX2__)
+  // max_ps(a, b) returns b when a is NaN: NaN elements drop out, as in the scalar loop.
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 h0 = _mm256_setzero_ps(), h1 = _mm256_setzero_ps();
+  for (; j + 16 <= m; j += 16) {
+    h0 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)), h0);
+    h1 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + j + 8)), h1);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(h0, h1));
+  for (float x : lanes) hi = x > hi ? x : hi;
+#endif
+  for (; j < m; ++j) {
+    const float a = std::fabs(v[j]);
+    hi = a > hi ? a : hi;  // NaN never wins a comparison
+  }
+  return hi;
+}
+
+// Calls f(std::integral_constant<int, Kind>, std::bool_constant<Extra>) for the runtime kind.
+template <typename F>
+inline void with_kind(int64_t kind, const Params& q, F&& f) {
+  if (kind == 0) {
+    if (q.decay) {
+      f(std::integral_constant<int, 0>{}, std::true_type{});
+    } else {
+      f(std::integral_constant<int, 0>{}, std::false_type{});
+    }
+  } else if (kind == 1) {
+    if (q.scaled) {
+      f(std::integral_constant<int, 1>{}, std::true_type{});
+    } else {
+      f(std::integral_constant<int, 1>{}, std::false_type{});
+    }
+  } else if (q.scaled) {
+    f(std::integral_constant<int, 2>{}, std::true_type{});
+  } else {
+    f(std::integral_constant<int, 2>{}, std::false_type{});
+  }
+}
+
 template <bool Write>
 inline void compensate_any(int64_t kind, const Params& q, float* a, float* b, const float* g, int64_t lo,
                            int64_t hi, float* out) {
-  if (kind == 0) {
-    compensate_range<0, Write>(q, a, b, g, lo, hi, out);
-  } else if (kind == 1) {
-    compensate_range<1, Write>(q, a, b, g, lo, hi, out);
-  } else {
-    compensate_range<2, Write>(q, a, b, g, lo, hi, out);
-  }
+  with_kind(kind, q, [&](auto k, auto extra) {
+    compensate_range<decltype(k)::value, decltype(extra)::value, Write>(q, a, b, g, lo, hi, out);
+  });
 }
 
 Params make(int64_t kind, double c0, double c1, double scale) {
@@ -103,17 +148,14 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
     at::Tensor out = at::empty({whole}, g.options());
     float* o = out.data_ptr<float>();
     at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        const int64_t lo = blk * kBlock, hi = std::min(n, lo + kBlock);
-        float vals[kBlock];
-        compensate_any<true>(kind, q, pa, pb, pg, lo, hi, vals);
-        float top = 0.f;
-        for (int64_t i = 0; i < hi - lo; ++i) {
-          const float m = std::fabs(vals[i]);
-          top = m > top ? m : top;  // NaN never wins a comparison: ignored, as block_absmax
+      with_kind(kind, q, [&](auto k, auto extra) {
+        for (int64_t blk = b0; blk < b1; ++blk) {
+          const int64_t lo = blk * kBlock, hi = std::min(n, lo + kBlock);
+          float vals[kBlock];
+          compensate_range<decltype(k)::value, decltype(extra)::value, true>(q, pa, pb, pg, lo, hi, vals);
+          if (blk < whole) o[blk] = abs_max(vals, hi - lo);
         }
-        if (blk < whole) o[blk] = top;
-      }
+      });
     });
     return out;
   }
@@ -129,17 +171,19 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
   at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
     at::Tensor mine = at::full({slots}, -1, g.options().dtype(at::kLong));
     int64_t* t = mine.data_ptr<int64_t>();
-    float vals[kBlock];
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t lo = blk * kBlock, hi = std::min(n, lo + kBlock);
-      compensate_any<true>(kind, q, pa, pb, pg, lo, hi, vals);
-      bool any = false;  // most blocks have no element above the threshold: one vector test each
-      for (int64_t i = 0; i < hi - lo; ++i) any |= std::fabs(vals[i]) >= thr;
-      if (!any) continue;
-      for (int64_t i = 0; i < hi - lo; ++i) {
-        if (std::fabs(vals[i]) >= thr) t[murmur3_32(static_cast<uint32_t>(lo + i), s) % m] = lo + i;
+    with_kind(kind, q, [&](auto k, auto extra) {
+      float vals[kBlock];
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const int64_t lo = blk * kBlock, hi = std::min(n, lo + kBlock);
+        compensate_range<decltype(k)::value, decltype(extra)::value, true>(q, pa, pb, pg, lo, hi, vals);
+        bool any = false;  // most blocks have no element above the threshold: one vector test each
+        for (int64_t i = 0; i < hi - lo; ++i) any |= std::fabs(vals[i]) >= thr;
+        if (!any) continue;
+        for (int64_t i = 0; i < hi - lo; ++i) {
+          if (std::fabs(vals[i]) >= thr) t[murmur3_32(static_cast<uint32_t>(lo + i), s) % m] = lo + i;
+        }
       }
-    }
+    });
     const std::lock_guard<std::mutex> guard(lock);
     if (!table.defined()) {
       table = mine;

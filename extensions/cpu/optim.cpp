@@ -17,8 +17,63 @@
 #include "common.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace compbench_cpu {
+namespace {
+
+// One rule per instantiation, so the loop has no branch and vectorizes. Zero: the gradient is 0 on
+// [lo, hi) (between the carried entries of a sparse update); Fma: torch's fused scalar tail.
+template <bool Dgc, bool Decay, bool Buf, bool Nesterov, bool First, bool Fma, bool Zero>
+inline void sgd_range(float* __restrict__ p, float* __restrict__ buf, const float* __restrict__ grad,
+                      int64_t lo, int64_t hi, float neg_lr, float wd, float m) {
+  for (int64_t i = lo; i < hi; ++i) {
+    float g = Zero ? 0.f : grad[i];
+    if (Dgc) {
+      if (Decay) {
+        const float d = p[i] * wd;
+        float dec = d;
+        if (Buf) {
+          float b = d;
+          if (!First) {
+            b = buf[i] * m;
+            b = b + d;
+          }
+          buf[i] = b;
+          dec = Nesterov ? std::fma(b, m, d) : b;
+        }
+        g = g + dec;
+      }
+    } else {
+      if (Decay) g = std::fma(p[i], wd, g);
+      if (Buf) {
+        float b = g;
+        if (!First) {
+          if (Fma) {
+            b = std::fma(buf[i], m, g);
+          } else {
+            b = buf[i] * m;
+            b = b + g;
+          }
+        }
+        buf[i] = b;
+        g = Nesterov ? std::fma(b, m, g) : b;
+      }
+    }
+    p[i] = std::fma(g, neg_lr, p[i]);
+  }
+}
+
+template <typename F>
+inline void with_bool(bool v, F&& f) {
+  if (v) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+}  // namespace
 
 // In place on p (and buf when wd != 0 and momentum != 0). `grad` is either a dense fp32 gradient of
 // p's size (then indices/values are ignored) or empty: the sparse update (indices int64 ascending
@@ -63,46 +118,44 @@ void sgd_step(at::Tensor& p, at::Tensor& buf, const at::Tensor& grad, const at::
     return;
   }
   const int64_t tail_from = n - std::min(n, std::max<int64_t>(0, fma_tail));
-  at::parallel_for(0, n, 32768, [&](int64_t i0, int64_t i1) {
-    // The carried entries of this range: indices are sorted, so a binary search finds the first.
-    int64_t j = dense ? 0 : std::lower_bound(idx, idx + k, i0) - idx;
-    for (int64_t i = i0; i < i1; ++i) {
-      float g;
+  auto run = [&](auto dgc_, auto decay_, auto buf_, auto nest_, auto first_) {
+    constexpr bool D = decltype(dgc_)::value, W = decltype(decay_)::value, B = decltype(buf_)::value;
+    constexpr bool N = decltype(nest_)::value, F = decltype(first_)::value;
+    // [lo, hi) with a dense gradient, or zero where Zero; split where torch's scalar tail starts.
+    auto range = [&](int64_t lo, int64_t hi, auto zero_) {
+      constexpr bool Z = decltype(zero_)::value;
+      const int64_t cut = std::max(lo, std::min(hi, tail_from));
+      sgd_range<D, W, B, N, F, false, Z>(pp, pb, pg, lo, cut, neg_lr, wd, m);
+      sgd_range<D, W, B, N, F, true, Z>(pp, pb, pg, cut, hi, neg_lr, wd, m);
+    };
+    at::parallel_for(0, n, 32768, [&](int64_t i0, int64_t i1) {
       if (dense) {
-        g = pg[i];
-      } else if (j < k && idx[j] == i) {
-        g = val[j++];
-      } else {
-        g = 0.f;
+        range(i0, i1, std::false_type{});
+        return;
       }
-      if (dgc) {
-        if (decay) {
-          const float d = pp[i] * wd;
-          float dec = d;
-          if (with_buf) {
-            float b = first ? d : pb[i] * m;
-            if (!first) b = b + d;
-            pb[i] = b;
-            dec = nesterov ? std::fma(b, m, d) : b;
-          }
-          g = g + dec;
+      // The carried entries of this range (indices sorted: a binary search finds the first); the
+      // gradient is 0 between them, its value at them.
+      int64_t j = std::lower_bound(idx, idx + k, i0) - idx, pos = i0;
+      for (; j < k && idx[j] < i1; ++j) {
+        range(pos, idx[j], std::true_type{});
+        const float* v = val + j;  // a one-element dense gradient at idx[j]
+        const int64_t at = idx[j];
+        if (at >= tail_from) {
+          sgd_range<D, W, B, N, F, true, false>(pp + at, pb ? pb + at : nullptr, v, 0, 1, neg_lr, wd, m);
+        } else {
+          sgd_range<D, W, B, N, F, false, false>(pp + at, pb ? pb + at : nullptr, v, 0, 1, neg_lr, wd, m);
         }
-      } else {
-        if (decay) g = std::fma(pp[i], wd, g);
-        if (with_buf) {
-          float b = g;
-          if (!first && i < tail_from) {
-            b = pb[i] * m;
-            b = b + g;
-          } else if (!first) {
-            b = std::fma(pb[i], m, g);
-          }
-          pb[i] = b;
-          g = nesterov ? std::fma(b, m, g) : b;
-        }
+        pos = at + 1;
       }
-      pp[i] = std::fma(g, neg_lr, pp[i]);
-    }
+      range(pos, i1, std::true_type{});
+    });
+  };
+  with_bool(dgc, [&](auto a) {
+    with_bool(decay, [&](auto b) {
+      with_bool(with_buf, [&](auto c) {
+        with_bool(nesterov, [&](auto d) { with_bool(first, [&](auto e) { run(a, b, c, d, e); }); });
+      });
+    });
   });
 }
 

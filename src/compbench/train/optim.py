@@ -34,13 +34,14 @@ class SGD(torch.optim.SGD):
     term (with its momentum, state `decay_buffer`) is added to `p.grad` first and torch's step
     (fused kernel included) then applies p -= lr * grad. Groups without the option are torch's SGD.
 
-    One pass (CPU fp32 with the compiled kernels, `kernels.cpu.sgd_step`): every group whose update
-    the kernel spells (no dampening, not maximizing; DGC's groups and torch's SGD with momentum,
-    Nesterov and weight decay) steps each parameter in one pass over it and its buffer, from a
-    dense .grad or a sparse one (a coalesced COO tensor: the averaged sparse payload, decoded
-    nowhere else), with the same bytes as the code below and torch's step, its twin (which
-    COMPBENCH_KERNELS=0 selects). Without weight decay and momentum a sparse .grad touches only the
-    entries it carries.
+    One pass (CPU fp32 with the compiled kernels, `kernels.cpu.sgd_step`): in every group whose
+    update the kernel spells (no dampening, not maximizing; DGC's groups and torch's SGD with
+    momentum, Nesterov and weight decay) a parameter of a `dgc` group, or one with a sparse .grad (a
+    coalesced COO tensor: the averaged sparse payload, decoded nowhere else), is stepped in one pass
+    over it and its buffer, with the same bytes as the code below and torch's step, its twin
+    (which COMPBENCH_KERNELS=0 selects). A dense .grad in torch's own groups stays with torch's
+    step (its fused kernel is one pass already). Without weight decay and momentum a sparse .grad
+    touches only the entries it carries.
     """
 
     def __init__(self, params: Iterable[Any], **kwargs: Any) -> None:
@@ -63,7 +64,9 @@ class SGD(torch.optim.SGD):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if one_pass and cpu.enabled(p) and (p.grad.is_sparse or cpu.enabled(p.grad)):
+                # A dense .grad of torch's own rule is left to torch's step (its fused kernel is one
+                # pass already); DGC's groups and sparse .grads are stepped here.
+                if one_pass and cpu.enabled(p) and (p.grad.is_sparse or (dgc and cpu.enabled(p.grad))):
                     self._step_in_one_pass(p, group)
                     consumed.append((p, p.grad))
                     p.grad = None
