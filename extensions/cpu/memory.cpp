@@ -195,8 +195,9 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
   return table.defined() ? table : at::full({slots}, -1, g.options().dtype(at::kLong));
 }
 
-// The compensated values at flat int64 `indices` (the threshold's samples), state untouched: the
-// very arithmetic of compensate_select, so a threshold sampled here equals one sampled afterwards.
+// The compensated values at flat int64 `indices` (DRAGONN's threshold samples, needed before its
+// fused pass), state untouched: the very arithmetic of compensate_select, so a threshold sampled
+// here equals one sampled afterwards.
 at::Tensor compensate_at(const at::Tensor& a, const at::Tensor& b, const at::Tensor& g, const at::Tensor& indices,
                          int64_t kind, double c0, double c1, double scale) {
   check_state(a, b, g, kind);
@@ -210,9 +211,18 @@ at::Tensor compensate_at(const at::Tensor& a, const at::Tensor& b, const at::Ten
   const int64_t* idx = indices.data_ptr<int64_t>();
   at::Tensor out = at::empty({k}, g.options());
   float* o = out.data_ptr<float>();
+  for (int64_t j = 0; j < k; ++j) {
+    TORCH_CHECK(0 <= idx[j] && idx[j] < n, "compensate_at: index ", idx[j], " out of range");
+  }
+  constexpr int64_t kAhead = 32;  // random samples are cache misses: keep ~32 of them in flight
   at::parallel_for(0, k, 16384, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
-      TORCH_CHECK(0 <= idx[j] && idx[j] < n, "compensate_at: index ", idx[j], " out of range");
+      if (j + kAhead < j1) {
+        const int64_t ahead = idx[j + kAhead];
+        __builtin_prefetch(pg + ahead);
+        __builtin_prefetch(pa + ahead);
+        if (pb) __builtin_prefetch(pb + ahead);
+      }
       compensate_any<false>(kind, q, pa, pb, pg, idx[j], idx[j] + 1, o + j);
     }
   });

@@ -48,29 +48,20 @@ def _select(
 
     One summary pass (`AbsIndex`) serves the first threshold and every adaptation step. With a
     memory's `deferred` compensation (then `values` is None) that summary pass is the memory's pass
-    (`memory.base.Deferred`); the samples are read from the compensation before it runs, and the
-    indices index `deferred.result`."""
+    (`memory.base.Deferred`), and the indices index `deferred.result`."""
     summary = None
-    if deferred is not None:
-        n = deferred.numel
-    else:
-        flat = values.detach().reshape(-1)  # type: ignore[union-attr]
-        n = flat.numel()
+    if deferred is not None:  # the memory's pass is the summary pass; sampled from its result
+        y, summary = deferred.summary()
+        values = y
+    flat = values.detach().reshape(-1)  # type: ignore[union-attr]
+    n = flat.numel()
     stride, _ = sample_layout(n, ratio, sample_ratio)
     if stride == 1:
-        if deferred is not None:
-            y, summary = deferred.summary()
-            flat = y.reshape(-1)
         samples = flat.abs()
     else:
         # Random start in [0, stride): range(start, n, stride) still has >= n // stride samples.
         start = int(torch.randint(stride, (1,), generator=gen))
-        if deferred is not None:
-            samples = deferred.at(torch.arange(start, n, stride)).abs()
-            y, summary = deferred.summary()
-            flat = y.reshape(-1)
-        else:
-            samples = flat[start::stride].abs()
+        samples = flat[start::stride].abs()
     threshold = kth_largest(samples, math.ceil(samples.numel() * ratio))
     index = AbsIndex(flat, ws, density=ratio, summary=summary)
     idx = index.indices_ge(threshold)

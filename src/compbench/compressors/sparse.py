@@ -238,8 +238,7 @@ def exact_topk_indices(values: Tensor | None, k: int, ws: Workspace,
     of the candidates IS the exact top-k. Otherwise the threshold is lowered (cheap: `AbsIndex` keeps
     its summary); last resort full topk.
 
-    `deferred` (then `values` is None): a memory's compensation, run inside the summary pass; the
-    samples are read from it before (same values, same selection).
+    `deferred` (then `values` is None): a memory's compensation, run as the summary pass.
     """
     if deferred is not None:
         n = deferred.numel
@@ -256,12 +255,10 @@ def exact_topk_indices(values: Tensor | None, k: int, ws: Workspace,
     stride = max(1, n // max(math.ceil(0.01 * n), math.ceil(64 * n / k)))
     summary = None
     if deferred is not None:
-        samples = deferred.at(torch.arange(0, n, stride)).abs()
         y, summary = deferred.summary()
         flat = y.reshape(-1)
-    else:
-        samples = flat[::stride].abs()  # type: ignore[index]
     assert flat is not None
+    samples = flat[::stride].abs()
     m = samples.numel()
     j = math.ceil(2.0 * k * m / n) + 4
     index = AbsIndex(flat, ws, density=2.0 * k / n, summary=summary)
