@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -25,6 +26,9 @@ from compbench.compressors.sparse import (
 _LOWER = 0.8  # fewer than 0.8k: threshold *= 0.8, retry
 _MAX_ADAPT = 10
 
+if TYPE_CHECKING:
+    from compbench.memory.base import Deferred
+
 
 def sample_layout(numel: int, ratio: float, sample_ratio: float) -> tuple[int, int]:
     """(stride, number of samples wanted): at least max(ceil(sample_ratio*n), ceil(2/r)) samples,
@@ -36,13 +40,20 @@ def sample_layout(numel: int, ratio: float, sample_ratio: float) -> tuple[int, i
 
 
 def _select(
-    values: Tensor, k: int, ratio: float, sample_ratio: float, gen: torch.Generator, ws: Workspace
+    values: Tensor | None, k: int, ratio: float, sample_ratio: float, gen: torch.Generator, ws: Workspace,
+    deferred: Deferred | None = None,
 ) -> Tensor:
     """Hot step: flat int64 indices DGC sends (at most k), selected by magnitude abs(values), at
     ratio `ratio` (`values` may be the gradient itself or its magnitudes: abs changes nothing then).
 
-    One summary pass (`AbsIndex`) serves the first threshold and every adaptation step."""
-    flat = values.detach().reshape(-1)
+    One summary pass (`AbsIndex`) serves the first threshold and every adaptation step. With a
+    memory's `deferred` compensation (then `values` is None) that summary pass is the memory's pass
+    (`memory.base.Deferred`), and the indices index `deferred.result`."""
+    summary = None
+    if deferred is not None:  # the memory's pass is the summary pass; sampled from its result
+        y, summary = deferred.summary()
+        values = y
+    flat = values.detach().reshape(-1)  # type: ignore[union-attr]
     n = flat.numel()
     stride, _ = sample_layout(n, ratio, sample_ratio)
     if stride == 1:
@@ -52,7 +63,7 @@ def _select(
         start = int(torch.randint(stride, (1,), generator=gen))
         samples = flat[start::stride].abs()
     threshold = kth_largest(samples, math.ceil(samples.numel() * ratio))
-    index = AbsIndex(flat, ws, density=ratio)
+    index = AbsIndex(flat, ws, density=ratio, summary=summary)
     idx = index.indices_ge(threshold)
     for _ in range(_MAX_ADAPT):
         if idx.numel() >= _LOWER * k:
@@ -83,7 +94,7 @@ class DGC(SparseCompressor):
     name = "dgc"
     # DGC's recipe is its momentum correction (memory=dgc), with the optimizer's usual momentum on
     # the tensors that stay dense and on the weight-decay term.
-    caps = replace(SparseCompressor.caps, recipe={"memory": "dgc"})
+    caps = replace(SparseCompressor.caps, recipe={"memory": "dgc"}, fuses_memory=True)
 
     def __init__(
         self,
@@ -124,6 +135,16 @@ class DGC(SparseCompressor):
         gen = make_generator(self.seed, self.step, name)
         idx = _select(flat, k, r, self.sample_ratio, gen, self._ws)
         return sparse_payload(flat.index_select(0, idx), idx, self.value_dtype), make_ctx(x, name)
+
+    def compress_deferred(self, deferred: Deferred, name: str) -> tuple[list[Tensor], Ctx]:
+        """`compress` of a memory's compensation (memory=dgc's momentum correction), run inside the
+        selection's summary pass: the same payload, one pass fewer over the gradient."""
+        gen = make_generator(self.seed, self.step, name)
+        idx = _select(None, self.k_for(deferred.numel), self.ratio, self.sample_ratio, gen, self._ws,
+                      deferred=deferred)
+        y = deferred.result
+        assert y is not None
+        return sparse_payload(y.reshape(-1).index_select(0, idx), idx, self.value_dtype), make_ctx(y, name)
 
     def max_wire_bytes(self, numel: int) -> int:
         return (self.value_dtype.itemsize + 4) * self.k_for(numel)
