@@ -19,6 +19,8 @@ from compbench.compll.generated import (
     cpu_sources,
     cuda_sources,
     generated_dir,
+    select,
+    selects,
     spec,
     specs,
 )
@@ -32,8 +34,8 @@ from compbench.compressors.packing import (
 )
 from compbench.kernels.twins import counter_uniform
 
-__all__ = ["counter_uniform", "pack_codes", "unpack_codes", "specs", "spec", "generated_dir", "conf_folder",
-           "conf_text", "cpu_sources", "cuda_sources"]
+__all__ = ["counter_uniform", "pack_codes", "unpack_codes", "specs", "spec", "selects", "select",
+           "generated_dir", "conf_folder", "conf_text", "cpu_sources", "cuda_sources"]
 
 
 def pack_codes(codes: Tensor, bits: int) -> Tensor:
@@ -102,6 +104,76 @@ def cuda_decode(s: lang.Spec, packed: Tensor, header: Tensor, numel: int, params
     launch(f"compll_{s.name}", s.decode_name, numel, packed.device,
            (as_cupy(packed.contiguous()), np.int64(numel), as_cupy(table), as_cupy(out)))
     return out
+
+
+# --- selections (filter + sampled threshold) ------------------------------------------------------
+
+
+class CpuSelect:
+    """The generated C++ operators of a selection, as `select`'s `kernels`."""
+
+    def __init__(self, sel: lang.Select) -> None:
+        self.sel = sel
+
+    def threshold(self, x: Tensor, sample: Tensor | None, start: int, stride: int, count: int, j: int,
+                  params: dict) -> Tensor:
+        return _op(self.sel.threshold_name)(x, sample, start, stride, count, j,
+                                            [float(params[k]) for k in self.sel.params])
+
+    def filter(self, x: Tensor, inputs: Tensor, params: dict) -> Tensor:
+        return _op(self.sel.filter_name)(x, inputs, [float(params[k]) for k in self.sel.params])
+
+
+class CudaSelect:
+    """The generated RawKernel of a selection's filter (the threshold: the generated torch code on the
+    GPU), as `select`'s `kernels`."""
+
+    def __init__(self, sel: lang.Select) -> None:
+        self.sel = sel
+        self.threshold = gen_torch.module(sel).threshold
+
+    def filter(self, x: Tensor, inputs: Tensor, params: dict) -> Tensor:
+        """int64 indices in index order: one launch with room for n / 64 + 1024 (one host sync for
+        the count), a second with room for all when more pass; then sorted."""
+        import numpy as np
+
+        from compbench.kernels.loader import as_cupy, launch
+
+        n = x.numel()
+        h = inputs.reshape(-1).float().contiguous()
+        prm = [np.float32(params[k]) for k in self.sel.params]
+        cap = max(1, min(n, n // 64 + 1024))
+        count = torch.zeros(1, dtype=torch.int64, device=x.device)
+        for _ in range(2):
+            out = torch.empty(cap, dtype=torch.int64, device=x.device)
+            count.zero_()
+            launch(f"compll_{self.sel.name}", self.sel.filter_name, n, x.device,
+                   (as_cupy(x), np.int64(n), as_cupy(h), *prm, as_cupy(out), as_cupy(count), np.int64(cap)))
+            found = int(count.item())
+            if found <= cap:
+                return out[:found].sort().values
+            cap = found
+        raise AssertionError("unreachable: the second launch has room for every index")
+
+
+def select_indices(sel: lang.Select, flat: Tensor, ratio: float, m: int, limit: int, gen: torch.Generator,
+                   params: dict | None = None) -> Tensor:
+    """A selection's int64 indices of flat fp32 `flat` (the generated glue `select` of `sel`): m
+    samples drawn with `gen`, the threshold of ratio, at most `limit`. The generated C++ operators on
+    CPU (when built), the generated RawKernel on CUDA (with CuPy), else the generated torch code."""
+    from compbench.kernels import cpu_kernels_enabled, cuda_kernels_enabled
+
+    mod = gen_torch.module(sel)
+    flat = flat.detach().reshape(-1)
+    dtype = flat.dtype
+    if flat.dtype != torch.float32 or not flat.is_contiguous():
+        flat = flat.float().contiguous()
+    kernels: object = mod
+    if cpu_kernels_enabled(flat):
+        kernels = CpuSelect(sel)
+    elif cuda_kernels_enabled(flat):
+        kernels = CudaSelect(sel)
+    return mod.select(flat, ratio, m, limit, gen, params or {}, kernels, dtype)
 
 
 # --- the compressor of a registered spec ---------------------------------------------------------

@@ -11,19 +11,9 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from compbench.compll import runtime
 from compbench.compressors.base import Ctx, check_ratio, make_ctx
-from compbench.compressors.sparse import (
-    AbsIndex,
-    SparseCompressor,
-    Workspace,
-    kth_largest,
-    make_generator,
-    sparse_payload,
-    topk_among,
-)
-
-_LOWER = 0.8  # fewer than 0.8k: threshold *= 0.8, retry
-_MAX_ADAPT = 10
+from compbench.compressors.sparse import SparseCompressor, Workspace, make_generator, sparse_payload
 
 
 def sample_layout(numel: int, ratio: float, sample_ratio: float) -> tuple[int, int]:
@@ -41,27 +31,13 @@ def _select(
     """Hot step: flat int64 indices DGC sends (at most k), selected by magnitude abs(values), at
     ratio `ratio` (`values` may be the gradient itself or its magnitudes: abs changes nothing then).
 
-    One summary pass (`AbsIndex`) serves the first threshold and every adaptation step."""
-    flat = values.detach().reshape(-1)
-    n = flat.numel()
-    stride, _ = sample_layout(n, ratio, sample_ratio)
-    if stride == 1:
-        samples = flat.abs()
-    else:
-        # Random start in [0, stride): range(start, n, stride) still has >= n // stride samples.
-        start = int(torch.randint(stride, (1,), generator=gen))
-        samples = flat[start::stride].abs()
-    threshold = kth_largest(samples, math.ceil(samples.numel() * ratio))
-    index = AbsIndex(flat, ws, density=ratio)
-    idx = index.indices_ge(threshold)
-    for _ in range(_MAX_ADAPT):
-        if idx.numel() >= _LOWER * k:
-            break  # enough (above 1.3k the paper stops with the exact top-k: done below)
-        threshold = threshold * _LOWER
-        idx = index.indices_ge(threshold)
-    # Send at most k, the k largest candidates: the exact top-k among them above 1.3k, and also
-    # between k and 1.3k, where synxlin truncates by index instead.
-    return topk_among(flat, idx, k)
+    The kernels and their glue are generated from compll/specs/dgc.py: the strided sample's start
+    drawn from `gen`, the threshold of the ceil(m*r) largest sampled magnitudes, the filter, at most
+    10 adaptations (fewer than 0.8k: threshold *= 0.8, retry; above 1.3k the paper stops with the
+    exact top-k, which the limit does), then the k largest candidates, also between k and 1.3k,
+    where synxlin truncates by index instead. `ws` is unused (the generated kernels need none)."""
+    _, wanted = sample_layout(values.numel(), ratio, sample_ratio)
+    return runtime.select_indices(runtime.select("dgc"), values, ratio, wanted, k, gen)
 
 
 class DGC(SparseCompressor):
