@@ -1,6 +1,12 @@
-// Shared by compbench's CPU kernels (extensions/cpu/*.cpp): the checks, the murmur3 hash of the
-// counter-based streams (scalar and 8 AVX2 lanes) and every operator's declaration (ops.cpp
-// registers them as torch.ops.compbench_cpu.*).
+// Shared by compbench's CPU kernels (extensions/cpu/*.cpp): the checks and the murmur3 hash of the
+// counter-based streams (scalar and 8 AVX2 lanes). Each kernel is one pass over the gradient, a torch
+// operator (torch.ops.compbench_cpu.*) declared and registered by the unit generated from
+// src/compbench/kernels/table.py; its pure-torch/numpy twin is its fallback and test oracle.
+//
+// Threads: ATen's parallel_for, i.e. torch's own OpenMP pool, so torch.set_num_threads (compbench's
+// `threads` setting) governs these kernels too. Results never depend on the number of threads: the
+// DRAGONN table keeps the largest index per slot (per-range tables merged by max), sums are taken
+// per fixed chunk and added in chunk order.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -60,21 +66,6 @@ inline __m256i murmur3_32x8(__m256i key, uint32_t seed) {
 }
 #endif
 
-// select.cpp: the sparsifiers' scans.
-at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, int64_t seed);
-at::Tensor sampled_threshold(const at::Tensor& x, int64_t m, int64_t j, int64_t seed);
-at::Tensor block_absmax(const at::Tensor& x);
-// signs.cpp: 1-bit codes.
-std::tuple<at::Tensor, at::Tensor> pack_signs(const at::Tensor& x);
-at::Tensor signum_step(at::Tensor& m, const at::Tensor& g, double beta);
-// quantize.cpp: scales and stochastic or thresholded codes.
-at::Tensor absmax_var(const at::Tensor& x);
-std::tuple<at::Tensor, at::Tensor> qsgd_quantize(const at::Tensor& x, int64_t levels, int64_t bucket_size,
-                                                 int64_t seed);
-// decode.cpp: codes back to values.
-at::Tensor decode_codes(const at::Tensor& packed, int64_t numel, int64_t bits, const at::Tensor& values,
-                        at::Tensor& out);
-at::Tensor qsgd_dequantize(const at::Tensor& codes, const at::Tensor& norms, int64_t levels, int64_t bucket_size,
-                           at::Tensor& out);
+// The kernels' declarations and registrations are generated from src/compbench/kernels/table.py.
 
 }  // namespace compbench_cpu

@@ -1,13 +1,16 @@
 """The CompLL specs and the files generated from them (the kernels' loaders and the registry
-import this module, which imports no kernel or registry module: no import cycle).
+import this module, which imports no kernel or registry module but the kernel table, plain data:
+no import cycle).
 
 - `specs()`: every `specs/NAME.py` with its `SPEC` (sorted by name).
 - `generated_dir()`: a folder under ~/.cache/compbench/compll/KEY/ (KEY: a hash of everything
-  generated) holding cpu/compll_NAME.cpp (built into the CPU extension by `make kernels`: the
-  extension's cache key hashes these sources too), cuda/compll_NAME.cu (loaded by
-  `kernels.loader` like extensions/cuda/*.cu) and conf/compressor/NAME.yaml for every spec with
-  `register=True` (a conf folder the registry reads after compbench's own: the Hydra option and
-  the registry entry of a spec-only compressor). Written once, atomically; cheap to recompute.
+  generated) holding table/kernel_table.cpp (the hand-written kernels' declarations and
+  registrations, from compbench.kernels.table), cpu/compll_NAME.cpp (both built into the CPU
+  extension by `make kernels`: the extension's cache key hashes these sources too),
+  cuda/compll_NAME.cu (loaded by `kernels.loader` like extensions/cuda/*.cu) and
+  conf/compressor/NAME.yaml for every spec with `register=True` (a conf folder the registry reads
+  after compbench's own: the Hydra option and the registry entry of a spec-only compressor).
+  Written once, atomically; cheap to recompute.
 """
 
 from __future__ import annotations
@@ -81,7 +84,11 @@ def conf_text(s: lang.Spec) -> str:
 
 
 def _files() -> dict[str, str]:
-    files = {}
+    from compbench.kernels.table import registration_source
+
+    # The hand-written kernels' registrations, generated from their table, live here too: one
+    # folder of generated sources, one cache key.
+    files = {"table/kernel_table.cpp": registration_source()}
     for s in _all().values():
         files[f"cpu/compll_{s.name}.cpp"] = gen_cpu.source(s)
         files[f"cuda/compll_{s.name}.cu"] = gen_cuda.source(s)
@@ -112,6 +119,10 @@ def generated_dir() -> Path:
 
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def table_sources() -> list[Path]:
+    return [generated_dir() / "table" / "kernel_table.cpp"]
 
 
 def cpu_sources() -> list[Path]:

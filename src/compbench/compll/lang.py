@@ -50,10 +50,10 @@ class Expr:
     def __rmul__(self, o: Any) -> Expr: return self._bin("*", o, True)
     def __truediv__(self, o: Any) -> Expr: return self._bin("/", o)
     def __rtruediv__(self, o: Any) -> Expr: return self._bin("/", o, True)
-    def __lt__(self, o: Any) -> Expr: return self._bin("<", o)  # type: ignore[override]
-    def __le__(self, o: Any) -> Expr: return self._bin("<=", o)  # type: ignore[override]
-    def __gt__(self, o: Any) -> Expr: return self._bin(">", o)  # type: ignore[override]
-    def __ge__(self, o: Any) -> Expr: return self._bin(">=", o)  # type: ignore[override]
+    def __lt__(self, o: Any) -> Expr: return self._bin("<", o)
+    def __le__(self, o: Any) -> Expr: return self._bin("<=", o)
+    def __gt__(self, o: Any) -> Expr: return self._bin(">", o)
+    def __ge__(self, o: Any) -> Expr: return self._bin(">=", o)
     def eq(self, o: Any) -> Expr: return self._bin("==", o)
     def __and__(self, o: Any) -> Expr: return self._bin("&", o)
     def __or__(self, o: Any) -> Expr: return self._bin("|", o)

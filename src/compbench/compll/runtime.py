@@ -80,7 +80,11 @@ def cuda_encode(s: lang.Spec, flat: Tensor, inputs: Tensor, seed: int, params: l
     header = gen_torch.module(s).make_header(flat, inputs, dict(zip(s.params, params, strict=True)))
     nbytes = packed_nbytes(n, s.bits)
     out = torch.empty(nbytes, dtype=torch.uint8, device=flat.device)
-    args: list = [as_cupy(state)] if s.stateful else []
+    args: list = []
+    if s.stateful:
+        if state is None:
+            raise ValueError(f"compll {s.name}: a stateful spec's encode needs its state tensor")
+        args.append(as_cupy(state))
     args += [as_cupy(flat), np.int64(n)]
     if s.reads_header:
         h = header if s.header and not s.inputs else inputs.reshape(-1).float()

@@ -33,11 +33,12 @@ def source_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    """The translation units (ops.cpp registers what the others define; the CompLL specs' generated
-    units register their own operators); common.h is hashed too."""
-    from compbench.compll.generated import cpu_sources
+    """The translation units: the hand-written kernels, the unit generated from their table
+    (kernels.table: declarations and registrations) and the CompLL specs' generated units (which
+    register their own operators); common.h is hashed too."""
+    from compbench.compll.generated import cpu_sources, table_sources
 
-    return [*sorted(source_dir().glob("*.cpp")), *cpu_sources()]
+    return [*sorted(source_dir().glob("*.cpp")), *table_sources(), *cpu_sources()]
 
 
 def cpu_model() -> str | None:
