@@ -214,3 +214,40 @@ def test_gen_prints_a_selection_and_refuses_its_conf():
     assert "def draw(n, m, gen, device)" in gen("graddrop").stdout
     res = gen("dgc", "--target", "conf")
     assert res.returncode == 2 and "is a kernel of a hand-written compressor" in res.stderr
+
+
+@pytest.mark.parametrize("name", SELECTS)
+@pytest.mark.parametrize("t", [1.5, 0.0])  # 0.0: all 5000 pass, past the first launch's room: a relaunch
+def test_the_cuda_launcher_runs_the_filter_end_to_end_on_the_host(host_lib, monkeypatch, name, t):
+    from compbench.kernels import loader
+
+    s = runtime.select(name)
+    ctypes_of = {"long long": c_longlong, "float": c_float}
+    numpy_of = {"long long": np.int64, "float": np.float32}
+    launches = []
+
+    def fake_launch(module, function, work, device, args):
+        assert module == f"compll_{name}" and function == s.filter_name and work > 0
+        converted = []
+        for arg, (ctype, _) in zip(args, gen_cuda.filter_args(s), strict=True):
+            if isinstance(arg, np.ndarray):
+                assert "*" in ctype, f"array for {ctype}"
+                converted.append(arg.ctypes.data_as(c_void_p))
+            else:
+                assert type(arg) is numpy_of[ctype], f"{type(arg).__name__} for {ctype}"
+                converted.append(ctypes_of[ctype](arg.item()))
+        fn = getattr(host_lib, function)
+        fn.restype = None
+        host_lib.cb_set_launch.argtypes = [ctypes.c_uint] * 4
+        for b in range(GRID):
+            for th in range(BLOCK):
+                host_lib.cb_set_launch(GRID, BLOCK, b, th)
+                fn(*converted)
+        launches.append(function)
+
+    monkeypatch.setattr(loader, "as_cupy", lambda t: t.detach().numpy())
+    monkeypatch.setattr(loader, "launch", fake_launch)
+    x = _x(5000, 6)
+    got = runtime.CudaSelect(s).filter(x, torch.tensor([t]), {})
+    assert torch.equal(got, gen_torch.module(s).filter(x, torch.tensor([t]), {}))
+    assert len(launches) == (2 if t == 0.0 else 1)
