@@ -251,3 +251,61 @@ def test_the_cuda_launcher_runs_the_filter_end_to_end_on_the_host(host_lib, monk
     got = runtime.CudaSelect(s).filter(x, torch.tensor([t]), {})
     assert torch.equal(got, gen_torch.module(s).filter(x, torch.tensor([t]), {}))
     assert len(launches) == (2 if t == 0.0 else 1)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", SELECTS)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_generated_cpu_decode_matches_the_oracle_and_index_add(name, threads, index_dtype):
+    s = runtime.select(name)
+    n = 3 * 65536 + 7
+    gen = torch.Generator().manual_seed(2)
+    idx = torch.randint(n, (5000,), generator=gen).to(index_dtype)
+    idx[:3] = torch.tensor([n - 1, 0, n - 1])  # the ends, and a duplicate: the adds in payload order
+    values = torch.randn(5000, generator=gen)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = torch.full((n,), 7.0)  # stale content is overwritten
+        getattr(torch.ops.compbench_cpu, s.decode_name)(values, idx, out)
+    finally:
+        torch.set_num_threads(old)
+    want = gen_torch.module(s).decode(values, idx, torch.full((n,), 3.0))
+    assert torch.equal(out, want)
+    assert torch.equal(out, torch.zeros(n).index_add_(0, idx, values))
+    with pytest.raises(RuntimeError, match="outside the output"):
+        getattr(torch.ops.compbench_cpu, s.decode_name)(values[:1], torch.tensor([n]), out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_graddrop_decodes_as_the_shared_sparse_decode(dtype):
+    from compbench.compressors.sparse import sparse_decode, sparse_decode_all
+
+    comp = build_compressor("graddrop", ratio=0.01)
+    xs = [torch.randn(300, 70, generator=torch.Generator().manual_seed(s)).to(dtype) for s in range(3)]
+    payloads, ctx = [comp.compress(x, "w")[0] for x in xs], comp.compress(xs[0], "w")[1]
+    assert torch.equal(comp.decompress(payloads[0], ctx), sparse_decode(payloads[0], ctx))
+    buf = torch.full((ctx.numel,), 5.0)  # fp32 for both: half gradients accumulate in fp32
+    got = comp.decompress_all(payloads, ctx, out=buf)
+    assert got.dtype == dtype and torch.equal(got, sparse_decode_all(payloads, ctx))
+
+
+@pytest.mark.parametrize("name", SELECTS)
+def test_generated_cuda_decode_matches_the_oracle_on_the_host(host_lib, name):
+    s = runtime.select(name)
+    n, k = 1000, 300
+    gen = torch.Generator().manual_seed(3)
+    idx = torch.randint(n, (k,), generator=gen, dtype=torch.int32)
+    values = torch.randint(-8, 8, (k,), generator=gen).float() / 4  # exact sums: any order of the adds
+    out = np.zeros(n, np.float32)
+    fn = getattr(host_lib, s.decode_name)
+    fn.argtypes = [c_void_p, c_void_p, c_longlong, c_void_p]
+    fn.restype = None
+    host_lib.cb_set_launch.argtypes = [ctypes.c_uint] * 4
+    v, i = values.numpy().copy(), idx.numpy().copy()
+    for b in range(GRID):
+        for th in range(BLOCK):
+            host_lib.cb_set_launch(GRID, BLOCK, b, th)
+            fn(v.ctypes.data_as(c_void_p), i.ctypes.data_as(c_void_p), k, out.ctypes.data_as(c_void_p))
+    assert torch.equal(torch.from_numpy(out), gen_torch.module(s).decode(values, idx, torch.empty(n)))

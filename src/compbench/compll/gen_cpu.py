@@ -549,8 +549,40 @@ def select_source(sel: lang.Select) -> str:
         "  }",
         "  return out;",
         "}", "",
+        "// The scatter: out zero-filled (in parallel), then out[indices[t]] += values[t] in payload order",
+        "// (index_add_'s order: duplicates add the same way at any number of threads).",
+        f"at::Tensor {sel.decode_name}(const at::Tensor& values, const at::Tensor& indices, "
+        "at::Tensor& out) {",
+        f'  check_flat_f32(out, "{sel.decode_name}");',
+        f'  check_flat_f32(values, "{sel.decode_name}");',
+        f'  TORCH_CHECK(indices.device().is_cpu() && indices.is_contiguous() && indices.dim() == 1 && '
+        f'(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong) && '
+        f'indices.numel() == values.numel(), "{sel.decode_name}: indices must be contiguous CPU int32 or '
+        f'int64, one per value");',
+        "  const int64_t n = out.numel(), k = values.numel();",
+        "  float* o = out.data_ptr<float>();",
+        "  const float* v = values.data_ptr<float>();",
+        "  at::parallel_for(0, n, 1 << 16, [&](int64_t a, int64_t b) {",
+        "    std::memset(o + a, 0, sizeof(float) * static_cast<size_t>(b - a));",
+        "  });",
+        "  auto add = [&](const auto* idx) {",
+        "    for (int64_t t = 0; t < k; ++t) {",
+        "      const int64_t i = static_cast<int64_t>(idx[t]);",
+        f'      TORCH_CHECK(0 <= i && i < n, "{sel.decode_name}: index ", i, " outside the output of ", n);',
+        "      o[i] += v[t];",
+        "    }",
+        "  };",
+        "  if (indices.scalar_type() == at::kInt) {",
+        "    add(indices.data_ptr<int32_t>());",
+        "  } else {",
+        "    add(indices.data_ptr<int64_t>());",
+        "  }",
+        "  return out;",
+        "}", "",
         "TORCH_LIBRARY_FRAGMENT(compbench_cpu, m) {",
         f'  m.def("{thr}(Tensor x, Tensor? sample, int start, int stride, int count, int j, float[] params) '
         f'-> Tensor", &{thr});',
         f'  m.def("{flt}(Tensor x, Tensor inputs, float[] params) -> Tensor", &{flt});',
+        f'  m.def("{sel.decode_name}(Tensor values, Tensor indices, Tensor(a!) out) -> Tensor(a!)", '
+        f'&{sel.decode_name});',
         "}", "", "}  // namespace compbench_cpu", ""])

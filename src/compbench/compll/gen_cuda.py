@@ -152,7 +152,8 @@ def filter_args(sel: lang.Select) -> list[tuple[str, str]]:
 
 
 def select_source(sel: lang.Select) -> str:
-    """The generated .cu of a selection: NAME_filter, the compaction (module `compll_NAME`). The
+    """The generated .cu of a selection: NAME_filter, the compaction, and NAME_decode, the scatter
+    (module `compll_NAME`). The
     sampled threshold runs as the generated torch code on the GPU (torch's sort), like a spec's
     header; the launcher (`compll.runtime.cuda_filter`) sorts the indices into index order."""
     signature = ",\n        ".join(f"{t} {name}" for t, name in filter_args(sel))
@@ -173,5 +174,12 @@ extern "C" __global__ void {sel.filter_name}({signature}) {{
             if (pos < (unsigned long long)cap) out[pos] = i;
         }}
     }}
+}}
+
+// The scatter: out[idx[t]] += values[t] (the launcher zero-fills out first); duplicates add through
+// atomicAdd, in any order.
+extern "C" __global__ void {sel.decode_name}(const float* __restrict__ values, const int* __restrict__ idx,
+        long long k, float* __restrict__ out) {{
+    CB_FOR_EACH(t, k) {{ atomicAdd(&out[idx[t]], values[t]); }}
 }}
 """

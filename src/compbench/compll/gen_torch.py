@@ -278,6 +278,11 @@ def select_source(sel: lang.Select) -> str:
         "    top = torch.topk(key(x.index_select(0, idx), params), limit, sorted=False).indices",
         "    return idx.index_select(0, top)",
         "",
+        "",
+        "def decode(values, indices, out):",
+        '    """The scatter: `out` zero-filled, values added at indices (duplicates add, in order)."""',
+        "    return out.zero_().index_add_(0, indices.long(), values)",
+        "",
     ]
     return "\n".join(lines)
 

@@ -473,7 +473,9 @@ class Select:
     - `adapt`: (factor, times): while fewer than factor * limit pass, threshold *= factor and filter
       again, at most `times` times (DGC: (0.8, 10)); None for one shot (GradDrop);
     - then at most `limit` (the caller's k or 2k): the `limit` candidates of largest key
-      (torch.topk among the candidates, in the glue).
+      (torch.topk among the candidates, in the glue);
+    - the decode (`scatter`): zeros with the sent values added at their indices, duplicates adding
+      in payload order (every rank's payloads at once: their concatenation).
     Registered as kernels of a hand-written compressor (its Python side: ratios, seeds, payload)."""
 
     name: str
@@ -525,3 +527,7 @@ class Select:
     @property
     def filter_name(self) -> str:
         return f"{self.name}_filter"
+
+    @property
+    def decode_name(self) -> str:
+        return f"{self.name}_decode"

@@ -160,6 +160,36 @@ class CudaSelect:
         raise AssertionError("unreachable: the second launch has room for every index")
 
 
+def select_decode(sel: lang.Select, values: Tensor, indices: Tensor, ctx: Ctx,
+                  out: Tensor | None = None) -> Tensor:
+    """The generated decode of a selection's payload (or of every rank's, concatenated): zeros with
+    `values` added at `indices` (duplicates add), into `out` when given (`buffers.check_out`), in
+    the gradient's shape and dtype: what `sparse.sparse_decode` gives. The generated C++ operator on
+    CPU, the generated RawKernel on CUDA, else the generated torch code (half-precision gradients
+    accumulate in fp32)."""
+    from compbench.compressors.buffers import acc_dtype, check_out
+    from compbench.kernels import cpu_kernels_enabled, cuda_kernels_enabled
+
+    acc = acc_dtype(ctx.dtype)
+    buf = (torch.empty(ctx.numel, dtype=acc, device=values.device) if out is None
+           else check_out(out, ctx, values.device))
+    vals = values.reshape(-1).to(acc).contiguous()
+    idx = indices.reshape(-1).contiguous()
+    if cpu_kernels_enabled(buf) and cpu_kernels_enabled(vals):
+        _op(sel.decode_name)(vals, idx, buf)
+    elif buf.dtype == torch.float32 and cuda_kernels_enabled(buf):
+        import numpy as np
+
+        from compbench.kernels.loader import as_cupy, launch
+
+        buf.zero_()
+        launch(f"compll_{sel.name}", sel.decode_name, idx.numel(), buf.device,
+               (as_cupy(vals), as_cupy(idx.to(torch.int32)), np.int64(idx.numel()), as_cupy(buf)))
+    else:
+        gen_torch.module(sel).decode(vals, idx, buf)
+    return buf.to(ctx.dtype).view(ctx.shape)
+
+
 def select_indices(sel: lang.Select, flat: Tensor, ratio: float, m: int, limit: int, gen: torch.Generator,
                    params: dict | None = None) -> Tensor:
     """A selection's int64 indices of flat fp32 `flat` (the generated glue `select` of `sel`): m

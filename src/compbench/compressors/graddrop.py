@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 from compbench.compll import runtime
 from compbench.compressors.base import Ctx, check_ratio, make_ctx
+from compbench.compressors.buffers import acc_dtype
 from compbench.compressors.sparse import SparseCompressor, make_generator, sparse_payload
 
 # Everything that passes the sampled threshold is sent, up to this many times k (ties, an all-zero
@@ -22,7 +24,8 @@ class GradDrop(SparseCompressor):
     The algorithm's residual accumulation (R += g; the sent entries leave R) is exactly error feedback
     with memory=residual, the memory to use with it (the compressor itself is stateless). Samples:
     max(ceil(sample_ratio*n), ceil(2/r)) (all of a small tensor), seeded by (seed, step, tensor name).
-    The selection's kernels are generated from compll/specs/graddrop.py (`runtime.select_indices`).
+    The selection's kernels and the decode are generated from compll/specs/graddrop.py
+    (`runtime.select_indices`, `runtime.select_decode`).
     """
 
     name = "graddrop"
@@ -46,3 +49,14 @@ class GradDrop(SparseCompressor):
 
     def max_wire_bytes(self, numel: int) -> int:
         return 8 * min(numel, _CAP * self.k_for(numel))
+
+    def decompress(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
+        """Dense decode (the generated scatter); into the caller's buffer `out` when given."""
+        return runtime.select_decode(runtime.select("graddrop"), payload[0], payload[1], ctx, out)
+
+    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor:
+        """Average of every rank's decode: the few sent values divided by N, one generated scatter."""
+        acc = acc_dtype(ctx.dtype)
+        values = torch.cat([p[0].to(acc) for p in payloads]).div_(len(payloads))
+        indices = torch.cat([p[1] for p in payloads])
+        return runtime.select_decode(runtime.select("graddrop"), values, indices, ctx, out)
