@@ -68,4 +68,5 @@ inline __m256i murmur3_32x8(__m256i key, uint32_t seed) {
 
 // The kernels' declarations and registrations are generated from src/compbench/kernels/table.py.
 
+
 }  // namespace compbench_cpu

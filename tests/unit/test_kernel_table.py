@@ -12,9 +12,11 @@ import pytest
 import torch
 from torch import Tensor
 
+from compbench.comm.base import encode
 from compbench.compll.generated import cpu_sources
 from compbench.compressors import packing
-from compbench.compressors.dragonn import _select, sampled_threshold
+from compbench.compressors.dgc import DGC
+from compbench.compressors.dragonn import DRAGONN, _select, sampled_threshold
 from compbench.compressors.qsgd import _dequantize
 from compbench.compressors.signum import _momentum_sign
 from compbench.compressors.sparse import AbsIndex, Workspace
@@ -22,6 +24,10 @@ from compbench.compressors.terngrad import _scale
 from compbench.kernels import cpu, ops, twins
 from compbench.kernels.loader import source_dir
 from compbench.kernels.table import KERNELS, cpu_kernels
+from compbench.memory.dgc import DGCMemory
+from compbench.memory.residual import ResidualMemory
+from compbench.stats import StepStats
+from compbench.train.optim import SGD
 
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
 
@@ -57,6 +63,25 @@ def _dequant(x: Tensor) -> tuple[Tensor, ...]:
     return (_dequantize(codes, torch.rand((n + 99) // 100, generator=gen) * 10, 127, 100, None),)
 
 
+def _encode(compressor, memory) -> Callable[[Tensor], tuple[Tensor, ...]]:
+    def run(x: Tensor) -> tuple[Tensor, ...]:  # two steps: the memory's state carries over
+        first, _ = encode(compressor(), mem := memory(), x, "w", StepStats())
+        second, _ = encode(compressor(), mem, x * 0.5, "w", StepStats())
+        return (*first, *second)
+
+    return run
+
+
+def _dgc_sgd(x: Tensor) -> tuple[Tensor, ...]:
+    p = torch.nn.Parameter(x.clone())
+    opt = SGD([{"params": [p], "dgc": {"weight_decay": 1e-4, "momentum": 0.9, "nesterov": False}}],
+              lr=0.1, momentum=0.0, weight_decay=0.0)
+    for step in range(2):  # the decay term's momentum carries over
+        p.grad = x * (step + 1)
+        opt.step()
+    return (p.detach(),)
+
+
 # Each CPU operator through the compbench function that dispatches to it (kernel, or twin when
 # COMPBENCH_KERNELS=0), and the relative tolerance of the comparison (0: bit for bit; sums whose
 # order differs between a kernel's chunks and the twin's: within float rounding).
@@ -69,6 +94,9 @@ DISPATCH: dict[str, tuple[Callable[[Tensor], tuple[Tensor, ...]], float]] = {
     "absmax_var": (lambda x: (_scale(x, 2.5),), 1e-6),
     "qsgd_quantize": (_qsgd, 1e-6),
     "decode_codes": (_decode, 0),
+    "compensate_select": (_encode(lambda: DGC(ratio=1e-3), lambda: DGCMemory(momentum=0.9)), 0),
+    "compensate_at": (_encode(lambda: DRAGONN(ratio=1e-3), ResidualMemory), 0),
+    "sgd_step": (_dgc_sgd, 0),
     "qsgd_dequantize": (_dequant, 0),
 }
 

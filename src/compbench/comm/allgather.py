@@ -3,15 +3,22 @@ them and averages. Works for any compressor; the only choice for rank-dependent 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import Tensor
 
-from compbench.comm.base import CommBase, encode
+from compbench.comm.base import CommBase, CommTraits, encode
 from compbench.compressors.buffers import acc_dtype
 from compbench.engines.base import Handle
 from compbench.memory.base import Memory
 
 
 class AllgatherComm(CommBase):
+    """For a name in `sparse_names` a sparsifier's average comes back sparse, undecoded (see
+    `Communicator.reduce`); otherwise decoded into the gradient it was handed where it can be."""
+
+    traits: ClassVar[CommTraits] = CommTraits(sparse_results=True)
+
     def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
         payload, ctx = encode(self.compressor, memory, grad, name, self.stats)
         # One collective: a payload whose layout every rank knows (exact wire_bytes) goes as it is,
@@ -19,12 +26,15 @@ class AllgatherComm(CommBase):
         exact = self.compressor.wire_bytes(grad.numel())
         bound = None if exact is not None else self.compressor.max_wire_bytes(grad.numel())
         gathered = self.engine.allgather_payload_async(payload, name, bound)
-        into = _decode_target(self.compressor.caps.decodes_into, grad, payload)
+        sparse = self.compressor.caps.sparse_average and name in self.sparse_names
+        into = None if sparse else _decode_target(self.compressor.caps.decodes_into, grad, payload)
 
         def finish() -> Tensor:
             payloads, sent = gathered.wait()
             self.book(sent)  # what really left this rank: the payload, its header and any padding
             with self.stats.time("decompress"):
+                if sparse:
+                    return self.compressor.decompress_all_sparse(payloads, ctx)  # type: ignore[attr-defined]
                 if into is None:
                     return self.compressor.decompress_all(payloads, ctx)
                 return self.compressor.decompress_all(payloads, ctx, out=into)  # type: ignore[call-arg]

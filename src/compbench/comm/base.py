@@ -32,6 +32,9 @@ class CommTraits:
       (compbench.report.cluster_model): "allgather" (every payload to every rank), "allreduce" (a ring
       allreduce of the payload), "ps" (all-to-all of shards, re-encoded shards gathered) or
       "hierarchical" (fp32 to the node's leader, leaders' allgather, back to the workers).
+    sparse_results: hands the average back sparse (a coalesced COO tensor, no dense decode) for the
+      names in `sparse_names`, which the pipeline sets, when the compressor declares
+      `Capabilities.sparse_average` (comm=allgather).
     """
 
     engines: tuple[str, ...] = ("horovod", "torch")
@@ -41,6 +44,7 @@ class CommTraits:
     baseline: bool = False
     between_machines: bool = False
     pattern: str = "allgather"
+    sparse_results: bool = False
 
 
 @runtime_checkable
@@ -52,7 +56,10 @@ class Communicator(Protocol):
         """Start averaging `grad` over all ranks; `handle.wait()` is the averaged dense tensor
         (grad's shape). Every rank calls it with the same names in the same order. The caller hands
         `grad` over: the result may be written into it (comm=allgather decodes into it), so pass a
-        copy of anything still needed."""
+        copy of anything still needed. With `traits.sparse_results`, for a name in the instance's
+        `sparse_names` and a compressor with `caps.sparse_average`, the result is the decoded sparse
+        payload instead: a coalesced COO tensor of grad's shape (`decompress_all_sparse`), for an
+        optimizer that steps from it in one pass (`train.optim.SGD`)."""
         ...
 
     @staticmethod
@@ -64,12 +71,20 @@ class Communicator(Protocol):
 def encode(compressor: Compressor, memory: Memory, x: Tensor, name: str, stats: StepStats,
            partial: Tensor | None = None) -> tuple[list[Tensor], Ctx]:
     """The one memory -> compress -> update step: compensate `x` (plus a `partial` sum received
-    from a peer, for a ring hop), compress it, let the memory keep what the compressor dropped."""
+    from a peer, for a ring hop), compress it, let the memory keep what the compressor dropped.
+    A compressor that fuses the memory (`Capabilities.fuses_memory`) runs the memory's deferred
+    compensation inside its selection pass (`Memory.defer`): same payload, same memory state."""
     with stats.time("compress"):
-        y = memory.compensate(x, name)
-        if partial is not None:
-            y = y + partial.reshape(y.shape)
-        payload, ctx = compressor.compress(y, name)
+        deferred = memory.defer(x, name) if partial is None and compressor.caps.fuses_memory else None
+        if deferred is not None:
+            payload, ctx = compressor.compress_deferred(deferred, name)  # type: ignore[attr-defined]
+            y = deferred.result
+            assert y is not None, f"{compressor.name}: compress_deferred must run the compensation"
+        else:
+            y = memory.compensate(x, name)
+            if partial is not None:
+                y = y + partial.reshape(y.shape)
+            payload, ctx = compressor.compress(y, name)
         memory.update(y, name, compressor, payload, ctx)
     return payload, ctx
 
@@ -82,6 +97,7 @@ class CommBase:
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         self.engine, self.compressor, self.stats = engine, compressor, stats
         self.blocking = self.traits.blocking
+        self.sparse_names: frozenset[str] = frozenset()  # see Communicator.reduce (traits.sparse_results)
 
     @staticmethod
     def check_options(**options: Any) -> None:

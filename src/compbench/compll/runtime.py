@@ -9,6 +9,8 @@ files: `compll.generated`, re-exported here).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -190,11 +192,26 @@ def select_decode(sel: lang.Select, values: Tensor, indices: Tensor, ctx: Ctx,
     return buf.to(ctx.dtype).view(ctx.shape)
 
 
+class _Compaction:
+    """A selection's kernels with the filter replaced by a compaction a fused pass prepared."""
+
+    def __init__(self, kernels: object, compaction: Callable[[Tensor], Tensor]) -> None:
+        self.threshold = kernels.threshold  # type: ignore[attr-defined]
+        self.compaction = compaction
+
+    def filter(self, x: Tensor, inputs: Tensor, params: dict) -> Tensor:
+        return self.compaction(inputs)
+
+
 def select_indices(sel: lang.Select, flat: Tensor, ratio: float, m: int, limit: int, gen: torch.Generator,
-                   params: dict | None = None) -> Tensor:
+                   params: dict | None = None,
+                   compaction: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """A selection's int64 indices of flat fp32 `flat` (the generated glue `select` of `sel`): m
     samples drawn with `gen`, the threshold of ratio, at most `limit`. The generated C++ operators on
-    CPU (when built), the generated RawKernel on CUDA (with CuPy), else the generated torch code."""
+    CPU (when built), the generated RawKernel on CUDA (with CuPy), else the generated torch code.
+    `compaction`: threshold -> the indices of `sel.keep` in index order, from a pass that already
+    ran (memory=dgc's fused compensation and block maxima: `sparse.AbsIndex`), instead of the
+    generated filter's own read."""
     from compbench.kernels import cpu_kernels_enabled, cuda_kernels_enabled
 
     mod = gen_torch.module(sel)
@@ -207,6 +224,8 @@ def select_indices(sel: lang.Select, flat: Tensor, ratio: float, m: int, limit: 
         kernels = CpuSelect(sel)
     elif cuda_kernels_enabled(flat):
         kernels = CudaSelect(sel)
+    if compaction is not None:
+        kernels = _Compaction(kernels, compaction)
     return mod.select(flat, ratio, m, limit, gen, params or {}, kernels, dtype)
 
 

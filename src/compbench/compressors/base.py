@@ -64,6 +64,12 @@ class Capabilities:
     decodes_into: `decompress_all(payloads, ctx, out=buf)` decodes into a caller's flat buffer
       (`buffers.check_out`): comm=allgather then decodes straight into the gradient it was handed
       (a .grad, or the fused buffer the .grads view), so nothing is copied back.
+    sparse_average: `decompress_all_sparse(payloads, ctx)` returns `decompress_all`'s average as a
+      coalesced sparse COO tensor (the decoded sparse payload, same values at its indices, 0
+      elsewhere): comm=allgather hands it to an optimizer that steps from it in one pass.
+    fuses_memory: `compress_deferred(deferred, name)` compresses a compensation an error-feedback
+      memory deferred (`memory.base.Deferred`), running it inside its own selection pass: the
+      memory's update and the selection are one compiled pass per tensor (dgc, topk, dragonn).
     recipe: known-good settings applied unless the user sets the key ("memory", "optim.lr",
       "optim.momentum", "optim.warmup_epochs"; optimizer keys apply to optim=sgd, the optimizer they
       were tuned with).
@@ -81,6 +87,8 @@ class Capabilities:
     lossless: bool = False
     identity: bool = False
     decodes_into: bool = False
+    sparse_average: bool = False
+    fuses_memory: bool = False
     recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention (deep-copyable)
     why_not_summable: str = "sends rank-dependent payloads that cannot be summed element-wise"
 

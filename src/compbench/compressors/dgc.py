@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from compbench.compll import runtime
 from compbench.compressors.base import Ctx, check_ratio, make_ctx
-from compbench.compressors.sparse import SparseCompressor, Workspace, make_generator, sparse_payload
+from compbench.compressors.sparse import AbsIndex, SparseCompressor, Workspace, make_generator, sparse_payload
+
+if TYPE_CHECKING:
+    from compbench.memory.base import Deferred
 
 
 def sample_layout(numel: int, ratio: float, sample_ratio: float) -> tuple[int, int]:
@@ -26,18 +30,31 @@ def sample_layout(numel: int, ratio: float, sample_ratio: float) -> tuple[int, i
 
 
 def _select(
-    values: Tensor, k: int, ratio: float, sample_ratio: float, gen: torch.Generator, ws: Workspace
+    values: Tensor | None, k: int, ratio: float, sample_ratio: float, gen: torch.Generator, ws: Workspace,
+    deferred: Deferred | None = None,
 ) -> Tensor:
     """Hot step: flat int64 indices DGC sends (at most k), selected by magnitude abs(values), at
     ratio `ratio` (`values` may be the gradient itself or its magnitudes: abs changes nothing then).
 
-    The kernels and their glue are generated from compll/specs/dgc.py: the strided sample's start
-    drawn from `gen`, the threshold of the ceil(m*r) largest sampled magnitudes, the filter, at most
-    10 adaptations (fewer than 0.8k: threshold *= 0.8, retry; above 1.3k the paper stops with the
-    exact top-k, which the limit does), then the k largest candidates, also between k and 1.3k,
-    where synxlin truncates by index instead. `ws` is unused (the generated kernels need none)."""
+    The selection is generated from compll/specs/dgc.py (`runtime.select_indices`): the strided
+    sample's start drawn from `gen`, the threshold of the ceil(m*r) largest sampled magnitudes, the
+    filter, at most 10 adaptations (fewer than 0.8k: threshold *= 0.8, retry; above 1.3k the paper
+    stops with the exact top-k, which the limit does), then the k largest candidates, also between
+    k and 1.3k, where synxlin truncates by index instead.
+
+    With a memory's `deferred` compensation (then `values` is None) the memory's pass computes the
+    block maxima of what it compensates (`memory.base.Deferred`), so the filter is `AbsIndex` on
+    that summary instead of the generated compaction's own read (the same indices), and the indices
+    index `deferred.result`."""
+    compaction = None
+    if deferred is not None:  # the memory's pass is the summary pass; sampled from its result
+        y, summary = deferred.summary()
+        values = y
+        index = AbsIndex(y.detach().reshape(-1), ws, density=ratio, summary=summary)
+        compaction = index.indices_ge
+    assert values is not None
     _, wanted = sample_layout(values.numel(), ratio, sample_ratio)
-    return runtime.select_indices(runtime.select("dgc"), values, ratio, wanted, k, gen)
+    return runtime.select_indices(runtime.select("dgc"), values, ratio, wanted, k, gen, compaction=compaction)
 
 
 class DGC(SparseCompressor):
@@ -59,7 +76,7 @@ class DGC(SparseCompressor):
     name = "dgc"
     # DGC's recipe is its momentum correction (memory=dgc), with the optimizer's usual momentum on
     # the tensors that stay dense and on the weight-decay term.
-    caps = replace(SparseCompressor.caps, recipe={"memory": "dgc"})
+    caps = replace(SparseCompressor.caps, recipe={"memory": "dgc"}, fuses_memory=True)
 
     def __init__(
         self,
@@ -100,6 +117,16 @@ class DGC(SparseCompressor):
         gen = make_generator(self.seed, self.step, name)
         idx = _select(flat, k, r, self.sample_ratio, gen, self._ws)
         return sparse_payload(flat.index_select(0, idx), idx, self.value_dtype), make_ctx(x, name)
+
+    def compress_deferred(self, deferred: Deferred, name: str) -> tuple[list[Tensor], Ctx]:
+        """`compress` of a memory's compensation (memory=dgc's momentum correction), run inside the
+        selection's summary pass: the same payload, one pass fewer over the gradient."""
+        gen = make_generator(self.seed, self.step, name)
+        idx = _select(None, self.k_for(deferred.numel), self.ratio, self.sample_ratio, gen, self._ws,
+                      deferred=deferred)
+        y = deferred.result
+        assert y is not None
+        return sparse_payload(y.reshape(-1).index_select(0, idx), idx, self.value_dtype), make_ctx(y, name)
 
     def max_wire_bytes(self, numel: int) -> int:
         return (self.value_dtype.itemsize + 4) * self.k_for(numel)

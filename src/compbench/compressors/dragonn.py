@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +22,9 @@ from compbench.compressors.sparse import (
     stable_seed,
 )
 from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
+
+if TYPE_CHECKING:
+    from compbench.memory.base import Deferred
 
 _M32 = 0xFFFFFFFF
 
@@ -162,6 +167,7 @@ class DRAGONN(SparseCompressor):
     """
 
     name = "dragonn"
+    caps = replace(SparseCompressor.caps, fuses_memory=True)
 
     def __init__(
         self,
@@ -212,6 +218,27 @@ class DRAGONN(SparseCompressor):
         idx = _select(flat, threshold, 4 * self.k_for(n), hash_seed, self._ws, density=r)
         return sparse_payload(flat.index_select(0, idx), idx), make_ctx(x, name)
 
+    def compress_deferred(self, deferred: Deferred, name: str) -> tuple[list[Tensor], Ctx]:
+        """`compress` of a memory's compensation (memory=residual) as ONE pass: the threshold's
+        samples are compensated where they are read, then the memory's update and the hashed
+        selection run together (`kernels.cpu.compensate_select`). Same payload and memory state."""
+        n = deferred.numel
+        r = self.ratio_for(n)
+        m = max(1, math.ceil(self.sample_ratio * n), math.ceil(self.min_top_samples / r))
+        if m >= n or n >= 2**32:
+            y = deferred.apply()
+            return self.compress(y, name)
+        seed = stable_seed(self.seed, self.step, name)
+        j = min(max(math.ceil(m * r), 1), m)
+        # = sampled_threshold(compensated, m, j, seed): the same stream, the same j-th largest.
+        samples = deferred.at(torch.from_numpy(sample_indices(n, m, seed & _M32)))
+        threshold = kth_largest(samples.abs(), j)
+        hash_seed = stable_seed(self.seed, self.step, name, "murmur") & 0xFFFFFFFF
+        y, table = deferred.select(float(threshold), 4 * self.k_for(n), hash_seed)
+        flat = y.reshape(-1)
+        idx = table[table >= 0]
+        return sparse_payload(flat.index_select(0, idx), idx), make_ctx(y, name)
+
     def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         """One scatter-add of every rank's payload (`batching`), else one decode per rank; into
         `out` when given (see `compressors/buffers.py`)."""
@@ -219,6 +246,13 @@ class DRAGONN(SparseCompressor):
             return super().decompress_all(payloads, ctx, out)
         mean = self.aggregate([sparse_decode(p, ctx) for p in payloads])
         return mean if out is None else check_out(out, ctx, mean.device).copy_(mean.view(-1)).view(ctx.shape)
+
+    def decompress_all_sparse(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+        """`decompress_all` as a coalesced COO tensor (see `SparseCompressor`); without `batching`
+        the dense per-rank decode is averaged first (its own order of additions)."""
+        if self.batching:
+            return super().decompress_all_sparse(payloads, ctx)
+        return self.decompress_all(payloads, ctx).to_sparse().coalesce()
 
     def max_wire_bytes(self, numel: int) -> int:
         # 4k slots, each a distinct index: never more than n of them.

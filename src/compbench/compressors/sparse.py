@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -29,6 +30,9 @@ from torch import Tensor
 from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, num_selected
 from compbench.compressors.buffers import acc_dtype, check_out
 from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
+
+if TYPE_CHECKING:
+    from compbench.memory.base import Deferred
 
 _MASK64 = (1 << 64) - 1
 
@@ -128,9 +132,12 @@ class AbsIndex:
     NaN elements never pass (`NaN >= t` is false), as in the plain comparison; the twin's summary of
     a block holding a NaN is NaN and the block is always re-read, so a NaN cannot hide a passing
     element beside it (the kernel's maxima skip NaN elements instead).
+
+    `summary`: the block maxima of x when already computed (`memory.base.Deferred.summary`, the
+    same array as `kernels.cpu.block_absmax(x)`), so the summary pass is not run again.
     """
 
-    def __init__(self, x: Tensor, ws: Workspace, density: float = 0.0) -> None:
+    def __init__(self, x: Tensor, ws: Workspace, density: float = 0.0, summary: Tensor | None = None) -> None:
         self.flat = x.detach().reshape(-1)
         self.ws = ws
         self.density = float(density)
@@ -156,7 +163,7 @@ class AbsIndex:
             rows = self.flat[: nb * _BLOCK].view(nb, _BLOCK)
             self._rows = rows.numpy()
             self._tail = self.flat[nb * _BLOCK :].numpy()
-            self._bmax = self._block_maxima(rows)
+            self._bmax = summary.numpy() if summary is not None else self._block_maxima(rows)
 
     def _block_maxima(self, rows: Tensor) -> np.ndarray:
         if cpu_kernels_enabled(self.flat):  # one read pass; NaN-free maxima select the same blocks
@@ -221,7 +228,8 @@ def topk_among(values: Tensor, candidates: Tensor, k: int) -> Tensor:
     return candidates.index_select(0, torch.topk(mag, k, sorted=False).indices)
 
 
-def exact_topk_indices(values: Tensor, k: int, ws: Workspace) -> Tensor:
+def exact_topk_indices(values: Tensor | None, k: int, ws: Workspace,
+                       deferred: Deferred | None = None) -> Tensor:
     """Exact top-k of abs(values) (ties broken arbitrarily), ~25x faster than `torch.topk` at n = 25M
     on CPU.
 
@@ -229,19 +237,31 @@ def exact_topk_indices(values: Tensor, k: int, ws: Workspace) -> Tensor:
     the whole tensor are all among them (every non-candidate is below every candidate), so the top-k
     of the candidates IS the exact top-k. Otherwise the threshold is lowered (cheap: `AbsIndex` keeps
     its summary); last resort full topk.
+
+    `deferred` (then `values` is None): a memory's compensation, run as the summary pass.
     """
-    flat = values.detach().reshape(-1)
-    n = flat.numel()
-    if k >= n:
+    if deferred is not None:
+        n = deferred.numel
+        if k >= n or n <= 65536 or 8 * k > n:
+            return exact_topk_indices(deferred.apply(), k, ws)
+    else:
+        n = values.detach().numel()  # type: ignore[union-attr]
+    flat = None if deferred is not None else values.detach().reshape(-1)  # type: ignore[union-attr]
+    if flat is not None and k >= n:
         return torch.arange(n, device=flat.device)
-    if flat.device.type != "cpu" or n <= 65536 or 8 * k > n:
+    if flat is not None and (flat.device.type != "cpu" or n <= 65536 or 8 * k > n):
         # torch.topk is fast on GPU (radix select) and for small or dense cases.
         return torch.topk(flat.abs(), k, sorted=False).indices
     stride = max(1, n // max(math.ceil(0.01 * n), math.ceil(64 * n / k)))
+    summary = None
+    if deferred is not None:
+        y, summary = deferred.summary()
+        flat = y.reshape(-1)
+    assert flat is not None
     samples = flat[::stride].abs()
     m = samples.numel()
     j = math.ceil(2.0 * k * m / n) + 4
-    index = AbsIndex(flat, ws, density=2.0 * k / n)
+    index = AbsIndex(flat, ws, density=2.0 * k / n, summary=summary)
     while j < m:
         cand = index.indices_ge(kth_largest(samples, j))
         if cand.numel() >= k:
@@ -291,10 +311,24 @@ def sparse_decode_all(payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None
     return buf.to(ctx.dtype).view(ctx.shape)
 
 
+def sparse_average(payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+    """`sparse_decode_all` without the dense buffer: a coalesced COO tensor of ctx.shape (sorted
+    unique indices; duplicates summed in payload order, as the dense scatter-add does)."""
+    acc = acc_dtype(ctx.dtype)
+    values = torch.cat([p[0].to(acc) for p in payloads]).div_(len(payloads))
+    indices = torch.cat([p[1] for p in payloads]).long()
+    unique, inverse = torch.unique(indices, sorted=True, return_inverse=True)
+    sums = torch.zeros(unique.numel(), dtype=acc, device=values.device).index_add_(0, inverse, values)
+    coords = torch.stack(torch.unravel_index(unique, ctx.shape)) if len(ctx.shape) > 1 else unique.view(1, -1)
+    # Built from sorted unique indices: coalesced by construction, nothing to check.
+    return torch.sparse_coo_tensor(coords, sums.to(ctx.dtype), ctx.shape, is_coalesced=True,
+                                   check_invariants=False)
+
+
 class SparseCompressor(CompressorBase):
     """Base of the [values, indices] sparsifiers: decode, fused decode, sent indices, workspace."""
 
-    caps = Capabilities(sparse=True, decodes_into=True, recipe=ERROR_FEEDBACK_RECIPE,
+    caps = Capabilities(sparse=True, decodes_into=True, sparse_average=True, recipe=ERROR_FEEDBACK_RECIPE,
                         why_not_summable="sends rank-dependent indices")
     ratio: float = 0.01
 
@@ -312,6 +346,13 @@ class SparseCompressor(CompressorBase):
     def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         """Average of every rank's decode with one scatter-add; into `out` when given."""
         return sparse_decode_all(payloads, ctx, out)
+
+    def decompress_all_sparse(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
+        """The average of every rank's payload as what it is, sparse: a coalesced COO tensor of
+        ctx.shape, the optimizer's input without a dense decode (`train.optim.SGD`). Its values are
+        `decompress_all`'s at the indices it carries, bit for bit: the same division, and the sums
+        taken by the same sequential `index_add_` in the same order; every other element is 0."""
+        return sparse_average(payloads, ctx)
 
     def sent_indices(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
         """Flat indices this payload carries (memory=dgc masks its momentum there)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 from torch import Tensor
 
 from compbench.compressors.base import Ctx, check_ratio, make_ctx
@@ -11,6 +14,9 @@ from compbench.compressors.sparse import (
     exact_topk_indices,
     sparse_payload,
 )
+
+if TYPE_CHECKING:
+    from compbench.memory.base import Deferred
 
 
 def _select(x: Tensor, k: int, ws: Workspace) -> Tensor:
@@ -27,6 +33,7 @@ class TopK(SparseCompressor):
     """
 
     name = "topk"
+    caps = replace(SparseCompressor.caps, fuses_memory=True)
 
     def __init__(self, ratio: float = 0.01) -> None:
         super().__init__()
@@ -39,3 +46,10 @@ class TopK(SparseCompressor):
 
     def wire_bytes(self, numel: int) -> int:
         return 8 * self.k_for(numel)
+
+    def compress_deferred(self, deferred: Deferred, name: str) -> tuple[list[Tensor], Ctx]:
+        """`compress` of a memory's compensation, run inside the selection's summary pass."""
+        idx = exact_topk_indices(None, self.k_for(deferred.numel), self._ws, deferred=deferred)
+        y = deferred.result
+        assert y is not None
+        return sparse_payload(y.reshape(-1)[idx], idx), make_ctx(y, name)

@@ -178,6 +178,47 @@ def qsgd_dequantize(codes: Tensor, norms: Tensor, levels: int, bucket_size: int,
     return torch.ops.compbench_cpu.qsgd_dequantize(codes, norms, levels, bucket_size, out)
 
 
+# Kinds of compensate_select / compensate_at (extensions/cpu/memory.cpp).
+RESIDUAL, DGC, DGC_NESTEROV = 0, 1, 2
+
+
+def compensate_select(a: Tensor, b: Tensor, g: Tensor, kind: int, c0: float, c1: float, scale: float,
+                      threshold: float = 0.0, slots: int = 0, seed: int = 0) -> Tensor:
+    """The memory's state (`a` residual or momentum, `b` velocity; unused for RESIDUAL) updated in
+    place with `g`, and in the same pass: slots == 0, `block_absmax` of the compensated tensor;
+    slots > 0, `dragonn_select` of it. Twin: memory/residual.py and memory/dgc.py's `compensate`,
+    then those kernels on the result."""
+    return torch.ops.compbench_cpu.compensate_select(a, b, g, kind, c0, c1, scale, threshold, slots,
+                                                     seed & 0xFFFFFFFF)
+
+
+def compensate_at(a: Tensor, b: Tensor, g: Tensor, indices: Tensor, kind: int, c0: float, c1: float,
+                  scale: float) -> Tensor:
+    """The compensated values at flat int64 `indices`, the state untouched (the same arithmetic as
+    `compensate_select`). Twin: the compensated tensor's `index_select`."""
+    return torch.ops.compbench_cpu.compensate_at(a, b, g, indices, kind, c0, c1, scale)
+
+
+def sgd_step(p: Tensor, buf: Tensor, grad: Tensor, indices: Tensor, values: Tensor, lr: float,
+             weight_decay: float, momentum: float, nesterov: bool, first: bool, dgc: bool,
+             fma_tail: int = 0) -> None:
+    """One SGD step in one pass over p (and buf), from a dense `grad` or (grad empty) a sparse update:
+    sorted unique int64 `indices` and their `values`. `dgc`: DGC's SGD (momentum on the decay term
+    only), else torch's (dampening 0); the last `fma_tail` elements update the momentum buffer with
+    one fma (torch's fused kernel's scalar tail: `fused_sgd_tail`). Twin: the sparse decode into
+    .grad, then `train.optim.SGD`."""
+    torch.ops.compbench_cpu.sgd_step(p, buf, grad, indices, values, lr, weight_decay, momentum, nesterov,
+                                     first, dgc, fma_tail)
+
+
+def fused_sgd_tail(numel: int) -> int:
+    """How many trailing elements torch's fused CPU SGD kernel steps in its scalar loop, where its
+    compiler contracted buf*m + g into one fma: numel mod its vector width, 8 floats (its AVX2 build
+    runs on AVX-512 machines too: measured with torch 2.13, tests/unit/test_fused_optimizer.py).
+    Its tasks are whole cache lines of 16 floats, so only the tensor's end has a tail."""
+    return numel % 8
+
+
 def main() -> None:
     """`make setup`: build (or find) the extension and say where it is."""
     try:

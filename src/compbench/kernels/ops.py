@@ -155,3 +155,61 @@ def scatter_add(out: Tensor, indices: Tensor, values: Tensor) -> Tensor:
     m = idx.numel()
     launch("scatter", "scatter_add", m, out.device, (as_cupy(out), as_cupy(idx), as_cupy(vals), np.int64(m)))
     return out
+
+
+def _memory_args(a: Tensor, b: Tensor, g: Tensor, kind: int, c0: float, c1: float, scale: float) -> tuple:
+    """The state, gradient and constants of memory.cu's kernels (b: any fp32 tensor for RESIDUAL)."""
+    for t in (a, g) if kind == 0 else (a, b, g):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device != g.device:
+            raise ValueError("memory.cu takes contiguous fp32 tensors on one device")
+    return (as_cupy(a), as_cupy(b if kind else a), as_cupy(g)), (
+        np.int32(kind), np.float32(c0), np.float32(c1), np.float32(scale), np.int32(scale != 1.0),
+        np.int32(kind == 0 and c0 != 1.0))
+
+
+def compensate_select(a: Tensor, b: Tensor, g: Tensor, kind: int, c0: float, c1: float, scale: float,
+                      threshold: float = 0.0, slots: int = 0, seed: int = 0) -> Tensor:
+    """The memory updated in place and, with slots > 0, DRAGONN's int32 table of the compensated
+    tensor (-1: empty) in the same pass; an empty tensor for slots == 0 (the GPU compacts later).
+    Twin: `kernels.cpu.compensate_select` (same state bytes; the table as `dragonn_select`'s)."""
+    n = g.numel()
+    state, consts = _memory_args(a, b, g, kind, c0, c1, scale)
+    table = torch.full((max(slots, 1),), -1, dtype=torch.int32, device=g.device)
+    args = (*state, np.int64(n), *consts, np.float32(threshold), np.uint32(seed & 0xFFFFFFFF), as_cupy(table),
+            np.uint32(slots))
+    launch("memory", "compensate_select", n, g.device, args)
+    return table if slots else table[:0]
+
+
+def compensate_at(a: Tensor, b: Tensor, g: Tensor, indices: Tensor, kind: int, c0: float, c1: float,
+                  scale: float) -> Tensor:
+    """The compensated values at flat `indices`, state untouched. Twin: `kernels.cpu.compensate_at`."""
+    state, consts = _memory_args(a, b, g, kind, c0, c1, scale)
+    idx = indices.reshape(-1).to(device=g.device, dtype=torch.int64).contiguous()
+    k = idx.numel()
+    out = torch.empty(k, dtype=torch.float32, device=g.device)
+    launch("memory", "compensate_at", k, g.device, (*state, as_cupy(idx), np.int64(k), *consts, as_cupy(out)))
+    return out
+
+
+def sgd_step(p: Tensor, buf: Tensor, grad: Tensor, indices: Tensor, values: Tensor, lr: float,
+             weight_decay: float, momentum: float, nesterov: bool, first: bool, dgc: bool,
+             fma_tail: int = 0) -> None:
+    """One SGD step in one pass from a dense `grad` or (grad empty) the sparse update (`indices`
+    ascending, unique, int64; `values` fp32). Twin: `kernels.cpu.sgd_step` (same arguments)."""
+    n, dense = p.numel(), grad.numel() > 0
+    with_buf = bool(momentum) and (bool(weight_decay) or not dgc)
+    idx = indices.reshape(-1).to(device=p.device, dtype=torch.int64).contiguous()
+    vals = values.reshape(-1).to(device=p.device, dtype=torch.float32).contiguous()
+    if not dense and not weight_decay and not with_buf:
+        k = idx.numel()
+        launch("optim", "sgd_sparse", k, p.device, (as_cupy(p), as_cupy(idx), as_cupy(vals), np.int64(k),
+                                                     np.float32(-lr)))
+        return
+    anything = p  # a valid pointer for the arguments a call does not read
+    args = (as_cupy(p), as_cupy(buf if with_buf else anything), as_cupy(grad if dense else anything),
+            as_cupy(idx if idx.numel() else anything), as_cupy(vals if vals.numel() else anything),
+            np.int64(idx.numel()), np.int64(n), np.int32(dense), np.float32(-lr), np.float32(weight_decay),
+            np.float32(momentum), np.int32(nesterov), np.int32(first), np.int32(dgc), np.int32(with_buf),
+            np.int64(n - min(n, max(0, fma_tail))))
+    launch("optim", "sgd_step", n, p.device, args)

@@ -45,8 +45,9 @@ class Kernel:
         return f"{self.name}{self.cpu}"
 
     def declaration(self) -> str:
-        """The C++ declaration the schema implies (Tensor -> const at::Tensor&, Tensor(a!) ->
-        at::Tensor&, float -> double, int -> int64_t; tuples of tensors -> std::tuple)."""
+        """The C++ declaration the schema implies (Tensor -> const at::Tensor&, Tensor(a!) and
+        Tensor(b!) -> at::Tensor&, float -> double, int -> int64_t, bool -> bool; a tuple of
+        tensors -> std::tuple, () -> void)."""
         args, returns = _ARGS.fullmatch(self.schema).groups()  # type: ignore[union-attr]
         params = ", ".join(f"{_cpp_type(t)} {n}" for t, n in (a.rsplit(" ", 1) for a in _split(args)))
         return f"{_cpp_return(returns)} {self.name}({params});"
@@ -77,6 +78,20 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("qsgd_quantize", "kernels.twins.bucket_norms and qsgd_codes",
            "(Tensor x, int levels, int bucket_size, int seed) -> (Tensor, Tensor)", "quantize.cpp"),
     Kernel("qsgd_codes", "kernels.twins.qsgd_codes", cuda="quantize.cu", launcher="qsgd_codes"),
+    Kernel("compensate_select", "memory.dgc / memory.residual update, then the selection's torch path "
+           "(comm.base.encode without fusion)",
+           "(Tensor(a!) a, Tensor(b!) b, Tensor g, int kind, float c0, float c1, float scale, "
+           "float threshold, int slots, int seed) -> Tensor", "memory.cpp", "memory.cu", "compensate_select"),
+    Kernel("compensate_at", "the memory's update read at the sampled indices (torch path)",
+           "(Tensor a, Tensor b, Tensor g, Tensor indices, int kind, float c0, float c1, "
+           "float scale) -> Tensor",
+           "memory.cpp", "memory.cu", "compensate_at"),
+    Kernel("sgd_step", "train.optim.SGD's torch step from a dense gradient (torch.optim.SGD's fused path)",
+           "(Tensor(a!) p, Tensor(b!) buf, Tensor grad, Tensor indices, Tensor values, float lr, "
+           "float weight_decay, float momentum, bool nesterov, bool first, bool dgc, int fma_tail) -> ()",
+           "optim.cpp", "optim.cu", "sgd_step"),
+    Kernel("sgd_sparse", "train.optim.SGD's step on the k carried entries (no decay, no momentum)",
+           cuda="optim.cu", launcher="sgd_step"),
     Kernel("decode_codes", "compressors.packing.decode_bits / decode_2bit (torch paths)",
            "(Tensor packed, int numel, int bits, Tensor values, Tensor(a!) out) -> Tensor(a!)", "decode.cpp"),
     Kernel("qsgd_dequantize", "compressors.qsgd._dequantize (torch path)",
@@ -97,13 +112,16 @@ def _split(args: str) -> list[str]:
 
 
 def _cpp_type(t: str) -> str:
-    types = {"Tensor": "const at::Tensor&", "Tensor(a!)": "at::Tensor&", "float": "double", "int": "int64_t"}
+    types = {"Tensor": "const at::Tensor&", "Tensor(a!)": "at::Tensor&", "Tensor(b!)": "at::Tensor&",
+             "float": "double", "int": "int64_t", "bool": "bool"}
     if t not in types:
         raise ValueError(f"kernel table: schema type {t!r} has no C++ type here; add it to _cpp_type")
     return types[t]
 
 
 def _cpp_return(returns: str) -> str:
+    if returns == "()":
+        return "void"
     if returns.startswith("("):
         parts = _split(returns.strip("()"))
         return f"std::tuple<{', '.join(_cpp_return(p) for p in parts)}>"

@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from compbench.compressors.base import Compressor, Ctx
-from compbench.memory.base import MemoryTraits
+from compbench.kernels.cpu import DGC, DGC_NESTEROV
+from compbench.memory.base import Deferred, MemoryTraits, fusable
 
 
 class DGCMemory:
@@ -26,6 +27,10 @@ class DGCMemory:
     Optional local gradient clipping (`gradient_clipping` = max norm): each gradient is clipped to
     norm gradient_clipping / sqrt(world_size) before it is accumulated (`world_size` is filled in by
     the trainer).
+
+    With a compressor that fuses the memory (`Capabilities.fuses_memory`: dgc, topk, dragonn)
+    `defer` hands the compensation to its selection pass: one compiled pass over g, u and v that
+    updates them exactly as `compensate` does (same bytes).
 
     `traits.owns_momentum`: momentum is applied here, so the trainer gives the tensors this memory
     sees DGC's SGD (`compbench.train.optim.SGD`'s `dgc` group: no momentum on the gradient, momentum
@@ -62,11 +67,27 @@ class DGCMemory:
         self.momentums: dict[str, Tensor] = {}
         self.velocities: dict[str, Tensor] = {}
 
-    def _clip(self, g: Tensor) -> Tensor:
+    def _clip_factor(self, g: Tensor) -> float | None:
+        """The local clipping factor of `g` (one read of it), None when it is not clipped."""
         norm = float(torch.linalg.vector_norm(g.float()))
         if self.clip_norm is not None and norm > self.clip_norm:
-            return g * (self.clip_norm / (norm + 1e-6))
-        return g
+            return self.clip_norm / (norm + 1e-6)
+        return None
+
+    def _clip(self, g: Tensor) -> Tensor:
+        factor = self._clip_factor(g)
+        return g if factor is None else g * factor
+
+    def defer(self, g: Tensor, name: str) -> Deferred | None:
+        """`compensate` as one pass with the compressor's selection (`memory.base.Deferred`); the
+        clipping norm is still its own read of g (it must be known before the first element)."""
+        u, v = self.momentums.get(name), self.velocities.get(name)
+        if u is None or v is None or u.shape != g.shape or not fusable(u, v, g):
+            return None
+        factor = self._clip_factor(g) if self.clip_norm is not None else None
+        kind = DGC_NESTEROV if self.nesterov else DGC
+        return Deferred(u.view(-1), v.view(-1), g, kind, self.momentum, 0.0,
+                        1.0 if factor is None else factor, out=v)
 
     def compensate(self, g: Tensor, name: str) -> Tensor:
         if self.clip_norm is not None:

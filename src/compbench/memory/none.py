@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from compbench.compressors.base import Compressor, Ctx
-from compbench.memory.base import MemoryTraits
+from compbench.memory.base import Deferred, MemoryTraits
 
 
 class NoMemory:
@@ -15,6 +15,9 @@ class NoMemory:
 
     def compensate(self, g: Tensor, name: str) -> Tensor:
         return g
+
+    def defer(self, g: Tensor, name: str) -> Deferred | None:
+        return None  # nothing to fuse: the gradient is compressed as it is
 
     def update(self, x: Tensor, name: str, compressor: Compressor, payload: list[Tensor], ctx: Ctx) -> None:
         pass

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from compbench.compressors.base import Compressor, Ctx
-from compbench.memory.base import MemoryTraits
+from compbench.kernels.cpu import RESIDUAL
+from compbench.memory.base import NO_STATE, Deferred, MemoryTraits, fusable
 
 
 class ResidualMemory:
@@ -19,7 +20,9 @@ class ResidualMemory:
     The residual is kept in place: `compensate` adds the gradient into the memory's own buffer and
     returns it (compressors must not modify their input), and `update` takes the decode away from
     it, for a sparsifier in O(k) (`sparse_entries`: the decode is zeros plus k values) instead of a
-    dense decode and a subtraction over n elements.
+    dense decode and a subtraction over n elements. With a compressor that fuses the memory
+    (`Capabilities.fuses_memory`: dgc, topk, dragonn) `defer` hands the compensation to its selection
+    pass: one compiled pass over the gradient and the residual (same bytes as `compensate`).
     """
 
     traits = MemoryTraits(feeds_back=True, state_passes=2)  # its residual, read and written
@@ -39,6 +42,13 @@ class ResidualMemory:
         if self.beta != 1.0:
             r.mul_(self.beta)
         return r.add_(g, alpha=self.gamma)
+
+    def defer(self, g: Tensor, name: str) -> Deferred | None:
+        """`compensate` as one pass with the compressor's selection (`memory.base.Deferred`)."""
+        r = self.residuals.get(name)
+        if r is None or r.shape != g.shape or not fusable(r, g):
+            return None
+        return Deferred(r.view(-1), NO_STATE, g, RESIDUAL, self.beta, self.gamma, 1.0, out=r)
 
     def update(self, x: Tensor, name: str, compressor: Compressor, payload: list[Tensor], ctx: Ctx) -> None:
         r = self.residuals[name]

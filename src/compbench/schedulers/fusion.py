@@ -112,6 +112,10 @@ class Part:
         pipeline.submit(self.name, self.gradient(), fused=self.fused, dense=dense or self.dense)
 
     def write_back(self, averaged: Tensor) -> None:
+        if averaged.is_sparse:  # the averaged sparse payload (pipeline.sparse_names): the optimizer's
+            assert not self.fused, "sparse results are asked for single tensors only"
+            self.members[0][1].grad = averaged  # input as it is, decoded by nobody
+            return
         flat, pos = averaged.reshape(-1), 0
         for _, p in self.members:
             land(p.grad, flat[pos : pos + p.numel()].view(p.grad.shape))  # type: ignore[arg-type, union-attr]  # sent: has one

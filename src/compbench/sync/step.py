@@ -1,5 +1,7 @@
 """`sync=step`: every step's gradients through a scheduler and compbench's pipeline (memory ->
-compressor -> communicator), the averages written into `p.grad` before the optimizer steps."""
+compressor -> communicator), the averages written into `p.grad` before the optimizer steps. Where
+the optimizer steps from a sparse .grad in one pass (`train.optim.SGD.sparse_params`), a sparsifier's
+average is handed over as the decoded sparse payload (`GradientPipeline.sparse_names`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from torch import nn
 
 from compbench.schedulers import Scheduler
 from compbench.sync import SyncTraits
-from compbench.train.optim import build_optimizer, param_groups
+from compbench.train.optim import SGD, build_optimizer, param_groups
 from compbench.train.pipeline import GradientPipeline
 
 
@@ -35,7 +37,12 @@ class StepSync:
         selection = self.pipeline.selection
         groups = param_groups(model, self.pipeline.memory.traits.owns_momentum,
                               lambda p: selection.compresses(p, selection.dense_steps), optim)
-        return build_optimizer(groups, **optim)
+        optimizer = build_optimizer(groups, **optim)
+        if isinstance(optimizer, SGD) and not self.scheduler.traits.partitions:
+            # Decode and step in one pass: these tensors' sparse averages go to the optimizer as they are.
+            takes = optimizer.sparse_params()
+            self.pipeline.sparse_names = frozenset(n for n, p in model.named_parameters() if p in takes)
+        return optimizer
 
     def begin_step(self, step: int, epoch: float) -> None:
         self.pipeline.begin_step(step, epoch)

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from compbench.kernels import cpu
+
 # Settings of the `optim` group that shape the learning-rate schedule, whatever the optimizer.
 SCHEDULE_KEYS = ("lr_schedule", "warmup_epochs", "lr_min_factor", "lr_step_epochs", "lr_gamma")
 
@@ -31,6 +33,15 @@ class SGD(torch.optim.SGD):
     Such a group must have momentum 0 and weight_decay 0 for torch's part of the step: the decay
     term (with its momentum, state `decay_buffer`) is added to `p.grad` first and torch's step
     (fused kernel included) then applies p -= lr * grad. Groups without the option are torch's SGD.
+
+    One pass (CPU fp32 with the compiled kernels, `kernels.cpu.sgd_step`): in every group whose
+    update the kernel spells (no dampening, not maximizing; DGC's groups and torch's SGD with
+    momentum, Nesterov and weight decay) a parameter of a `dgc` group, or one with a sparse .grad (a
+    coalesced COO tensor: the averaged sparse payload, decoded nowhere else), is stepped in one pass
+    over it and its buffer, with the same bytes as the code below and torch's step, its twin
+    (which COMPBENCH_KERNELS=0 selects). A dense .grad in torch's own groups stays with torch's
+    step (its fused kernel is one pass already). Without weight decay and momentum a sparse .grad
+    touches only the entries it carries.
     """
 
     def __init__(self, params: Iterable[Any], **kwargs: Any) -> None:
@@ -46,14 +57,25 @@ class SGD(torch.optim.SGD):
         if closure is not None:  # the gradients the decay term is added to come from the closure
             with torch.enable_grad():
                 loss = closure()
+        consumed: list[tuple[Tensor, Tensor]] = []  # stepped in one pass: hidden from torch's step
         for group in self.param_groups:
             dgc = group.get("dgc")
-            if not dgc or not dgc["weight_decay"]:
-                continue
-            wd, m = float(dgc["weight_decay"]), float(dgc["momentum"])
+            one_pass = self._one_pass(group)
             for p in group["params"]:
                 if p.grad is None:
                     continue
+                # A dense .grad of torch's own rule is left to torch's step (its fused kernel is one
+                # pass already); DGC's groups and sparse .grads are stepped here.
+                if one_pass and cpu.enabled(p) and (p.grad.is_sparse or (dgc and cpu.enabled(p.grad))):
+                    self._step_in_one_pass(p, group)
+                    consumed.append((p, p.grad))
+                    p.grad = None
+                    continue
+                if p.grad.is_sparse:  # the twin of the one-pass step: the dense decode it replaces
+                    p.grad = p.grad.to_dense()
+                if not dgc or not dgc["weight_decay"]:
+                    continue
+                wd, m = float(dgc["weight_decay"]), float(dgc["momentum"])
                 decay = p.mul(wd)
                 if m:
                     state = self.state[p]
@@ -66,7 +88,54 @@ class SGD(torch.optim.SGD):
                 # In place: the averaged gradient is the optimizer's input, read by nothing after the step.
                 p.grad.add_(decay)
         super().step()
+        for p, grad in consumed:
+            p.grad = grad  # the averaged gradient stays readable after the step, as with torch's
         return loss
+
+    @staticmethod
+    def _one_pass(group: dict[str, Any]) -> bool:
+        """Whether the group's update is the compiled one-pass step's (`kernels.cpu.sgd_step`): plain
+        float settings, no dampening, not maximizing (else torch's step, with the twin's decay term)."""
+        return (not group.get("maximize") and not group.get("dampening") and not group.get("differentiable")
+                and isinstance(group["lr"], float | int))
+
+    def _step_in_one_pass(self, p: Tensor, group: dict[str, Any]) -> None:
+        """The decode (a sparse .grad: the averaged sparse payload) and the step in one pass over p and
+        its buffer; the same bytes as the dense decode, the decay term and torch's step."""
+        dgc = group.get("dgc")
+        wd = float(dgc["weight_decay"] if dgc else group["weight_decay"])
+        m = float(dgc["momentum"] if dgc else group["momentum"])
+        nesterov = bool(dgc["nesterov"] if dgc else group["nesterov"])
+        state = self.state[p]
+        key = "decay_buffer" if dgc else "momentum_buffer"  # the names of the twin's (and torch's) state
+        buf = state.get(key)
+        first = buf is None
+        if m and (wd or not dgc) and first:
+            buf = state[key] = torch.empty_like(p, memory_format=torch.contiguous_format)
+        grad = p.grad
+        assert grad is not None
+        if grad.is_sparse:
+            sparse = grad.coalesce()  # a no-op for the pipeline's updates (built coalesced)
+            strides = torch.tensor(p.stride(), dtype=torch.int64).view(-1, 1)
+            indices = (sparse.indices() * strides).sum(0)
+            dense, values = _EMPTY, sparse.values().contiguous()
+        else:
+            dense, indices, values = grad, _EMPTY_LONG, _EMPTY
+        # torch's fused kernel rounds its scalar tail differently (`kernels.cpu.fused_sgd_tail`).
+        tail = cpu.fused_sgd_tail(p.numel()) if group.get("fused") and not dgc else 0
+        cpu.sgd_step(p, _EMPTY if buf is None else buf, dense, indices, values, float(group["lr"]), wd, m,
+                     nesterov, first, dgc is not None, tail)
+
+    def sparse_params(self) -> set[Tensor]:
+        """The parameters whose step takes a sparse .grad (a coalesced COO tensor: the averaged sparse
+        payload) straight into its one-pass update, without a dense decode first (comm=allgather
+        hands them over so: `GradientPipeline.sparse_names`)."""
+        return {p for group in self.param_groups if self._one_pass(group) for p in group["params"]
+                if cpu.enabled(p)}
+
+
+_EMPTY = torch.empty(0)
+_EMPTY_LONG = torch.empty(0, dtype=torch.int64)
 
 
 _OPTIMIZERS = {"sgd": SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}

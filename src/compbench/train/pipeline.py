@@ -1,7 +1,9 @@
 """The compression seam in plain sight: memory -> compressor -> communicator -> averaged gradient.
 
 `submit` starts one tensor (or fused group) on its way as soon as the scheduler hands it over;
-`collect` waits for all of them in submission order and returns the averaged dense gradients.
+`collect` waits for all of them in submission order and returns the averaged dense gradients, or,
+for the `sparse_names` the synchronizer chose, the averaged sparse payload as a coalesced COO tensor
+that the optimizer steps from in one pass (no dense zero-fill, scatter and re-read).
 Every rank submits the same names in the same order (the collectives must match).
 
 Time booked: `comm` is the time this thread spends starting and waiting for collectives (decoding
@@ -37,6 +39,17 @@ class GradientPipeline:
         # before the trainer's finiteness check; a NaN would enter the error-feedback memory for good.
         self.guard_nonfinite = False
         self._pending: list[tuple[str, Handle]] = []
+
+    @property
+    def sparse_names(self) -> frozenset[str]:
+        """Tensors whose optimizer steps from the decoded sparse payload (a coalesced COO .grad) in
+        one pass: a communicator with `traits.sparse_results` hands their average back undecoded."""
+        return self.comm.sparse_names if self.comm.traits.sparse_results else frozenset()  # type: ignore[attr-defined]
+
+    @sparse_names.setter
+    def sparse_names(self, names: frozenset[str]) -> None:
+        if self.comm.traits.sparse_results:
+            self.comm.sparse_names = frozenset(names)  # type: ignore[attr-defined]
 
     def begin_step(self, step: int, epoch: float) -> None:
         self.step = step

@@ -1,0 +1,66 @@
+// The decode and the SGD step in one pass (extensions/cpu/optim.cpp's sgd_step, bit for bit): each
+// parameter element reads its gradient from a dense tensor (`dense`) or from the averaged sparse
+// update (ascending unique flat indices and their values: a binary search; 0 where absent), then
+//   DGC's SGD (dgc): d = p*wd; buf = d or buf*m + d; dec = nesterov ? fma(buf, m, d) : buf; g += dec
+//   torch's SGD:      g = fma(p, wd, g); buf = g or buf*m + g (one fma from tail_from on);
+//                     g = nesterov ? fma(buf, m, g) : buf
+// and p = fma(g, -lr, p). sgd_sparse: no weight decay, no momentum: only the k carried entries.
+#include "common.cuh"
+
+// The first j in [0, k) with idx[j] >= i (k if none).
+__device__ __forceinline__ long long cb_lower_bound(const long long* idx, long long k, long long i) {
+    long long lo = 0, hi = k;
+    while (lo < hi) {
+        long long mid = lo + (hi - lo) / 2;
+        if (idx[mid] < i) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+extern "C" __global__ void sgd_step(float* __restrict__ p, float* __restrict__ buf,
+                                    const float* __restrict__ grad, const long long* __restrict__ idx,
+                                    const float* __restrict__ vals, long long k, long long n, int dense,
+                                    float neg_lr, float wd, float m, int nesterov, int first, int dgc,
+                                    int with_buf, long long tail_from) {
+    CB_FOR_EACH(i, n) {
+        float g;
+        if (dense) {
+            g = grad[i];
+        } else {
+            long long j = cb_lower_bound(idx, k, i);
+            g = (j < k && idx[j] == i) ? vals[j] : 0.0f;
+        }
+        if (dgc) {
+            if (wd != 0.0f) {
+                float d = __fmul_rn(p[i], wd);
+                float dec = d;
+                if (with_buf) {
+                    float bb = first ? d : __fadd_rn(__fmul_rn(buf[i], m), d);
+                    buf[i] = bb;
+                    dec = nesterov ? fmaf(bb, m, d) : bb;
+                }
+                g = __fadd_rn(g, dec);
+            }
+        } else {
+            if (wd != 0.0f) g = fmaf(p[i], wd, g);
+            if (with_buf) {
+                float bb = g;
+                if (!first) bb = i < tail_from ? __fadd_rn(__fmul_rn(buf[i], m), g) : fmaf(buf[i], m, g);
+                buf[i] = bb;
+                g = nesterov ? fmaf(bb, m, g) : bb;
+            }
+        }
+        p[i] = fmaf(g, neg_lr, p[i]);
+    }
+}
+
+extern "C" __global__ void sgd_sparse(float* __restrict__ p, const long long* __restrict__ idx,
+                                      const float* __restrict__ vals, long long k, float neg_lr) {
+    CB_FOR_EACH(j, k) {
+        p[idx[j]] = fmaf(vals[j], neg_lr, p[idx[j]]);
+    }
+}
