@@ -1,5 +1,6 @@
 // The sparsifiers' scans: DRAGONN's hashed selection and sampled threshold, the per-block maxima
-// behind every threshold compaction (dgc, topk, graddrop).
+// behind the threshold compactions of sparse.AbsIndex (topk, dragonn; GradDrop and DGC have
+// generated ones: compll/specs/graddrop.py, dgc.py).
 
 #include "common.h"
 

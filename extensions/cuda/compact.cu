@@ -1,4 +1,4 @@
-// Threshold compaction (DGC, GradDrop, exact top-k candidates): the indices of every element with
+// Threshold compaction (exact top-k candidates, sparse.AbsIndex): the indices of every element with
 // |x| >= threshold, in arbitrary order, written to out[0 .. cap) through one atomic counter. The
 // counter ends at the total number of passing elements even when it exceeds cap, so the caller
 // can launch again with a larger buffer. Twin: torch.nonzero(x.abs() >= threshold) (sorted).

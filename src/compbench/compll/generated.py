@@ -26,23 +26,44 @@ from compbench.compll import gen_cpu, gen_cuda, lang
 
 
 @cache
-def specs() -> dict[str, lang.Spec]:
-    """name -> Spec of every module in compbench/compll/specs/."""
+def _all() -> dict[str, lang.Spec | lang.Select]:
+    """name -> SPEC of every module in compbench/compll/specs/."""
     from compbench.compll import specs as package
 
-    found: dict[str, lang.Spec] = {}
+    found: dict[str, lang.Spec | lang.Select] = {}
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         mod = importlib.import_module(f"{package.__name__}.{info.name}")
         s = getattr(mod, "SPEC", None)
-        if not isinstance(s, lang.Spec) or s.name != info.name:
-            raise ValueError(f"compll spec {mod.__file__}: define SPEC = Spec(name={info.name!r}, ...)")
+        if not isinstance(s, (lang.Spec, lang.Select)) or s.name != info.name:
+            raise ValueError(f"compll spec {mod.__file__}: define SPEC = Spec(name={info.name!r}, ...) "
+                             f"or Select(name={info.name!r}, ...)")
         found[s.name] = s
     return found
 
 
+def specs() -> dict[str, lang.Spec]:
+    """name -> Spec of every code spec (packed codes and a header) in compbench/compll/specs/."""
+    return {k: v for k, v in _all().items() if isinstance(v, lang.Spec)}
+
+
+def selects() -> dict[str, lang.Select]:
+    """name -> Select of every selection spec (sampled threshold + filter) in compbench/compll/specs/."""
+    return {k: v for k, v in _all().items() if isinstance(v, lang.Select)}
+
+
+def select(name: str) -> lang.Select:
+    """The selection spec called `name`; ValueError listing them otherwise."""
+    found = selects()
+    if name not in found:
+        raise ValueError(f"no CompLL selection {name!r}; choose one of: {', '.join(found)}")
+    return found[name]
+
+
 def spec(name: str) -> lang.Spec:
-    """The spec called `name`; ValueError listing them otherwise."""
+    """The spec called `name`; ValueError listing them otherwise (a selection: `select`)."""
     found = specs()
+    if name in selects():
+        return selects()[name]  # type: ignore[return-value]
     if name not in found:
         raise ValueError(f"no CompLL spec {name!r}; choose one of: {', '.join(found)}")
     return found[name]
@@ -68,10 +89,10 @@ def _files() -> dict[str, str]:
     # The hand-written kernels' registrations, generated from their table, live here too: one
     # folder of generated sources, one cache key.
     files = {"table/kernel_table.cpp": registration_source()}
-    for s in specs().values():
+    for s in _all().values():
         files[f"cpu/compll_{s.name}.cpp"] = gen_cpu.source(s)
         files[f"cuda/compll_{s.name}.cu"] = gen_cuda.source(s)
-        if s.register:
+        if isinstance(s, lang.Spec) and s.register:
             files[f"conf/compressor/{s.name}.yaml"] = conf_text(s)
     return files
 

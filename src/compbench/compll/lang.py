@@ -445,3 +445,89 @@ def lets(*roots: Expr) -> list[Let]:
     for r in roots:
         visit(r)
     return order
+
+
+# --- selections: filter / compaction and a sampled threshold (the sparsifiers) -------------------
+
+SAMPLES = ("random", "strided")
+
+
+def threshold() -> Expr:
+    """The selection's threshold in the filter's condition: the sampled threshold (a host-side
+    step's result handed to the filter kernel as its input 0)."""
+    return Input(0)
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity, as Spec
+class Select:
+    """A sparsifier's selection: a sampled threshold, then `filter`/compaction, then at most `limit`.
+
+    - `key`: an element expression of x (fp32), the magnitude the selection ranks by;
+    - `sample`: how the threshold's sample is drawn, a host-side step of the generated torch glue
+      with torch's generator (`draw`): "random" (m indices uniform over [0, n), GradDrop) or
+      "strided" (every (n // m)-th element from a random start, DGC); the whole tensor when m >= n;
+    - the threshold: the j-th largest key of the sample, j = ceil(samples * ratio) (NaN largest, as
+      numpy's partition): the generated `threshold` kernel;
+    - `keep`: the filter's condition over x, `threshold()` and settings; the generated `filter`
+      kernel returns the int64 indices passing it in index order (`compaction`);
+    - `adapt`: (factor, times): while fewer than factor * limit pass, threshold *= factor and filter
+      again, at most `times` times (DGC: (0.8, 10)); None for one shot (GradDrop);
+    - then at most `limit` (the caller's k or 2k): the `limit` candidates of largest key
+      (torch.topk among the candidates, in the glue);
+    - the decode (`scatter`): zeros with the sent values added at their indices, duplicates adding
+      in payload order (every rank's payloads at once: their concatenation).
+    Registered as kernels of a hand-written compressor (its Python side: ratios, seeds, payload)."""
+
+    name: str
+    doc: str
+    key: Expr
+    keep: Expr
+    sample: str = "random"
+    adapt: tuple[float, int] | None = None
+    settings: Mapping[str, Setting] = field(default_factory=dict)
+    register: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sample not in SAMPLES:
+            raise ValueError(f"select {self.name}: sample={self.sample!r}; use one of {', '.join(SAMPLES)}")
+        if self.register:
+            raise ValueError(f"select {self.name}: a selection is a kernel of a hand-written compressor; "
+                             "set register=False")
+        if self.key.kind != FLOAT:
+            raise ValueError(f"select {self.name}: key must be an fp32 expression of x, e.g. abs_(x)")
+        if self.keep.kind != BOOL:
+            raise ValueError(f"select {self.name}: keep must be a condition, e.g. abs_(x) >= threshold()")
+        for root, what, inputs in ((self.key, "key", False), (self.keep, "keep", True)):
+            for n in walk(root):
+                if isinstance(n, Let):
+                    continue
+                ok = isinstance(n, (X, Const, Bin, Un, Where, MinMax)) or (inputs and isinstance(n, Input))
+                if isinstance(n, Param):
+                    ok = n.name in self.settings
+                if not ok:
+                    raise ValueError(f"select {self.name}: {type(n).__name__} cannot appear in its {what}")
+                if isinstance(n, Input) and n.index != 0:
+                    raise ValueError(f"select {self.name}: the filter has one input, threshold()")
+                n.kind  # noqa: B018 (type-checks the node)
+        if self.adapt is not None and not (0 < self.adapt[0] < 1 and self.adapt[1] >= 1):
+            raise ValueError(f"select {self.name}: adapt=(factor, times) needs 0 < factor < 1 and times >= 1")
+
+    @property
+    def params(self) -> list[str]:
+        """The settings the kernels read, in the order of `settings`."""
+        roots = [self.key, self.keep]
+        used = {n.name for r in roots for n in walk(r) if isinstance(n, Param)}
+        used |= {n.name for r in roots for v in lets(r) for n in walk(v.e) if isinstance(n, Param)}
+        return [k for k in self.settings if k in used]
+
+    @property
+    def threshold_name(self) -> str:
+        return f"{self.name}_threshold"
+
+    @property
+    def filter_name(self) -> str:
+        return f"{self.name}_filter"
+
+    @property
+    def decode_name(self) -> str:
+        return f"{self.name}_decode"

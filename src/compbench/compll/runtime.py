@@ -9,6 +9,8 @@ files: `compll.generated`, re-exported here).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -19,6 +21,8 @@ from compbench.compll.generated import (
     cpu_sources,
     cuda_sources,
     generated_dir,
+    select,
+    selects,
     spec,
     specs,
 )
@@ -32,8 +36,8 @@ from compbench.compressors.packing import (
 )
 from compbench.kernels.twins import counter_uniform
 
-__all__ = ["counter_uniform", "pack_codes", "unpack_codes", "specs", "spec", "generated_dir", "conf_folder",
-           "conf_text", "cpu_sources", "cuda_sources"]
+__all__ = ["counter_uniform", "pack_codes", "unpack_codes", "specs", "spec", "selects", "select",
+           "generated_dir", "conf_folder", "conf_text", "cpu_sources", "cuda_sources"]
 
 
 def pack_codes(codes: Tensor, bits: int) -> Tensor:
@@ -106,6 +110,123 @@ def cuda_decode(s: lang.Spec, packed: Tensor, header: Tensor, numel: int, params
     launch(f"compll_{s.name}", s.decode_name, numel, packed.device,
            (as_cupy(packed.contiguous()), np.int64(numel), as_cupy(table), as_cupy(out)))
     return out
+
+
+# --- selections (filter + sampled threshold) ------------------------------------------------------
+
+
+class CpuSelect:
+    """The generated C++ operators of a selection, as `select`'s `kernels`."""
+
+    def __init__(self, sel: lang.Select) -> None:
+        self.sel = sel
+
+    def threshold(self, x: Tensor, sample: Tensor | None, start: int, stride: int, count: int, j: int,
+                  params: dict) -> Tensor:
+        return _op(self.sel.threshold_name)(x, sample, start, stride, count, j,
+                                            [float(params[k]) for k in self.sel.params])
+
+    def filter(self, x: Tensor, inputs: Tensor, params: dict) -> Tensor:
+        return _op(self.sel.filter_name)(x, inputs, [float(params[k]) for k in self.sel.params])
+
+
+class CudaSelect:
+    """The generated RawKernel of a selection's filter (the threshold: the generated torch code on the
+    GPU), as `select`'s `kernels`."""
+
+    def __init__(self, sel: lang.Select) -> None:
+        self.sel = sel
+        self.threshold = gen_torch.module(sel).threshold
+
+    def filter(self, x: Tensor, inputs: Tensor, params: dict) -> Tensor:
+        """int64 indices in index order: one launch with room for n / 64 + 1024 (one host sync for
+        the count), a second with room for all when more pass; then sorted."""
+        import numpy as np
+
+        from compbench.kernels.loader import as_cupy, launch
+
+        n = x.numel()
+        h = inputs.reshape(-1).float().contiguous()
+        prm = [np.float32(params[k]) for k in self.sel.params]
+        cap = max(1, min(n, n // 64 + 1024))
+        count = torch.zeros(1, dtype=torch.int64, device=x.device)
+        for _ in range(2):
+            out = torch.empty(cap, dtype=torch.int64, device=x.device)
+            count.zero_()
+            launch(f"compll_{self.sel.name}", self.sel.filter_name, n, x.device,
+                   (as_cupy(x), np.int64(n), as_cupy(h), *prm, as_cupy(out), as_cupy(count), np.int64(cap)))
+            found = int(count.item())
+            if found <= cap:
+                return out[:found].sort().values
+            cap = found
+        raise AssertionError("unreachable: the second launch has room for every index")
+
+
+def select_decode(sel: lang.Select, values: Tensor, indices: Tensor, ctx: Ctx,
+                  out: Tensor | None = None) -> Tensor:
+    """The generated decode of a selection's payload (or of every rank's, concatenated): zeros with
+    `values` added at `indices` (duplicates add), into `out` when given (`buffers.check_out`), in
+    the gradient's shape and dtype: what `sparse.sparse_decode` gives. The generated C++ operator on
+    CPU, the generated RawKernel on CUDA, else the generated torch code (half-precision gradients
+    accumulate in fp32)."""
+    from compbench.compressors.buffers import acc_dtype, check_out
+    from compbench.kernels import cpu_kernels_enabled, cuda_kernels_enabled
+
+    acc = acc_dtype(ctx.dtype)
+    buf = (torch.empty(ctx.numel, dtype=acc, device=values.device) if out is None
+           else check_out(out, ctx, values.device))
+    vals = values.reshape(-1).to(acc).contiguous()
+    idx = indices.reshape(-1).contiguous()
+    if cpu_kernels_enabled(buf) and cpu_kernels_enabled(vals):
+        _op(sel.decode_name)(vals, idx, buf)
+    elif buf.dtype == torch.float32 and cuda_kernels_enabled(buf):
+        import numpy as np
+
+        from compbench.kernels.loader import as_cupy, launch
+
+        buf.zero_()
+        launch(f"compll_{sel.name}", sel.decode_name, idx.numel(), buf.device,
+               (as_cupy(vals), as_cupy(idx.to(torch.int32)), np.int64(idx.numel()), as_cupy(buf)))
+    else:
+        gen_torch.module(sel).decode(vals, idx, buf)
+    return buf.to(ctx.dtype).view(ctx.shape)
+
+
+class _Compaction:
+    """A selection's kernels with the filter replaced by a compaction a fused pass prepared."""
+
+    def __init__(self, kernels: object, compaction: Callable[[Tensor], Tensor]) -> None:
+        self.threshold = kernels.threshold  # type: ignore[attr-defined]
+        self.compaction = compaction
+
+    def filter(self, x: Tensor, inputs: Tensor, params: dict) -> Tensor:
+        return self.compaction(inputs)
+
+
+def select_indices(sel: lang.Select, flat: Tensor, ratio: float, m: int, limit: int, gen: torch.Generator,
+                   params: dict | None = None,
+                   compaction: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """A selection's int64 indices of flat fp32 `flat` (the generated glue `select` of `sel`): m
+    samples drawn with `gen`, the threshold of ratio, at most `limit`. The generated C++ operators on
+    CPU (when built), the generated RawKernel on CUDA (with CuPy), else the generated torch code.
+    `compaction`: threshold -> the indices of `sel.keep` in index order, from a pass that already
+    ran (memory=dgc's fused compensation and block maxima: `sparse.AbsIndex`), instead of the
+    generated filter's own read."""
+    from compbench.kernels import cpu_kernels_enabled, cuda_kernels_enabled
+
+    mod = gen_torch.module(sel)
+    flat = flat.detach().reshape(-1)
+    dtype = flat.dtype
+    if flat.dtype != torch.float32 or not flat.is_contiguous():
+        flat = flat.float().contiguous()
+    kernels: object = mod
+    if cpu_kernels_enabled(flat):
+        kernels = CpuSelect(sel)
+    elif cuda_kernels_enabled(flat):
+        kernels = CudaSelect(sel)
+    if compaction is not None:
+        kernels = _Compaction(kernels, compaction)
+    return mod.select(flat, ratio, m, limit, gen, params or {}, kernels, dtype)
 
 
 # --- the compressor of a registered spec ---------------------------------------------------------

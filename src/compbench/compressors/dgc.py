@@ -12,19 +12,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from compbench.compll import runtime
 from compbench.compressors.base import Ctx, check_ratio, make_ctx
-from compbench.compressors.sparse import (
-    AbsIndex,
-    SparseCompressor,
-    Workspace,
-    kth_largest,
-    make_generator,
-    sparse_payload,
-    topk_among,
-)
-
-_LOWER = 0.8  # fewer than 0.8k: threshold *= 0.8, retry
-_MAX_ADAPT = 10
+from compbench.compressors.sparse import AbsIndex, SparseCompressor, Workspace, make_generator, sparse_payload
 
 if TYPE_CHECKING:
     from compbench.memory.base import Deferred
@@ -46,33 +36,25 @@ def _select(
     """Hot step: flat int64 indices DGC sends (at most k), selected by magnitude abs(values), at
     ratio `ratio` (`values` may be the gradient itself or its magnitudes: abs changes nothing then).
 
-    One summary pass (`AbsIndex`) serves the first threshold and every adaptation step. With a
-    memory's `deferred` compensation (then `values` is None) that summary pass is the memory's pass
-    (`memory.base.Deferred`), and the indices index `deferred.result`."""
-    summary = None
+    The selection is generated from compll/specs/dgc.py (`runtime.select_indices`): the strided
+    sample's start drawn from `gen`, the threshold of the ceil(m*r) largest sampled magnitudes, the
+    filter, at most 10 adaptations (fewer than 0.8k: threshold *= 0.8, retry; above 1.3k the paper
+    stops with the exact top-k, which the limit does), then the k largest candidates, also between
+    k and 1.3k, where synxlin truncates by index instead.
+
+    With a memory's `deferred` compensation (then `values` is None) the memory's pass computes the
+    block maxima of what it compensates (`memory.base.Deferred`), so the filter is `AbsIndex` on
+    that summary instead of the generated compaction's own read (the same indices), and the indices
+    index `deferred.result`."""
+    compaction = None
     if deferred is not None:  # the memory's pass is the summary pass; sampled from its result
         y, summary = deferred.summary()
         values = y
-    flat = values.detach().reshape(-1)  # type: ignore[union-attr]
-    n = flat.numel()
-    stride, _ = sample_layout(n, ratio, sample_ratio)
-    if stride == 1:
-        samples = flat.abs()
-    else:
-        # Random start in [0, stride): range(start, n, stride) still has >= n // stride samples.
-        start = int(torch.randint(stride, (1,), generator=gen))
-        samples = flat[start::stride].abs()
-    threshold = kth_largest(samples, math.ceil(samples.numel() * ratio))
-    index = AbsIndex(flat, ws, density=ratio, summary=summary)
-    idx = index.indices_ge(threshold)
-    for _ in range(_MAX_ADAPT):
-        if idx.numel() >= _LOWER * k:
-            break  # enough (above 1.3k the paper stops with the exact top-k: done below)
-        threshold = threshold * _LOWER
-        idx = index.indices_ge(threshold)
-    # Send at most k, the k largest candidates: the exact top-k among them above 1.3k, and also
-    # between k and 1.3k, where synxlin truncates by index instead.
-    return topk_among(flat, idx, k)
+        index = AbsIndex(y.detach().reshape(-1), ws, density=ratio, summary=summary)
+        compaction = index.indices_ge
+    assert values is not None
+    _, wanted = sample_layout(values.numel(), ratio, sample_ratio)
+    return runtime.select_indices(runtime.select("dgc"), values, ratio, wanted, k, gen, compaction=compaction)
 
 
 class DGC(SparseCompressor):

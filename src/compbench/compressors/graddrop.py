@@ -7,27 +7,14 @@ import math
 import torch
 from torch import Tensor
 
+from compbench.compll import runtime
 from compbench.compressors.base import Ctx, check_ratio, make_ctx
-from compbench.compressors.sparse import (
-    SparseCompressor,
-    Workspace,
-    indices_ge,
-    kth_largest,
-    magnitudes,
-    make_generator,
-    sparse_payload,
-    topk_among,
-)
+from compbench.compressors.buffers import acc_dtype
+from compbench.compressors.sparse import SparseCompressor, make_generator, sparse_payload
 
 # Everything that passes the sampled threshold is sent, up to this many times k (ties, an all-zero
 # gradient or an unlucky sample could otherwise send the whole tensor).
 _CAP = 2
-
-
-def _select(x: Tensor, threshold: Tensor, cap: int, ws: Workspace) -> Tensor:
-    """Hot step: flat int64 indices with abs(x) >= threshold, at most `cap` (the largest)."""
-    mag = magnitudes(x, ws)
-    return topk_among(mag, indices_ge(mag, threshold, ws), cap)
 
 
 class GradDrop(SparseCompressor):
@@ -37,6 +24,8 @@ class GradDrop(SparseCompressor):
     The algorithm's residual accumulation (R += g; the sent entries leave R) is exactly error feedback
     with memory=residual, the memory to use with it (the compressor itself is stateless). Samples:
     max(ceil(sample_ratio*n), ceil(2/r)) (all of a small tensor), seeded by (seed, step, tensor name).
+    The selection's kernels and the decode are generated from compll/specs/graddrop.py
+    (`runtime.select_indices`, `runtime.select_decode`).
     """
 
     name = "graddrop"
@@ -53,14 +42,21 @@ class GradDrop(SparseCompressor):
         flat = x.detach().reshape(-1)
         n = flat.numel()
         m = max(math.ceil(self.sample_ratio * n), math.ceil(2.0 / self.ratio))
-        if m >= n:
-            sample = flat.abs()
-        else:
-            gen = make_generator(self.seed, self.step, name, device=flat.device)
-            sample = flat[torch.randint(n, (m,), generator=gen, device=flat.device)].abs()
-        threshold = kth_largest(sample.float(), math.ceil(sample.numel() * self.ratio))
-        idx = _select(flat, threshold, _CAP * self.k_for(n), self._ws)
+        gen = make_generator(self.seed, self.step, name, device=flat.device)
+        cap = _CAP * self.k_for(n)
+        idx = runtime.select_indices(runtime.select("graddrop"), flat, self.ratio, m, cap, gen)
         return sparse_payload(flat[idx], idx), make_ctx(x, name)
 
     def max_wire_bytes(self, numel: int) -> int:
         return 8 * min(numel, _CAP * self.k_for(numel))
+
+    def decompress(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
+        """Dense decode (the generated scatter); into the caller's buffer `out` when given."""
+        return runtime.select_decode(runtime.select("graddrop"), payload[0], payload[1], ctx, out)
+
+    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor:
+        """Average of every rank's decode: the few sent values divided by N, one generated scatter."""
+        acc = acc_dtype(ctx.dtype)
+        values = torch.cat([p[0].to(acc) for p in payloads]).div_(len(payloads))
+        indices = torch.cat([p[1] for p in payloads])
+        return runtime.select_decode(runtime.select("graddrop"), values, indices, ctx, out)

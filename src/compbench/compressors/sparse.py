@@ -124,7 +124,7 @@ class AbsIndex:
     each block of 64 contiguous elements (the compiled `block_absmax`, one read pass; its twin
     `amax` and `amin` row reductions take ~2.5 at n = 25M; nothing written but n/64 floats); a
     query then re-reads only the blocks whose maximum reaches t (~64 * density of them) and compacts
-    inside them. A second threshold (DGC's adaptation, the exact top-k's retries) costs almost
+    inside them. A second threshold (the exact top-k's retries) costs almost
     nothing. Dense selections, small tensors and other dtypes take one abs + compare +
     `flatnonzero` pass per query instead. CUDA tensors take the
     compaction kernel when CuPy is installed, else `torch.nonzero`.
