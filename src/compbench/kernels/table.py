@@ -117,8 +117,8 @@ def _split(args: str) -> list[str]:
 
 
 def _cpp_type(t: str) -> str:
-    types = {"Tensor": "const at::Tensor&", "Tensor(a!)": "at::Tensor&", "Tensor(b!)": "at::Tensor&", "Tensor(c!)": "at::Tensor&",
-             "float": "double", "int": "int64_t", "bool": "bool"}
+    types = {"Tensor": "const at::Tensor&", "Tensor(a!)": "at::Tensor&", "Tensor(b!)": "at::Tensor&",
+             "Tensor(c!)": "at::Tensor&", "float": "double", "int": "int64_t", "bool": "bool"}
     if t not in types:
         raise ValueError(f"kernel table: schema type {t!r} has no C++ type here; add it to _cpp_type")
     return types[t]
