@@ -96,7 +96,7 @@ KERNELS: tuple[Kernel, ...] = (
            "path, amsgrad off)",
            "(Tensor(a!) p, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor grad, Tensor indices, "
            "Tensor values, float lr, float beta1, float beta2, float eps, float weight_decay, float step, "
-           "bool decoupled, int fma_tail) -> ()", "adam.cpp"),
+           "bool decoupled, int fma_tail) -> ()", "adam.cpp", "optim.cu", "adam_step"),
     Kernel("decode_codes", "compressors.packing.decode_bits / decode_2bit (torch paths)",
            "(Tensor packed, int numel, int bits, Tensor values, Tensor(a!) out) -> Tensor(a!)", "decode.cpp"),
     Kernel("qsgd_dequantize", "compressors.qsgd._dequantize (torch path)",
