@@ -62,3 +62,25 @@ def test_sgd_step_matches_the_cpu_kernel(sparse, wd, m, nesterov, dgc):
     assert torch.equal(p_gpu.cpu(), p)
     if with_buf:
         assert torch.equal(buf_gpu.cpu(), buf)
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("sparse", [True, False])
+@pytest.mark.parametrize("decoupled,wd,beta1", [(False, 0.0, 0.9), (False, 1e-2, 0.9), (True, 0.05, 0.9),
+                                                (True, 0.05, 0.3)])
+def test_adam_step_matches_the_cpu_kernel(sparse, decoupled, wd, beta1):
+    n = 3_000_005
+    gen = torch.Generator().manual_seed(4)
+    p, grad = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    m, v = torch.zeros(n), torch.zeros(n)
+    idx = torch.randperm(n, generator=gen)[:3000].sort().values
+    vals = torch.randn(3000, generator=gen)
+    empty = torch.empty(0)
+    update = (empty, idx, vals) if sparse else (grad, empty.long(), empty)
+    p_gpu, m_gpu, v_gpu = p.to(DEV), m.to(DEV), v.to(DEV)
+    for step in (1.0, 2.0, 3.0):
+        ops.adam_step(p_gpu, m_gpu, v_gpu, *(t.to(DEV) for t in update), 1e-3, beta1, 0.999, 1e-8, wd, step,
+                      decoupled, cpu.fused_sgd_tail(n))
+        cpu.adam_step(p, m, v, *update, 1e-3, beta1, 0.999, 1e-8, wd, step, decoupled, cpu.fused_sgd_tail(n))
+    for a, b in ((p_gpu, p), (m_gpu, m), (v_gpu, v)):
+        assert torch.equal(a.cpu(), b)

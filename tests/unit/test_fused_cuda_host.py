@@ -26,6 +26,8 @@ SIGNATURES = {
     "sgd_step": [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong, c_longlong, c_int, c_float,
                  c_float, c_float, c_int, c_int, c_int, c_int, c_longlong],
     "sgd_sparse": [c_void_p, c_void_p, c_void_p, c_longlong, c_float],
+    "adam_step": [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong, c_longlong, c_int,
+                  *[c_float] * 8, c_int, c_int, c_int, c_longlong],
 }
 
 
@@ -125,3 +127,35 @@ def test_sgd_step_matches_the_cpu_kernel(run, sparse, first, wd, m, nesterov, dg
     assert torch.equal(p.view(torch.int32), p_cpu.view(torch.int32))
     if with_buf:
         assert torch.equal(buf.view(torch.int32), buf_cpu.view(torch.int32))
+
+
+@needs_kernels
+@pytest.mark.parametrize("tail", [0, 5])
+@pytest.mark.parametrize("beta1", [0.9, 0.3])
+@pytest.mark.parametrize("decoupled,wd", [(False, 0.0), (False, 1e-2), (True, 0.05)])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_adam_step_matches_the_cpu_kernel(run, sparse, decoupled, wd, beta1, tail):
+    """The launcher's constants (kernels.ops.adam_step) computed as the CPU kernel computes them."""
+    import math
+
+    import numpy as np
+
+    n, lr, beta2, eps, step = 1001, 1e-2, 0.999, 1e-8, 3.0
+    gen = torch.Generator().manual_seed(6)
+    p, grad = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    m, v = torch.randn(n, generator=gen) * 0.1, torch.rand(n, generator=gen) * 1e-2
+    p[:2] = torch.tensor([0.0, -0.0])
+    idx = torch.randperm(n, generator=gen)[:40].sort().values
+    vals = torch.randn(40, generator=gen)
+    p_cpu, m_cpu, v_cpu = p.clone(), m.clone(), v.clone()
+    empty = torch.empty(0)
+    cpu.adam_step(p_cpu, m_cpu, v_cpu, empty if sparse else grad, idx if sparse else empty.long(),
+                  vals if sparse else empty, lr, beta1, beta2, eps, wd, step, decoupled, tail)
+    small = abs(1 - beta1) < 0.5
+    c1 = np.float32(1 - beta1) if small else np.float32(np.float32(1 - beta1) - np.float32(1))
+    consts = [-(lr / (1 - math.pow(beta1, step))), wd, 1 - lr * wd, c1, beta2, 1 - beta2,
+              math.sqrt(1 - math.pow(beta2, step)), eps]
+    run("adam_step", p, m, v, grad, idx, vals, 40, n, c_int(not sparse), *[c_float(float(c)) for c in consts],
+        c_int(wd != 0), c_int(decoupled), c_int(small), n - tail)
+    for a, b in ((p, p_cpu), (m, m_cpu), (v, v_cpu)):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))

@@ -34,6 +34,8 @@ static cb_dim3 blockIdx, threadIdx, blockDim, gridDim;
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 static inline int atomicMax(int* p, int v) { int old = *p; if (v > old) *p = v; return old; }
 static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
     unsigned long long old = *p; *p = old + v; return old; }

@@ -27,7 +27,7 @@ from compbench.kernels.table import KERNELS, cpu_kernels
 from compbench.memory.dgc import DGCMemory
 from compbench.memory.residual import ResidualMemory
 from compbench.stats import StepStats
-from compbench.train.optim import SGD
+from compbench.train.optim import SGD, AdamW
 
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
 
@@ -82,6 +82,18 @@ def _dgc_sgd(x: Tensor) -> tuple[Tensor, ...]:
     return (p.detach(),)
 
 
+def _adamw(x: Tensor) -> tuple[Tensor, ...]:
+    """AdamW's step from a sparse .grad (every third entry): the kernel, or the dense decode and torch's
+    fused step."""
+    p = torch.nn.Parameter(x.clone())
+    opt = AdamW([p], lr=1e-2, weight_decay=0.05, fused=True)
+    idx = torch.arange(0, x.numel(), 3)
+    for step in range(2):  # the moments carry over
+        p.grad = torch.sparse_coo_tensor(idx.view(1, -1), x[idx] * (step + 1), x.shape).coalesce()
+        opt.step()
+    return p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]
+
+
 # Each CPU operator through the compbench function that dispatches to it (kernel, or twin when
 # COMPBENCH_KERNELS=0), and the relative tolerance of the comparison (0: bit for bit; sums whose
 # order differs between a kernel's chunks and the twin's: within float rounding).
@@ -97,6 +109,7 @@ DISPATCH: dict[str, tuple[Callable[[Tensor], tuple[Tensor, ...]], float]] = {
     "compensate_select": (_encode(lambda: DGC(ratio=1e-3), lambda: DGCMemory(momentum=0.9)), 0),
     "compensate_at": (_encode(lambda: DRAGONN(ratio=1e-3), ResidualMemory), 0),
     "sgd_step": (_dgc_sgd, 0),
+    "adam_step": (_adamw, 0),
     "qsgd_dequantize": (_dequant, 0),
 }
 

@@ -211,6 +211,18 @@ def sgd_step(p: Tensor, buf: Tensor, grad: Tensor, indices: Tensor, values: Tens
                                      first, dgc, fma_tail)
 
 
+def adam_step(p: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, grad: Tensor, indices: Tensor, values: Tensor,
+              lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: float,
+              decoupled: bool, fma_tail: int = 0) -> None:
+    """One Adam (AdamW: `decoupled`) step in one pass over p and its two moments, from a dense `grad`
+    or (grad empty) a sparse update: sorted unique int64 `indices` and their `values`; `step` is the
+    count after this step's increment. The last `fma_tail` elements round as torch's fused kernel's
+    scalar tail does (`fused_sgd_tail`: the same vector width). Twin: the sparse decode into .grad,
+    then torch's fused Adam/AdamW step (amsgrad off, not maximizing)."""
+    torch.ops.compbench_cpu.adam_step(p, exp_avg, exp_avg_sq, grad, indices, values, lr, beta1, beta2, eps,
+                                      weight_decay, step, decoupled, fma_tail)
+
+
 def fused_sgd_tail(numel: int) -> int:
     """How many trailing elements torch's fused CPU SGD kernel steps in its scalar loop, where its
     compiler contracted buf*m + g into one fma: numel mod its vector width, 8 floats (its AVX2 build

@@ -8,6 +8,8 @@ synchronizes with the host except `compact_abs_ge`, which must learn how many in
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -213,3 +215,25 @@ def sgd_step(p: Tensor, buf: Tensor, grad: Tensor, indices: Tensor, values: Tens
             np.float32(momentum), np.int32(nesterov), np.int32(first), np.int32(dgc), np.int32(with_buf),
             np.int64(n - min(n, max(0, fma_tail))))
     launch("optim", "sgd_step", n, p.device, args)
+
+
+def adam_step(p: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, grad: Tensor, indices: Tensor, values: Tensor,
+              lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: float,
+              decoupled: bool, fma_tail: int = 0) -> None:
+    """One Adam/AdamW step in one pass from a dense `grad` or (grad empty) the sparse update
+    (`indices` ascending, unique, int64; `values` fp32). Twin: `kernels.cpu.adam_step` (same
+    arguments; its float constants, each rounded once from the double computed here as there)."""
+    n, dense = p.numel(), grad.numel() > 0
+    idx = indices.reshape(-1).to(device=p.device, dtype=torch.int64).contiguous()
+    vals = values.reshape(-1).to(device=p.device, dtype=torch.float32).contiguous()
+    bc1, bc2 = 1 - math.pow(beta1, step), 1 - math.pow(beta2, step)
+    small = abs(1 - beta1) < 0.5
+    c1 = np.float32(1 - beta1) if small else np.float32(np.float32(1 - beta1) - np.float32(1))
+    anything = p  # a valid pointer for the arguments a call does not read
+    args = (as_cupy(p), as_cupy(exp_avg), as_cupy(exp_avg_sq), as_cupy(grad if dense else anything),
+            as_cupy(idx if idx.numel() else anything), as_cupy(vals if vals.numel() else anything),
+            np.int64(idx.numel()), np.int64(n), np.int32(dense), np.float32(-(lr / bc1)),
+            np.float32(weight_decay), np.float32(1 - lr * weight_decay), c1, np.float32(beta2),
+            np.float32(1 - beta2), np.float32(math.sqrt(bc2)), np.float32(eps), np.int32(weight_decay != 0),
+            np.int32(decoupled), np.int32(small), np.int64(n - min(n, max(0, fma_tail))))
+    launch("optim", "adam_step", n, p.device, args)

@@ -46,7 +46,7 @@ class Kernel:
 
     def declaration(self) -> str:
         """The C++ declaration the schema implies (Tensor -> const at::Tensor&, Tensor(a!) and
-        Tensor(b!) -> at::Tensor&, float -> double, int -> int64_t, bool -> bool; a tuple of
+        Tensor(b!), Tensor(c!) -> at::Tensor&, float -> double, int -> int64_t, bool -> bool; a tuple of
         tensors -> std::tuple, () -> void)."""
         args, returns = _ARGS.fullmatch(self.schema).groups()  # type: ignore[union-attr]
         params = ", ".join(f"{_cpp_type(t)} {n}" for t, n in (a.rsplit(" ", 1) for a in _split(args)))
@@ -92,6 +92,11 @@ KERNELS: tuple[Kernel, ...] = (
            "optim.cpp", "optim.cu", "sgd_step"),
     Kernel("sgd_sparse", "train.optim.SGD's step on the k carried entries (no decay, no momentum)",
            cuda="optim.cu", launcher="sgd_step"),
+    Kernel("adam_step", "train.optim.Adam/AdamW's torch step from a dense gradient (torch.optim.Adam's fused "
+           "path, amsgrad off)",
+           "(Tensor(a!) p, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor grad, Tensor indices, "
+           "Tensor values, float lr, float beta1, float beta2, float eps, float weight_decay, float step, "
+           "bool decoupled, int fma_tail) -> ()", "adam.cpp", "optim.cu", "adam_step"),
     Kernel("decode_codes", "compressors.packing.decode_bits / decode_2bit (torch paths)",
            "(Tensor packed, int numel, int bits, Tensor values, Tensor(a!) out) -> Tensor(a!)", "decode.cpp"),
     Kernel("qsgd_dequantize", "compressors.qsgd._dequantize (torch path)",
@@ -113,7 +118,7 @@ def _split(args: str) -> list[str]:
 
 def _cpp_type(t: str) -> str:
     types = {"Tensor": "const at::Tensor&", "Tensor(a!)": "at::Tensor&", "Tensor(b!)": "at::Tensor&",
-             "float": "double", "int": "int64_t", "bool": "bool"}
+             "Tensor(c!)": "at::Tensor&", "float": "double", "int": "int64_t", "bool": "bool"}
     if t not in types:
         raise ValueError(f"kernel table: schema type {t!r} has no C++ type here; add it to _cpp_type")
     return types[t]

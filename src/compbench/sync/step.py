@@ -1,7 +1,8 @@
 """`sync=step`: every step's gradients through a scheduler and compbench's pipeline (memory ->
 compressor -> communicator), the averages written into `p.grad` before the optimizer steps. Where
-the optimizer steps from a sparse .grad in one pass (`train.optim.SGD.sparse_params`), a sparsifier's
-average is handed over as the decoded sparse payload (`GradientPipeline.sparse_names`)."""
+the optimizer steps from a sparse .grad in one pass (`sparse_params` of train.optim's SGD, Adam and
+AdamW), a sparsifier's average is handed over as the decoded sparse payload
+(`GradientPipeline.sparse_names`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch import nn
 
 from compbench.schedulers import Scheduler
 from compbench.sync import SyncTraits
-from compbench.train.optim import SGD, build_optimizer, param_groups
+from compbench.train.optim import ONE_PASS, build_optimizer, param_groups
 from compbench.train.pipeline import GradientPipeline
 
 
@@ -38,7 +39,7 @@ class StepSync:
         groups = param_groups(model, self.pipeline.memory.traits.owns_momentum,
                               lambda p: selection.compresses(p, selection.dense_steps), optim)
         optimizer = build_optimizer(groups, **optim)
-        if isinstance(optimizer, SGD) and not self.scheduler.traits.partitions:
+        if isinstance(optimizer, ONE_PASS) and not self.scheduler.traits.partitions:
             # Decode and step in one pass: these tensors' sparse averages go to the optimizer as they are.
             takes = optimizer.sparse_params()
             self.pipeline.sparse_names = frozenset(n for n, p in model.named_parameters() if p in takes)

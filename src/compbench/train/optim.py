@@ -134,11 +134,88 @@ class SGD(torch.optim.SGD):
                 if cpu.enabled(p)}
 
 
+class _OnePassAdam(torch.optim.Optimizer):
+    """The one-pass step of `Adam` and `AdamW` (their docstrings)."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        consumed: list[tuple[Tensor, Tensor]] = []  # stepped in one pass: hidden from torch's step
+        for group in self.param_groups:
+            one_pass = self._one_pass(group)
+            for p in group["params"]:
+                if p.grad is None or not p.grad.is_sparse:
+                    continue  # a dense .grad is torch's (its fused kernel is one pass already)
+                if one_pass and cpu.enabled(p):
+                    self._step_in_one_pass(p, group)
+                    consumed.append((p, p.grad))
+                    p.grad = None
+                else:  # the twin of the one-pass step: the dense decode it replaces
+                    p.grad = p.grad.to_dense()
+        super().step()
+        for p, grad in consumed:
+            p.grad = grad  # the averaged gradient stays readable after the step, as with torch's
+        return loss
+
+    @staticmethod
+    def _one_pass(group: dict[str, Any]) -> bool:
+        """Whether the group's update is the compiled one-pass step's (`kernels.cpu.adam_step`):
+        torch's fused CPU kernel (`fused: true`), amsgrad off, not maximizing, plain float settings
+        (else the dense decode and torch's step)."""
+        return (bool(group.get("fused")) and not group["amsgrad"] and not group["maximize"]
+                and not group["capturable"] and not group["differentiable"]
+                and all(isinstance(v, float | int) for v in (group["lr"], *group["betas"])))
+
+    def _step_in_one_pass(self, p: Tensor, group: dict[str, Any]) -> None:
+        """The decode (a sparse .grad: the averaged sparse payload) and the step in one pass over p and
+        its moments; the same bytes as the dense decode and torch's fused step (its state, too)."""
+        state = self.state[p]
+        if not state:  # torch's fused initialization: a float32 step count, zero moments
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["step"].add_(1)
+        sparse = p.grad.coalesce()  # type: ignore[union-attr]  # a no-op for the pipeline's updates
+        strides = torch.tensor(p.stride(), dtype=torch.int64).view(-1, 1)
+        indices = (sparse.indices() * strides).sum(0)
+        beta1, beta2 = group["betas"]
+        cpu.adam_step(p, state["exp_avg"], state["exp_avg_sq"], _EMPTY, indices, sparse.values().contiguous(),
+                      float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                      float(group["weight_decay"]), float(state["step"]),
+                      bool(group.get("decoupled_weight_decay")), cpu.fused_sgd_tail(p.numel()))
+
+    def sparse_params(self) -> set[Tensor]:
+        """The parameters whose step takes a sparse .grad (a coalesced COO tensor: the averaged sparse
+        payload) straight into its one-pass update (see `SGD.sparse_params`)."""
+        return {p for group in self.param_groups if self._one_pass(group) for p in group["params"]
+                if cpu.enabled(p)}
+
+
+class Adam(_OnePassAdam, torch.optim.Adam):
+    """torch's Adam; with `fused: true` (compbench's optim=adam), amsgrad off and not maximizing, a
+    parameter with a sparse .grad (a coalesced COO tensor: the averaged sparse payload, decoded
+    nowhere else) is stepped in one pass over it and its two moments (CPU fp32 with the compiled
+    kernels, `kernels.cpu.adam_step`), with the same bytes and state as the dense decode and torch's
+    fused step, its twin (which COMPBENCH_KERNELS=0 selects). A dense .grad stays with torch's fused
+    step (one pass already); other groups get the dense decode and torch's step."""
+
+
+class AdamW(_OnePassAdam, torch.optim.AdamW):
+    """torch's AdamW (decoupled weight decay), stepped in one pass from a sparse .grad as `Adam` is."""
+
+
+# The optimizers that step from a sparse .grad in one pass (`sparse_params`).
+ONE_PASS = (SGD, Adam, AdamW)
+
+
 _EMPTY = torch.empty(0)
 _EMPTY_LONG = torch.empty(0, dtype=torch.int64)
 
 
-_OPTIMIZERS = {"sgd": SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+_OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
 
 
 def param_groups(model: nn.Module, memory_owns_momentum: bool,
