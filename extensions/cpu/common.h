@@ -66,6 +66,31 @@ inline __m256i murmur3_32x8(__m256i key, uint32_t seed) {
 }
 #endif
 
+// Largest abs over p[0..m); NaN elements are ignored (they never pass a threshold either), in
+// vectors (a scalar max reduction does not vectorize: its NaN rule is not associative for the
+// compiler). block_absmax (select.cpp) and the fused memory pass (memory.cpp) take it.
+inline float abs_max(const float* p, int64_t m) {
+  float hi = 0.f;
+  int64_t j = 0;
+#if defined(__AVX2__)
+  // max_ps(a, b) returns b when a is NaN: NaN elements drop out, as in the scalar loop.
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 h0 = _mm256_setzero_ps(), h1 = _mm256_setzero_ps();
+  for (; j + 16 <= m; j += 16) {
+    h0 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p + j)), h0);
+    h1 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p + j + 8)), h1);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(h0, h1));
+  for (float v : lanes) hi = v > hi ? v : hi;
+#endif
+  for (; j < m; ++j) {
+    const float a = std::fabs(p[j]);
+    hi = a > hi ? a : hi;
+  }
+  return hi;
+}
+
 // The kernels' declarations and registrations are generated from src/compbench/kernels/table.py.
 
 

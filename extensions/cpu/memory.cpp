@@ -60,30 +60,6 @@ inline void compensate_range(const Params& q, float* __restrict__ a, float* __re
   }
 }
 
-// Largest abs over v[0..m), NaN ignored: the maximum block_absmax (select.cpp) takes, in vectors
-// (a scalar max reduction does not vectorize: its NaN rule is not associative for the compiler).
-inline float abs_max(const float* v, int64_t m) {
-  float hi = 0.f;
-  int64_t j = 0;
-#if defined(__AVX2__)
-  // max_ps(a, b) returns b when a is NaN: NaN elements drop out, as in the scalar loop.
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  __m256 h0 = _mm256_setzero_ps(), h1 = _mm256_setzero_ps();
-  for (; j + 16 <= m; j += 16) {
-    h0 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)), h0);
-    h1 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + j + 8)), h1);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, _mm256_max_ps(h0, h1));
-  for (float x : lanes) hi = x > hi ? x : hi;
-#endif
-  for (; j < m; ++j) {
-    const float a = std::fabs(v[j]);
-    hi = a > hi ? a : hi;  // NaN never wins a comparison
-  }
-  return hi;
-}
-
 // Calls f(std::integral_constant<int, Kind>, std::bool_constant<Extra>) for the runtime kind.
 template <typename F>
 inline void with_kind(int64_t kind, const Params& q, F&& f) {

@@ -11,32 +11,6 @@
 #include <vector>
 
 namespace compbench_cpu {
-namespace {
-
-// Largest abs over p[0..m); NaN elements are ignored (they never pass a threshold either).
-inline float absmax(const float* p, int64_t m) {
-  float hi = 0.f;
-  int64_t j = 0;
-#if defined(__AVX2__)
-  // max_ps(a, b) returns b when a is NaN: NaN elements drop out, as in the scalar loop.
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  __m256 h0 = _mm256_setzero_ps(), h1 = _mm256_setzero_ps();
-  for (; j + 16 <= m; j += 16) {
-    h0 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p + j)), h0);
-    h1 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p + j + 8)), h1);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, _mm256_max_ps(h0, h1));
-  for (float v : lanes) hi = v > hi ? v : hi;
-#endif
-  for (; j < m; ++j) {
-    const float a = std::fabs(p[j]);
-    hi = a > hi ? a : hi;
-  }
-  return hi;
-}
-
-}  // namespace
 
 // int64 table of `slots` entries: slot murmur3_32(i, seed) % slots holds the largest i with
 // abs(x_i) >= threshold, -1 if none (twin: compressors.dragonn._select's CPU path; CUDA: dragonn.cu).
@@ -165,7 +139,7 @@ at::Tensor block_absmax(const at::Tensor& x) {
   const float* p = x.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) o[b] = absmax(p + b * kBlock, kBlock);
+    for (int64_t b = b0; b < b1; ++b) o[b] = abs_max(p + b * kBlock, kBlock);
   });
   return out;
 }
