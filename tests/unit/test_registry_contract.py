@@ -256,6 +256,8 @@ PROMISES: dict[str, dict[str, list[str]]] = {
     "shared_indices": {"indices": ["numel", "name", "device"]},
     "collective": {"compress_collective": ["x", "name", "allreduce_mean"]},
     "decodes_into": {"decompress_all": ["payloads", "ctx", "out"]},
+    "fuses_memory": {"compress_deferred": ["deferred", "name"]},
+    "sparse_average": {"decompress_all_sparse": ["payloads", "ctx"]},
 }
 
 
@@ -346,6 +348,14 @@ def test_sparse_entries_scatter_to_the_decode(name, shape):
     assert set(sent.tolist()) == set(indices.long().tolist())
     # Every coordinate the decode sets was sent (DGC's momentum masking relies on it).
     assert set(comp.decompress(payload, ctx).reshape(-1).nonzero().view(-1).tolist()) <= set(sent.tolist())
+
+
+@pytest.mark.parametrize("name", [n for n in COMPRESSORS if _caps(n).sparse_average])
+def test_a_sparse_average_is_the_decoded_average(name):
+    comp, _, _, pa, pb, ctx = _encode_two_ranks(name)
+    sparse = comp.decompress_all_sparse([pa, pb], ctx)
+    assert sparse.is_sparse and sparse.is_coalesced()
+    torch.testing.assert_close(sparse.to_dense().reshape(-1), comp.decompress_all([pa, pb], ctx).reshape(-1))
 
 
 @pytest.mark.parametrize("name", [n for n in COMPRESSORS if _caps(n).shared_indices])
