@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="steps per run (median over all but the first 5)")
     ap.add_argument("--gbps", type=float, default=1.0, help="shaped link per worker, Gbit/s")
     ap.add_argument("--only", default="", help="comma-separated row keys: " + ",".join(k for k, _, _ in ROWS))
-    ap.add_argument("--links", default="shaped,unshaped", help="shaped, unshaped or both")
+    ap.add_argument("--links", default="shaped,unshaped", choices=("shaped", "unshaped", "shaped,unshaped"),
+                    help="shaped, unshaped, or both (the default)")
     ap.add_argument("--repeat", type=int, default=1, help="run the matrix this many times (interleaved)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_e2e") / time.strftime("%Y-%m-%d-%H%M%S"))

@@ -15,8 +15,9 @@ optimizer table below):
   collective pattern (ring allgather: N-1 payloads through each link; ring allreduce: 2(N-1)/N of the
   tensor). Communication hidden behind back-propagation may expose less; the wire time is the mark
   that a step which waits for all of it cannot beat. Unknown (None) without a shaped link.
-- decompress: one pass writing the averaged dense gradient of the compressed tensors (an optimizer
-  that takes the sparse update directly would not need it).
+- decompress: one pass writing the averaged dense gradient of the compressed tensors, except those
+  whose sparse average goes to the optimizer as it is (`handed_over` bytes of them: the sparse
+  hand-over of comm=allgather); for those, one read of the payloads received.
 - optimizer: its passes over the parameters and their state (`OPTIMIZER_PASSES`: read parameter and
   gradient, write the parameter, read and write each state tensor).
 - compute: the model's own work (no floor from the harness); other: 0.
@@ -82,8 +83,10 @@ def wire_ms(summary: Mapping[str, Any], world_size: int, pattern: str,
 
 
 def phase_floors(summary: Mapping[str, Any], *, world_size: int, read_gbps: float, link_gbps: float | None,
-                 memory_passes: int, optim: Mapping[str, Any], pattern: str) -> dict[str, Any]:
-    """Each phase's time and floor (ms) with what the floor is made of, for results.json."""
+                 memory_passes: int, optim: Mapping[str, Any], pattern: str,
+                 handed_over: float = 0.0) -> dict[str, Any]:
+    """Each phase's time and floor (ms) with what the floor is made of, for results.json.
+    `handed_over`: fp32 bytes of the compressed tensors whose sparse averages skip the dense decode."""
     per_ms = 1e3 / (read_gbps * 1e9)  # ms per byte of one pass
     dense = float(summary.get("bytes_dense_per_step") or 0.0)
     compressed = max(0.0, dense - float(summary.get("bytes_allreduce_per_step") or 0.0))
@@ -95,7 +98,8 @@ def phase_floors(summary: Mapping[str, Any], *, world_size: int, read_gbps: floa
         "compute": (None, "the model's forward and backward"),
         "compress": (enc * compressed * per_ms, f"{enc} pass(es) over {mb_c}"),
         "comm_exposed": (wire, "no shaped link" if wire is None else f"wire time at {link_gbps:g} Gbit/s"),
-        "decompress": (compressed * per_ms, f"1 pass over {mb_c}"),
+        "decompress": _decompress_floor(summary, compressed, min(handed_over, compressed), world_size,
+                                        per_ms),
         "optimizer": (None if opt is None else opt * dense * per_ms, f"{opt} passes over {mb_p}"),
         "other": (0.0, "nothing"),
     }
@@ -106,6 +110,18 @@ def phase_floors(summary: Mapping[str, Any], *, world_size: int, read_gbps: floa
         times = None if ms is None or not floor else float(ms) / floor
         out[phase] = {"ms": ms, "floor_ms": floor, "x_floor": times, "basis": basis}
     return {"read_gbps": read_gbps, "link_gbps": link_gbps, "phases": out}
+
+
+def _decompress_floor(summary: Mapping[str, Any], compressed: float, handed: float, world_size: int,
+                      per_ms: float) -> tuple[float, str]:
+    dense = compressed - handed
+    if not handed:
+        return dense * per_ms, f"1 pass over {dense / 1e6:.3g} MB"
+    sent = float(summary.get("bytes_sent_per_step") or 0.0)
+    sent -= float(summary.get("bytes_allreduce_per_step") or 0.0)
+    received = world_size * max(0.0, sent) * handed / compressed  # the handed-over tensors' share
+    basis = f"1 pass over {dense / 1e6:.3g} MB + the {received / 1e6:.3g} MB received"
+    return (dense + received) * per_ms, basis
 
 
 def format_floors(floors: Mapping[str, Any]) -> list[str]:

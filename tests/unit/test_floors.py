@@ -60,3 +60,14 @@ def test_frames_round_trip_views_at_any_offset(header):
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     if header:
         assert wire.frame_length(both[length:], payload) == length
+
+
+def test_a_sparse_hand_over_reads_what_it_received_instead_of_writing_a_dense_gradient():
+    kw = dict(world_size=2, read_gbps=10.0, link_gbps=1.0, memory_passes=2,
+              optim={"name": "sgd", "momentum": 0.9}, pattern="allgather")
+    half = phase_floors(SUMMARY, handed_over=32e6, **kw)["phases"]["decompress"]
+    # half the compressed bytes still decoded densely, the other half: its share of the 2 x 125 kB received
+    assert half["floor_ms"] == pytest.approx((32e6 + 2 * 125_000 / 2) / 10e9 * 1e3)
+    assert "received" in half["basis"]
+    whole = phase_floors(SUMMARY, handed_over=1e12, **kw)["phases"]["decompress"]  # capped at the compressed
+    assert whole["floor_ms"] == pytest.approx(2 * 125_000 / 10e9 * 1e3)

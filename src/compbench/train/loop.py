@@ -306,9 +306,12 @@ class Trainer:
         nbytes = sum(p.numel() * p.element_size() for p in params)
         read_gbps = measure_read_gbps(nbytes, params[0].device if params else "cpu")
         memory_passes = registry.component_class("memory", self.cfg.choices.memory).traits.state_passes
+        sparse = self.pipeline.sparse_names if self.pipeline is not None else frozenset()
+        handed = sum(p.numel() * 4 for n, p in self.model.named_parameters() if n in sparse)
         return phase_floors(summary, world_size=self.engine.size, read_gbps=read_gbps,
                             link_gbps=self.cfg.net.get("emulate_gbps"), memory_passes=memory_passes,
-                            optim=registry.plain(self.cfg.optim), pattern=pattern(self.cfg.choices.comm))
+                            optim=registry.plain(self.cfg.optim), pattern=pattern(self.cfg.choices.comm),
+                            handed_over=handed)
 
 
 def environment(engine) -> dict[str, Any]:
