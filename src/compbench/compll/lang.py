@@ -64,6 +64,11 @@ class Expr:
         raise ValueError("a CompLL expression has no truth value: write where(cond, a, b), & and |, "
                          "not `if`, `and`, `or` or chained comparisons")
 
+    def children(self) -> tuple[Expr, ...]:
+        """The element-wise operands of this node (a leaf has none; a reduction's own expression is
+        another pass, not an operand)."""
+        return ()
+
 
 @dataclass(frozen=True, eq=False)
 class Const(Expr):
@@ -146,6 +151,9 @@ class Let(Expr):
     def kind(self) -> str:  # type: ignore[override]
         return self.e.kind
 
+    def children(self) -> tuple[Expr, ...]:
+        return (self.e,)
+
 
 _ARITH = {"+", "-", "*", "/"}
 _CMP = {"<", "<=", ">", ">=", "=="}
@@ -172,6 +180,9 @@ class Bin(Expr):
             raise ValueError(f"CompLL: {self.op} of a condition; use to_int(cond) or where(cond, a, b)")
         return FLOAT if FLOAT in (self.a.kind, self.b.kind) or self.op == "/" else INT
 
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a, self.b,)
+
 
 @dataclass(frozen=True, eq=False)
 class Un(Expr):
@@ -190,6 +201,9 @@ class Un(Expr):
             return FLOAT
         return self.a.kind
 
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a,)
+
 
 @dataclass(frozen=True, eq=False)
 class Where(Expr):
@@ -203,6 +217,9 @@ class Where(Expr):
             raise ValueError("CompLL: where(cond, a, b) needs a comparison as cond")
         return FLOAT if FLOAT in (self.a.kind, self.b.kind) else self.a.kind
 
+    def children(self) -> tuple[Expr, ...]:
+        return (self.cond, self.a, self.b,)
+
 
 @dataclass(frozen=True, eq=False)
 class MinMax(Expr):
@@ -214,6 +231,9 @@ class MinMax(Expr):
     @property
     def kind(self) -> str:  # type: ignore[override]
         return FLOAT if FLOAT in (self.a.kind, self.b.kind) else INT
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a, self.b)
 
 
 def lift(v: Any) -> Expr:
@@ -400,10 +420,8 @@ class Spec:
 def walk(e: Expr):
     """The nodes of e, depth first (a reduction's own expression is not entered)."""
     yield e
-    for name in ("a", "b", "cond", "e"):
-        child = getattr(e, name, None)
-        if isinstance(child, Expr):
-            yield from walk(child)
+    for child in e.children():
+        yield from walk(child)
 
 
 def check(spec: Spec, e: Expr, *, element: bool, decode: bool) -> None:
@@ -433,10 +451,8 @@ def lets(*roots: Expr) -> list[Let]:
     order: list[Let] = []
 
     def visit(e: Expr) -> None:
-        for name in ("a", "b", "cond", "e"):
-            child = getattr(e, name, None)
-            if isinstance(child, Expr):
-                visit(child)
+        for child in e.children():
+            visit(child)
         if isinstance(e, Let) and all(e is not o for o in order):
             if any(e.name == o.name for o in order):
                 raise ValueError(f"CompLL: two different values are named {e.name!r}")
