@@ -12,7 +12,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <tuple>
 
 #if defined(__AVX2__)
@@ -89,6 +91,19 @@ inline float abs_max(const float* p, int64_t m) {
     hi = a > hi ? a : hi;
   }
   return hi;
+}
+
+// DRAGONN's slot tables: each scanned range fills its own (`mine`, -1 where empty), then they are
+// merged into `table` by max under `lock`, so the result is the same at any number of threads.
+inline void merge_by_max(at::Tensor& table, const at::Tensor& mine, std::mutex& lock) {
+  const std::lock_guard<std::mutex> guard(lock);
+  if (!table.defined()) {
+    table = mine;
+    return;
+  }
+  int64_t* out = table.data_ptr<int64_t>();
+  const int64_t* t = mine.data_ptr<int64_t>();
+  for (int64_t j = 0; j < table.numel(); ++j) out[j] = std::max(out[j], t[j]);
 }
 
 // The kernels' declarations and registrations are generated from src/compbench/kernels/table.py.

@@ -160,13 +160,7 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
         }
       }
     });
-    const std::lock_guard<std::mutex> guard(lock);
-    if (!table.defined()) {
-      table = mine;
-    } else {
-      int64_t* out = table.data_ptr<int64_t>();
-      for (int64_t j = 0; j < slots; ++j) out[j] = std::max(out[j], t[j]);
-    }
+    merge_by_max(table, mine, lock);
   });
   return table.defined() ? table : at::full({slots}, -1, g.options().dtype(at::kLong));
 }

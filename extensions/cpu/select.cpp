@@ -60,13 +60,7 @@ at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, 
         if (std::fabs(p[i]) >= thr) pass(i);
       }
     }
-    const std::lock_guard<std::mutex> guard(lock);
-    if (!table.defined()) {
-      table = mine;
-    } else {
-      int64_t* out = table.data_ptr<int64_t>();
-      for (int64_t j = 0; j < slots; ++j) out[j] = std::max(out[j], t[j]);
-    }
+    merge_by_max(table, mine, lock);
   });
   return table.defined() ? table : at::full({slots}, -1, x.options().dtype(at::kLong));  // n == 0
 }
