@@ -23,19 +23,21 @@ __device__ __forceinline__ long long cb_lower_bound(const long long* idx, long l
     return lo;
 }
 
+// Element i of the gradient: grad[i] (dense), else its value in the sparse update (0 where absent).
+__device__ __forceinline__ float cb_grad_at(int dense, const float* grad, const long long* idx,
+                                            const float* vals, long long k, long long i) {
+    if (dense) return grad[i];
+    long long j = cb_lower_bound(idx, k, i);
+    return (j < k && idx[j] == i) ? vals[j] : 0.0f;
+}
+
 extern "C" __global__ void sgd_step(float* __restrict__ p, float* __restrict__ buf,
                                     const float* __restrict__ grad, const long long* __restrict__ idx,
                                     const float* __restrict__ vals, long long k, long long n, int dense,
                                     float neg_lr, float wd, float m, int nesterov, int first, int dgc,
                                     int with_buf, long long tail_from) {
     CB_FOR_EACH(i, n) {
-        float g;
-        if (dense) {
-            g = grad[i];
-        } else {
-            long long j = cb_lower_bound(idx, k, i);
-            g = (j < k && idx[j] == i) ? vals[j] : 0.0f;
-        }
+        float g = cb_grad_at(dense, grad, idx, vals, k, i);
         if (dgc) {
             if (wd != 0.0f) {
                 float d = __fmul_rn(p[i], wd);
@@ -74,13 +76,7 @@ extern "C" __global__ void adam_step(float* __restrict__ p, float* __restrict__ 
                                      float bc2_sqrt, float eps, int with_decay, int decoupled, int small,
                                      long long tail_from) {
     CB_FOR_EACH(i, n) {
-        float g;
-        if (dense) {
-            g = grad[i];
-        } else {
-            long long j = cb_lower_bound(idx, k, i);
-            g = (j < k && idx[j] == i) ? vals[j] : 0.0f;
-        }
+        float g = cb_grad_at(dense, grad, idx, vals, k, i);
         float pv = p[i];
         if (with_decay) {
             if (decoupled) {
