@@ -109,6 +109,48 @@ def test_nonfinite_gradient_raise_names_the_tensor(tmp_path):
     assert "skipped step 0: non-finite gradient" in skip.stdout
 
 
+POISON_MODEL = '''
+"""An MLP whose rank-1 copy turns its output into NaN from step 0."""
+import os
+
+import torch
+
+from compbench.models.mlp import mlp
+
+
+class PoisonOnRankOne(torch.nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.net = mlp(**kw)
+        self.poison = os.environ.get("HOROVOD_RANK", os.environ.get("RANK")) == "1"
+
+    def forward(self, x):
+        out = self.net(x)
+        return out * float("nan") if self.poison else out
+'''
+
+
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_nonfinite_gradient_on_one_rank_stops_the_job_with_its_line(tmp_path, engine):
+    """on_nonfinite=raise has no collective of its own: rank 1 raises, rank 0 (blocked in the step's
+    exchange or the next) ends as a consequence, and the job reports rank 1's line."""
+    conf = tmp_path / "plugin"
+    (conf / "conf" / "model").mkdir(parents=True)
+    (conf / "poison_model.py").write_text(POISON_MODEL)
+    (conf / "conf" / "model" / "poison.yaml").write_text(
+        "_target_: poison_model.PoisonOnRankOne\nnum_classes: ${dataset.num_classes}\n"
+        "image_size: ${dataset.image_size}\nin_chans: 3\nhidden: [32]\npretrained: null\n")
+    env = {"COMPBENCH_CONF_PATH": str(conf / "conf"),
+           "PYTHONPATH": os.pathsep.join([str(conf), os.environ.get("PYTHONPATH", "")])}
+    started = time.monotonic()
+    proc = compbench("train", *TINY, "model=poison", f"engine={engine}", "engine.np=2", "compressor=topk", "memory=residual",
+                     "comm=allgather", "epochs=1", "eval=false", f"output_dir={tmp_path / 'run'}", env=env)
+    assert proc.returncode != 0 and time.monotonic() - started < 120
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: non-finite gradient at step 0 (rank 1: net."), proc.stderr[-2000:]
+    assert "on_nonfinite=skip" in last and "Traceback" not in proc.stderr
+
+
 def _wait_for_workers(proc: subprocess.Popen, n: int = 2) -> list[psutil.Process]:
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
