@@ -9,10 +9,12 @@ batch 32 per worker; every row is a real `compbench train` run (same trainer, da
 its step time the median from results.json (first steps skipped). Shaped rows run the workers in a
 network namespace whose loopback carries 2 x `--gbps` Gbit/s (net.emulate_gbps, needs root).
 Rows: compbench none (torch and horovod engines), dragonn and dgc at ratio 1e-3 over allgather
-(each with its usual memory), DDP fp32 and PowerSGD rank 1 (comm=ddp), Horovod's
-DistributedOptimizer with and without fp16 (comm=horovod_optimizer), and, outside compbench, a
-plain DDP and a plain Horovod training script (same model, optimizer, batch, synthetic data and
-flush_denormal, started by compbench's launcher): the harness's own cost. A second table puts every
+(each with its usual memory) and dgc with memory=none (its encode alone), DDP fp32 and PowerSGD
+rank 1 (comm=ddp), Horovod's DistributedOptimizer with and without fp16 (comm=horovod_optimizer),
+and, outside compbench, a plain DDP and a plain Horovod training script (same model, optimizer,
+batch, synthetic data and flush_denormal, started by compbench's launcher): the harness's own cost;
+and the issue's compute-only step (one process, one thread: forward, backward, a plain SGD step),
+which dragonn's step is measured against. A second table puts every
 phase of the compbench rows next to its floor (compbench.floors: the memory passes it must make at
 this machine's read pass, the wire time at the shaped link). The tables, the targets of
 the issue checked, the machine's load before and after, and every run directory go to
@@ -42,6 +44,8 @@ ROWS = [
                                                      "comm=allgather", "memory=none"]),
     ("dgc", "compbench dgc 1e-3 allgather", ["engine=torch", "compressor=dgc", "ratio=1e-3", "comm=allgather",
                                              "memory=dgc"]),
+    ("dgc_encode", "compbench dgc 1e-3 allgather, memory=none",
+     ["engine=torch", "compressor=dgc", "ratio=1e-3", "comm=allgather", "memory=none"]),
     ("ddp_fp32", "DDP fp32", ["engine=torch", "comm=ddp", "comm.hook=allreduce"]),
     ("ddp_powersgd", "DDP PowerSGD rank 1", ["engine=torch", "comm=ddp", "comm.hook=powersgd",
                                              "comm.powersgd_rank=1"]),
@@ -52,8 +56,9 @@ ROWS = [
                                                        "comm.compression=fp16"]),
     ("plain_ddp", "plain DDP fp32 script (no compbench)", []),
     ("plain_hvd", "plain Horovod DO script (no compbench)", []),
+    ("compute", "compute only (one process, plain SGD)", []),
 ]
-PLAIN = {"plain_ddp": "torch", "plain_hvd": "horovod"}
+PLAIN = {"plain_ddp": "torch", "plain_hvd": "horovod", "compute": "compute"}
 
 
 def plain_worker(kind: str, out: Path, steps: int) -> None:
@@ -69,7 +74,10 @@ def plain_worker(kind: str, out: Path, steps: int) -> None:
     model = mlp(num_classes=10, image_size=32, in_chans=4, hidden=[4096])
     # the optimizer of conf/optim/sgd.yaml (fused): the rows then differ only by the harness
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=True)
-    if kind == "torch":
+    rank = 0
+    if kind == "compute":  # the issue's compute-only step: forward, backward, a plain SGD step
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    elif kind == "torch":
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=os.environ["COMPBENCH_INIT_METHOD"],
@@ -99,13 +107,14 @@ def plain_worker(kind: str, out: Path, steps: int) -> None:
     if rank == 0:
         skip = min(5, len(times) - 1)  # as compbench's summary: first steps include warm-up costs
         out.mkdir(parents=True, exist_ok=True)
+        sent = 0 if kind == "compute" else 4 * sum(p.numel() for p in model.parameters())
         (out / "results.json").write_text(json.dumps({"summary": {
             "status": "completed", "steps": steps, "step_ms": statistics.median(times[skip:]),
-            "bytes_sent_per_step": 4 * sum(p.numel() for p in model.parameters())}}))
+            "bytes_sent_per_step": sent}}))
     if kind == "torch":
         dist.barrier()
         dist.destroy_process_group()
-    else:
+    elif kind == "horovod":
         hvd.shutdown()
 
 
@@ -114,8 +123,11 @@ def run_plain(key: str, out: Path, steps: int, gbps: float | None) -> dict:
     from compbench.netem import shaped
 
     argv = [sys.executable, __file__, "--plain-worker", PLAIN[key], "--out", str(out), "--steps", str(steps)]
-    with shaped(gbps, 2) as ns:
-        code, message = run_processes(argv, PLAIN[key], 2, netns=ns)
+    if PLAIN[key] == "compute":  # one process with one worker's thread, no link
+        code, message = run_processes(argv, "torch", 1, threads=1)
+    else:
+        with shaped(gbps, 2) as ns:
+            code, message = run_processes(argv, PLAIN[key], 2, netns=ns)
     if code:
         return {"status": "failed", "error": message}
     return json.loads((out / "results.json").read_text())["summary"]
@@ -150,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="run the matrix this many times (interleaved)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_e2e") / time.strftime("%Y-%m-%d-%H%M%S"))
-    ap.add_argument("--plain-worker", choices=["torch", "horovod"], help=argparse.SUPPRESS)
+    ap.add_argument("--plain-worker", choices=["torch", "horovod", "compute"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.plain_worker:
         plain_worker(args.plain_worker, args.out, args.steps)
@@ -229,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
                              + (f" ({row['x_floor']:.1f}x)" if row["x_floor"] is not None else ""))
             floor_lines.append(f"| {label}, {link} | " + " | ".join(cells) + " |")
 
+    def phase_ms(link: str, key: str, phase: str) -> float | None:
+        """The phase's median over the repeats (from each run's floors table)."""
+        got = [f["phases"][phase]["ms"] for rep in range(args.repeat)
+               if (f := (summaries.get(f"{link}-{key}-{rep}") or {}).get("floors"))]
+        return statistics.median(got) if got else None
+
     checks = []
 
     def target(text: str, ok: bool | None) -> None:
@@ -241,6 +259,29 @@ def main(argv: list[str] | None = None) -> int:
             ok = None if row is None or row["floor_ms"] is None else row["ms"] <= row["floor_ms"] + 2.0
             target(f"shaped: {key} exposed comm <= wire time + 2 ms: "
                    f"{fmt(row and row['ms'])} vs {fmt(row and row['floor_ms'])} ms", ok)
+        r = ratio("shaped", "dgc", "dragonn")  # dgc's time / dragonn's
+        target(f"shaped: dgc's step <= 1.25x dragonn's: {fmt(r, '.2f')}x", None if r is None else r <= 1.25)
+        dgc_opt = phase_ms("shaped", "dgc", "optimizer")
+        none_opt = phase_ms("shaped", "none_torch", "optimizer")
+        r = dgc_opt / none_opt if dgc_opt and none_opt else None
+        target(f"shaped: memory=dgc's optimizer phase <= 1.2x compressor=none's: {fmt(r, '.2f')}x",
+               None if r is None else r <= 1.2)
+        with_memory = phase_ms("shaped", "dgc", "compress")
+        alone = phase_ms("shaped", "dgc_encode", "compress")
+        r = with_memory / alone if with_memory and alone else None
+        target(f"shaped: dgc's compress with memory=dgc <= 1.3x without: {fmt(r, '.2f')}x",
+               None if r is None else r <= 1.3)
+        compute = med.get(("unshaped", "compute")) or med.get(("shaped", "compute"))
+        r = med[("shaped", "dragonn")] / compute if compute and ("shaped", "dragonn") in med else None
+        target(f"shaped: dragonn's step <= 1.4x the compute-only step (aim 1.25): {fmt(r, '.2f')}x",
+               None if r is None else r <= 1.4)
+        for key in ("dragonn", "dgc"):
+            floors = (summaries.get(f"shaped-{key}-0") or {}).get("floors")
+            over = [f"{p} {row['x_floor']:.1f}x" for p, row in (floors or {}).get("phases", {}).items()
+                    if row["x_floor"] is not None and row["x_floor"] > 1.5]
+            said = ", ".join(over) + " over" if over else "all within"
+            target(f"shaped: every {key} phase within 1.5x of its floor: {said}",
+                   None if floors is None else not over)
         bounds = (("ddp_topk", "the DDP top-k hook", 1.3), ("ddp_powersgd", "DDP PowerSGD rank 1", 1.4),
                   ("ddp_fp32", "DDP fp32", 7.0))
         for base, name, bound in bounds:
@@ -252,9 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                  ("none_torch", "plain_ddp", "a plain DDP script"),
                  ("none_horovod", "plain_hvd", "a plain Horovod script"))
         for key, base, name in pairs:
-            rel = ratio("unshaped", key, base)  # compbench's time / the baseline's
+            r = ratio("unshaped", key, base)  # compbench's time / the baseline's
             target(f"unshaped: compbench none ({key.split('_')[1]}) within 1.05x of {name}: "
-                   f"{fmt(rel, '.3f')}x", None if rel is None else rel <= 1.05)
+                   f"{fmt(r, '.3f')}x", None if r is None else r <= 1.05)
 
     report = [
         f"# compbench end to end: 2 workers, MLP 4096x4096+4096x10, batch 32/worker, {args.steps} steps, "
