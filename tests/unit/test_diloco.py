@@ -5,6 +5,7 @@ and its refusals. Ranks are threads of this process (tests/threaded_engine.py)."
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -21,9 +22,14 @@ H, ROUNDS, WORLD = 3, 3, 2
 INNER = {"name": "adamw", "lr": 0.01, "betas": [0.9, 0.999], "weight_decay": 0.05}
 
 
+_GLOBAL_RNG = threading.Lock()
+
+
 def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    # The ranks are threads: seeding and drawing from torch's global generator must not interleave.
+    with _GLOBAL_RNG:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
 
 
 def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
