@@ -112,9 +112,21 @@ void check_state(const at::Tensor& a, const at::Tensor& b, const at::Tensor& g, 
 // selects from the compensated tensor in the same pass: slots == 0 returns the fp32 maxima of
 // abs over each whole block of 64 (NaN ignored; select.cpp's block_absmax of the result), slots > 0
 // DRAGONN's int64 table (select.cpp's dragonn_select of the result with threshold and seed).
+// With slots == 0 the pass also writes a strided sample of the result (DGC's threshold samples,
+// otherwise a second, strided read of it): samples[t] = result[sample_start + t * sample_stride]
+// for t < samples.numel().
 at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, int64_t kind, double c0,
-                             double c1, double scale, double threshold, int64_t slots, int64_t seed) {
+                             double c1, double scale, double threshold, int64_t slots, int64_t seed,
+                             at::Tensor& samples, int64_t sample_start, int64_t sample_stride) {
   check_state(a, b, g, kind);
+  const int64_t count = samples.numel();
+  TORCH_CHECK(count == 0 || slots == 0, "compensate_select: samples are written with slots == 0 only");
+  if (count > 0) {
+    check_flat_f32(samples, "compensate_select");
+    TORCH_CHECK(sample_start >= 0 && sample_stride > 0 && sample_start + (count - 1) * sample_stride < g.numel(),
+                "compensate_select: the strided sample leaves the tensor");
+  }
+  float* sp = count > 0 ? samples.data_ptr<float>() : nullptr;
   const Params q = make(kind, c0, c1, scale);
   float* pa = a.data_ptr<float>();
   float* pb = kind == 0 ? nullptr : b.data_ptr<float>();
@@ -130,6 +142,12 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
           float vals[kBlock];
           compensate_range<decltype(k)::value, decltype(extra)::value, true>(q, pa, pb, pg, lo, hi, vals);
           if (blk < whole) o[blk] = abs_max(vals, hi - lo);
+          if (sp == nullptr || hi <= sample_start) continue;
+          // the first sample at or after lo, then every sample_stride-th up to hi
+          int64_t t = lo <= sample_start ? 0 : (lo - sample_start + sample_stride - 1) / sample_stride;
+          for (int64_t i = sample_start + t * sample_stride; i < hi && t < count; i += sample_stride, ++t) {
+            sp[t] = vals[i - lo];
+          }
         }
       });
     });

@@ -138,4 +138,59 @@ at::Tensor block_absmax(const at::Tensor& x) {
   return out;
 }
 
+// int64, ascending: the flat indices i with abs(x_i) >= threshold, reading only the blocks of 64 whose
+// `block_max` (block_absmax of x) is not below the threshold (NaN maxima are read too) and the tail
+// of n % 64 elements. sparse.AbsIndex.indices_ge's query; twin: its numpy path (the blocks taken,
+// compared, flatnonzero). Fixed ranges of blocks keep their own lists, joined in order: the same
+// result at any number of threads.
+at::Tensor blocks_abs_ge(const at::Tensor& x, const at::Tensor& block_max, double threshold) {
+  check_flat_f32(x, "blocks_abs_ge");
+  check_flat_f32(block_max, "blocks_abs_ge");
+  const int64_t n = x.numel(), blocks = n / kBlock;
+  TORCH_CHECK(block_max.numel() == blocks, "blocks_abs_ge: block_max must have numel / 64 entries");
+  const float* p = x.data_ptr<float>();
+  const float* bm = block_max.data_ptr<float>();
+  const float t = static_cast<float>(threshold);
+  constexpr int64_t kRange = 16384;  // blocks per list
+  const int64_t ranges = blocks / kRange + 1;  // the last one also takes the tail
+  std::vector<std::vector<int64_t>> found(static_cast<size_t>(ranges));
+  at::parallel_for(0, ranges, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<int64_t> hit;  // the range's blocks to re-read
+    for (int64_t r = r0; r < r1; ++r) {
+      auto& f = found[static_cast<size_t>(r)];
+      hit.clear();
+      const int64_t b1 = std::min(blocks, (r + 1) * kRange);
+      for (int64_t b = r * kRange; b < b1; ++b) {
+        if (!(bm[b] < t)) hit.push_back(b);  // a NaN maximum is re-read
+      }
+      // The blocks lie at random places: their loads are misses, so the next ones are prefetched
+      // while this one is compared (a 64-bit mask, then its set bits in order).
+      constexpr size_t kAhead = 8;
+      const size_t h = hit.size();
+      for (size_t j = 0; j < h; ++j) {
+        if (j + kAhead < h) {
+          const float* next = p + hit[j + kAhead] * kBlock;
+          for (int64_t line = 0; line < kBlock; line += 16) __builtin_prefetch(next + line);
+        }
+        const int64_t base = hit[j] * kBlock;
+        const float* q = p + base;
+        uint64_t mask = 0;
+        for (int64_t i = 0; i < kBlock; ++i) mask |= static_cast<uint64_t>(std::fabs(q[i]) >= t) << i;
+        for (; mask; mask &= mask - 1) f.push_back(base + __builtin_ctzll(mask));
+      }
+      if (r == ranges - 1) {
+        for (int64_t i = blocks * kBlock; i < n; ++i) {
+          if (std::fabs(p[i]) >= t) f.push_back(i);
+        }
+      }
+    }
+  });
+  int64_t total = 0;
+  for (const auto& f : found) total += static_cast<int64_t>(f.size());
+  at::Tensor out = at::empty({total}, x.options().dtype(at::kLong));
+  int64_t* o = out.data_ptr<int64_t>();
+  for (const auto& f : found) o = std::copy(f.begin(), f.end(), o);
+  return out;
+}
+
 }  // namespace compbench_cpu

@@ -104,9 +104,13 @@ def test_compensate_select_summary_and_table_match_the_kernels_on_the_result(kin
     at = torch.arange(0, n, 3)
     peek = cpu.compensate_at(a, b_in, g, at, kind, c0, c1, scale)
     a2, b2 = a.clone(), b_in.clone()
-    summary = cpu.compensate_select(a, b_in, g, kind, c0, c1, scale)
+    start, stride = n // 3, max(1, n // 17)
+    samples = torch.empty(len(range(start, n, stride)))
+    summary = cpu.compensate_select(a, b_in, g, kind, c0, c1, scale, samples=samples, sample_start=start,
+                                    sample_stride=stride)
     result = a if kind == cpu.RESIDUAL else b_in
     assert torch.equal(peek.view(torch.int32), result[at].view(torch.int32))  # NaN bits too
     assert torch.equal(summary, cpu.block_absmax(result))
+    assert torch.equal(samples.view(torch.int32), result[start::stride].view(torch.int32))
     table = cpu.compensate_select(a2, b2, g, kind, c0, c1, scale, 1.0, 97, 4242)
     assert torch.equal(table, cpu.dragonn_select(result, 1.0, 97, 4242))

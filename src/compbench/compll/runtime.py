@@ -10,6 +10,7 @@ files: `compll.generated`, re-exported here).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -192,26 +193,60 @@ def select_decode(sel: lang.Select, values: Tensor, indices: Tensor, ctx: Ctx,
     return buf.to(ctx.dtype).view(ctx.shape)
 
 
-class _Compaction:
-    """A selection's kernels with the filter replaced by a compaction a fused pass prepared."""
+@dataclass(frozen=True)
+class StridedSample:
+    """A selection's strided sample, gathered by a fused pass that already ran: keys[t] is the
+    value at start + t * stride (`strided_sample` tells where before the pass)."""
 
-    def __init__(self, kernels: object, compaction: Callable[[Tensor], Tensor]) -> None:
-        self.threshold = kernels.threshold  # type: ignore[attr-defined]
-        self.compaction = compaction
+    start: int
+    stride: int
+    values: Tensor
+
+
+def strided_sample(sel: lang.Select, n: int, m: int, gen: torch.Generator) -> tuple[int, int, int] | None:
+    """(start, stride, count) of the strided sample `select_indices` will draw from `gen` for a
+    tensor of n elements and m samples, without drawing from `gen` (a copy of its state does); None
+    when the selection's sample is not strided or is the whole tensor."""
+    if sel.sample != "strided":
+        return None
+    peek = torch.Generator(device=gen.device)
+    peek.set_state(gen.get_state())
+    _, start, stride, count = gen_torch.module(sel).draw(n, m, peek, gen.device)
+    return (start, stride, count) if stride > 1 else None
+
+
+class _Compaction:
+    """A selection's kernels with the filter replaced by a compaction a fused pass prepared, and the
+    threshold taken from the strided sample it gathered (when it did)."""
+
+    def __init__(self, kernels: object, compaction: Callable[[Tensor], Tensor],
+                 sample: StridedSample | None) -> None:
+        self._threshold = kernels.threshold  # type: ignore[attr-defined]
+        self.compaction, self.sample = compaction, sample
+
+    def threshold(self, x: Tensor, sample: Tensor | None, start: int, stride: int, count: int, j: int,
+                  params: dict) -> Tensor:
+        got = self.sample
+        if got is None:
+            return self._threshold(x, sample, start, stride, count, j, params)
+        assert sample is None and (start, stride, count) == (got.start, got.stride, got.values.numel()), \
+            "the fused pass gathered another sample than the selection drew"
+        return self._threshold(got.values, None, 0, 1, count, j, params)
 
     def filter(self, x: Tensor, inputs: Tensor, params: dict) -> Tensor:
         return self.compaction(inputs)
 
 
 def select_indices(sel: lang.Select, flat: Tensor, ratio: float, m: int, limit: int, gen: torch.Generator,
-                   params: dict | None = None,
-                   compaction: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+                   params: dict | None = None, compaction: Callable[[Tensor], Tensor] | None = None,
+                   sample: StridedSample | None = None) -> Tensor:
     """A selection's int64 indices of flat fp32 `flat` (the generated glue `select` of `sel`): m
     samples drawn with `gen`, the threshold of ratio, at most `limit`. The generated C++ operators on
     CPU (when built), the generated RawKernel on CUDA (with CuPy), else the generated torch code.
     `compaction`: threshold -> the indices of `sel.keep` in index order, from a pass that already
     ran (memory=dgc's fused compensation and block maxima: `sparse.AbsIndex`), instead of the
-    generated filter's own read."""
+    generated filter's own read; `sample`: the strided sample that pass gathered, instead of the
+    threshold's own strided read."""
     from compbench.kernels import cpu_kernels_enabled, cuda_kernels_enabled
 
     mod = gen_torch.module(sel)
@@ -225,7 +260,7 @@ def select_indices(sel: lang.Select, flat: Tensor, ratio: float, m: int, limit: 
     elif cuda_kernels_enabled(flat):
         kernels = CudaSelect(sel)
     if compaction is not None:
-        kernels = _Compaction(kernels, compaction)
+        kernels = _Compaction(kernels, compaction, sample)
     return mod.select(flat, ratio, m, limit, gen, params or {}, kernels, dtype)
 
 

@@ -44,17 +44,25 @@ def _select(
 
     With a memory's `deferred` compensation (then `values` is None) the memory's pass computes the
     block maxima of what it compensates (`memory.base.Deferred`), so the filter is `AbsIndex` on
-    that summary instead of the generated compaction's own read (the same indices), and the indices
-    index `deferred.result`."""
-    compaction = None
-    if deferred is not None:  # the memory's pass is the summary pass; sampled from its result
+    that summary instead of the generated compaction's own read (the same indices), and it gathers
+    the threshold's strided sample on its way (the same values); the indices index
+    `deferred.result`."""
+    sel = runtime.select("dgc")
+    n = values.numel() if values is not None else deferred.numel  # type: ignore[union-attr]
+    _, wanted = sample_layout(n, ratio, sample_ratio)
+    if deferred is None:
+        assert values is not None
+        return runtime.select_indices(sel, values, ratio, wanted, k, gen)
+    where = runtime.strided_sample(sel, n, wanted, gen)
+    sample = None
+    if where is None:
         y, summary = deferred.summary()
-        values = y
-        index = AbsIndex(y.detach().reshape(-1), ws, density=ratio, summary=summary)
-        compaction = index.indices_ge
-    assert values is not None
-    _, wanted = sample_layout(values.numel(), ratio, sample_ratio)
-    return runtime.select_indices(runtime.select("dgc"), values, ratio, wanted, k, gen, compaction=compaction)
+    else:
+        start, stride, count = where
+        sample = runtime.StridedSample(start, stride, torch.empty(count))
+        y, summary = deferred.summary(sample.values, start, stride)
+    index = AbsIndex(y.detach().reshape(-1), ws, density=ratio, summary=summary)
+    return runtime.select_indices(sel, y, ratio, wanted, k, gen, compaction=index.indices_ge, sample=sample)
 
 
 class DGC(SparseCompressor):

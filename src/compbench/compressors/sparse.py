@@ -163,7 +163,8 @@ class AbsIndex:
             rows = self.flat[: nb * _BLOCK].view(nb, _BLOCK)
             self._rows = rows.numpy()
             self._tail = self.flat[nb * _BLOCK :].numpy()
-            self._bmax = summary.numpy() if summary is not None else self._block_maxima(rows)
+            self._summary = summary if summary is not None else torch.from_numpy(self._block_maxima(rows))
+            self._bmax = self._summary.numpy()
 
     def _block_maxima(self, rows: Tensor) -> np.ndarray:
         if cpu_kernels_enabled(self.flat):  # one read pass; NaN-free maxima select the same blocks
@@ -178,6 +179,8 @@ class AbsIndex:
         """Flat indices (int64, ascending on CPU) of the elements with abs(x) >= threshold."""
         if self._blocks:
             t = _as_float32(threshold)
+            if cpu_kernels_enabled(self.flat):  # the same query, compiled: no scratch copies of blocks
+                return cpu.blocks_abs_ge(self.flat, self._summary, float(t))
             blk = np.flatnonzero(~(self._bmax < t))  # NaN summaries are re-read
             if 4 * blk.size > self._bmax.size:
                 # Far denser than announced (ties, a flat tensor): one plain pass is cheaper.

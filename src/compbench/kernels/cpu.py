@@ -127,6 +127,12 @@ def block_absmax(flat: Tensor) -> Tensor:
     return torch.ops.compbench_cpu.block_absmax(flat)
 
 
+def blocks_abs_ge(flat: Tensor, block_max: Tensor, threshold: float) -> Tensor:
+    """int64, ascending: the indices with abs(flat) >= threshold, reading only the blocks of 64 whose
+    `block_max` (`block_absmax` of flat) reaches it (and the tail). Twin: AbsIndex's numpy query."""
+    return torch.ops.compbench_cpu.blocks_abs_ge(flat, block_max, threshold)
+
+
 def pack_signs(flat: Tensor) -> tuple[Tensor, Tensor]:
     """(packed bits of flat < 0, sum of abs as a 1-element fp32 tensor). Twin: `packing.pack_signs`."""
     return torch.ops.compbench_cpu.pack_signs(flat)
@@ -180,16 +186,21 @@ def qsgd_dequantize(codes: Tensor, norms: Tensor, levels: int, bucket_size: int,
 
 # Kinds of compensate_select / compensate_at (extensions/cpu/memory.cpp).
 RESIDUAL, DGC, DGC_NESTEROV = 0, 1, 2
+NO_SAMPLES = torch.empty(0)  # compensate_select without a strided sample
 
 
 def compensate_select(a: Tensor, b: Tensor, g: Tensor, kind: int, c0: float, c1: float, scale: float,
-                      threshold: float = 0.0, slots: int = 0, seed: int = 0) -> Tensor:
+                      threshold: float = 0.0, slots: int = 0, seed: int = 0, samples: Tensor | None = None,
+                      sample_start: int = 0, sample_stride: int = 1) -> Tensor:
     """The memory's state (`a` residual or momentum, `b` velocity; unused for RESIDUAL) updated in
-    place with `g`, and in the same pass: slots == 0, `block_absmax` of the compensated tensor;
-    slots > 0, `dragonn_select` of it. Twin: memory/residual.py and memory/dgc.py's `compensate`,
-    then those kernels on the result."""
+    place with `g`, and in the same pass: slots == 0, `block_absmax` of the compensated tensor (and,
+    given fp32 `samples` of m elements, result[sample_start + t * sample_stride] for t < m written
+    into them); slots > 0, `dragonn_select` of it. Twin: memory/residual.py and memory/dgc.py's
+    `compensate`, then those kernels (and the strided slice) on the result."""
+    gathered = NO_SAMPLES if samples is None else samples
     return torch.ops.compbench_cpu.compensate_select(a, b, g, kind, c0, c1, scale, threshold, slots,
-                                                     seed & 0xFFFFFFFF)
+                                                     seed & 0xFFFFFFFF, gathered, sample_start, sample_stride)
+
 
 
 def compensate_at(a: Tensor, b: Tensor, g: Tensor, indices: Tensor, kind: int, c0: float, c1: float,

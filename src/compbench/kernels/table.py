@@ -59,6 +59,8 @@ KERNELS: tuple[Kernel, ...] = (
            "dragonn.cu", "dragonn_select"),
     Kernel("block_absmax", "compressors.sparse.AbsIndex (amax of each 64-element block)",
            "(Tensor x) -> Tensor", "select.cpp"),
+    Kernel("blocks_abs_ge", "compressors.sparse.AbsIndex.indices_ge (numpy: the blocks taken, compared)",
+           "(Tensor x, Tensor block_max, float threshold) -> Tensor", "select.cpp"),
     Kernel("sampled_threshold", "compressors.dragonn.sampled_threshold (numpy sample of the stream)",
            "(Tensor x, int m, int j, int seed) -> Tensor", "select.cpp"),
     Kernel("compact_abs_ge", "torch.nonzero(x.abs() >= t)", cuda="compact.cu", launcher="compact_abs_ge"),
@@ -81,7 +83,8 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("compensate_select", "memory.dgc / memory.residual update, then the selection's torch path "
            "(comm.base.encode without fusion)",
            "(Tensor(a!) a, Tensor(b!) b, Tensor g, int kind, float c0, float c1, float scale, "
-           "float threshold, int slots, int seed) -> Tensor", "memory.cpp", "memory.cu", "compensate_select"),
+           "float threshold, int slots, int seed, Tensor(c!) samples, int sample_start, int sample_stride) "
+           "-> Tensor", "memory.cpp", "memory.cu", "compensate_select"),
     Kernel("compensate_at", "the memory's update read at the sampled indices (torch path)",
            "(Tensor a, Tensor b, Tensor g, Tensor indices, int kind, float c0, float c1, "
            "float scale) -> Tensor",

@@ -76,17 +76,21 @@ class Deferred:
         return cpu.compensate_at(self.a, self.b, self.g, indices.contiguous(), self.kind, self.c0, self.c1,
                                  self.scale)
 
-    def _run(self, threshold: float, slots: int, seed: int) -> tuple[Tensor, Tensor]:
+    def _run(self, threshold: float, slots: int, seed: int, samples: Tensor | None = None, start: int = 0,
+             stride: int = 1) -> tuple[Tensor, Tensor]:
         assert self.result is None, "a deferred compensation runs once"
         selected = cpu.compensate_select(self.a, self.b, self.g, self.kind, self.c0, self.c1, self.scale,
-                                         threshold, slots, seed)
+                                         threshold, slots, seed, samples, start, stride)
         self.result = self.out
         return self.out, selected
 
-    def summary(self) -> tuple[Tensor, Tensor]:
+    def summary(self, samples: Tensor | None = None, start: int = 0,
+                stride: int = 1) -> tuple[Tensor, Tensor]:
         """Run the pass: (compensated tensor, fp32 maxima of abs over each whole block of 64 elements,
-        `kernels.cpu.block_absmax` of it)."""
-        return self._run(0.0, 0, 0)
+        `kernels.cpu.block_absmax` of it). Given fp32 `samples` (m elements), the pass also writes
+        the compensated values at start + t * stride into them (DGC's strided threshold sample,
+        which would otherwise be a second, strided read of the result)."""
+        return self._run(0.0, 0, 0, samples, start, stride)
 
     def select(self, threshold: float, slots: int, seed: int) -> tuple[Tensor, Tensor]:
         """Run the pass: (compensated tensor, `kernels.cpu.dragonn_select` of it)."""
