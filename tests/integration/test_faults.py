@@ -143,8 +143,9 @@ def test_nonfinite_gradient_on_one_rank_stops_the_job_with_its_line(tmp_path, en
     env = {"COMPBENCH_CONF_PATH": str(conf / "conf"),
            "PYTHONPATH": os.pathsep.join([str(conf), os.environ.get("PYTHONPATH", "")])}
     started = time.monotonic()
-    proc = compbench("train", *TINY, "model=poison", f"engine={engine}", "engine.np=2", "compressor=topk", "memory=residual",
-                     "comm=allgather", "epochs=1", "eval=false", f"output_dir={tmp_path / 'run'}", env=env)
+    proc = compbench("train", *TINY, "model=poison", f"engine={engine}", "engine.np=2", "compressor=topk",
+                     "memory=residual", "comm=allgather", "epochs=1", "eval=false",
+                     f"output_dir={tmp_path / 'run'}", env=env)
     assert proc.returncode != 0 and time.monotonic() - started < 120
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: non-finite gradient at step 0 (rank 1: net."), proc.stderr[-2000:]

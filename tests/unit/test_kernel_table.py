@@ -15,11 +15,12 @@ from torch import Tensor
 from compbench.comm.base import encode
 from compbench.compll.generated import cpu_sources
 from compbench.compressors import packing
+from compbench.compressors.base import make_ctx
 from compbench.compressors.dgc import DGC
 from compbench.compressors.dragonn import DRAGONN, _select, sampled_threshold
 from compbench.compressors.qsgd import _dequantize
 from compbench.compressors.signum import _momentum_sign
-from compbench.compressors.sparse import AbsIndex, Workspace
+from compbench.compressors.sparse import AbsIndex, Workspace, sparse_average
 from compbench.compressors.terngrad import _scale
 from compbench.kernels import cpu, ops, twins
 from compbench.kernels.loader import source_dir
@@ -72,6 +73,20 @@ def _encode(compressor, memory) -> Callable[[Tensor], tuple[Tensor, ...]]:
     return run
 
 
+def _sparse_average(x: Tensor) -> tuple[Tensor, ...]:
+    """Two ranks' payloads of about n/3 indices each, overlapping (sums in payload order), on a flat
+    and, where n allows, a 3-D view of x."""
+    n = x.numel()
+    gen = torch.Generator().manual_seed(n)
+    picks = [torch.randperm(n, generator=gen)[: n // 3 + 1] for _ in range(2)]
+    payloads = [[x[idx], idx.int()] for idx in picks]
+    out = []
+    for shape in [(n,)] + [(n // d, *rest) for d, rest in ((8, (2, 4)), (9, (3, 3))) if n % d == 0]:
+        avg = sparse_average(payloads, make_ctx(x.view(shape), "w"))
+        out += [avg.indices(), avg.values()]
+    return tuple(out)
+
+
 def _dgc_sgd(x: Tensor) -> tuple[Tensor, ...]:
     p = torch.nn.Parameter(x.clone())
     opt = SGD([{"params": [p], "dgc": {"weight_decay": 1e-4, "momentum": 0.9, "nesterov": False}}],
@@ -108,6 +123,7 @@ DISPATCH: dict[str, tuple[Callable[[Tensor], tuple[Tensor, ...]], float]] = {
     "absmax_var": (lambda x: (_scale(x, 2.5),), 1e-6),
     "qsgd_quantize": (_qsgd, 1e-6),
     "decode_codes": (_decode, 0),
+    "sparse_average": (_sparse_average, 0),
     "compensate_select": (_encode(lambda: DGC(ratio=1e-3), lambda: DGCMemory(momentum=0.9)), 0),
     "compensate_at": (_encode(lambda: DRAGONN(ratio=1e-3), ResidualMemory), 0),
     "sgd_step": (_dgc_sgd, 0),

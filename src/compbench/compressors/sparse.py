@@ -319,6 +319,10 @@ def sparse_average(payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
     unique indices; duplicates summed in payload order, as the dense scatter-add does)."""
     acc = acc_dtype(ctx.dtype)
     values = torch.cat([p[0].to(acc) for p in payloads]).div_(len(payloads))
+    if cpu_kernels_enabled(values) and ctx.numel < 2**32:  # one sort by radix, sums and coordinates
+        coords, sums = cpu.sparse_average(torch.cat([p[1] for p in payloads]), values, tuple(ctx.shape))
+        return torch.sparse_coo_tensor(coords, sums.to(ctx.dtype), ctx.shape, is_coalesced=True,
+                                       check_invariants=False)
     indices = torch.cat([p[1] for p in payloads]).long()
     unique, inverse = torch.unique(indices, sorted=True, return_inverse=True)
     sums = torch.zeros(unique.numel(), dtype=acc, device=values.device).index_add_(0, inverse, values)

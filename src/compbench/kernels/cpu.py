@@ -133,6 +133,12 @@ def blocks_abs_ge(flat: Tensor, block_max: Tensor, threshold: float) -> Tensor:
     return torch.ops.compbench_cpu.blocks_abs_ge(flat, block_max, threshold)
 
 
+def sparse_average(indices: Tensor, values: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """(int64 coordinates [len(shape), u] of the distinct `indices` in ascending order, their fp32
+    sums of `values` in the order given). Twin: `sparse.sparse_average`'s torch path."""
+    return torch.ops.compbench_cpu.sparse_average(indices, values, list(shape))
+
+
 def pack_signs(flat: Tensor) -> tuple[Tensor, Tensor]:
     """(packed bits of flat < 0, sum of abs as a 1-element fp32 tensor). Twin: `packing.pack_signs`."""
     return torch.ops.compbench_cpu.pack_signs(flat)

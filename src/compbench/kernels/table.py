@@ -100,6 +100,9 @@ KERNELS: tuple[Kernel, ...] = (
            "(Tensor(a!) p, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor grad, Tensor indices, "
            "Tensor values, float lr, float beta1, float beta2, float eps, float weight_decay, float step, "
            "bool decoupled, int fma_tail) -> ()", "adam.cpp", "optim.cu", "adam_step"),
+    Kernel("sparse_average",
+           "compressors.sparse.sparse_average's torch path (unique, index_add_, unravel_index)",
+           "(Tensor indices, Tensor values, int[] shape) -> (Tensor, Tensor)", "decode.cpp"),
     Kernel("decode_codes", "compressors.packing.decode_bits / decode_2bit (torch paths)",
            "(Tensor packed, int numel, int bits, Tensor values, Tensor(a!) out) -> Tensor(a!)", "decode.cpp"),
     Kernel("qsgd_dequantize", "compressors.qsgd._dequantize (torch path)",
@@ -121,7 +124,8 @@ def _split(args: str) -> list[str]:
 
 def _cpp_type(t: str) -> str:
     types = {"Tensor": "const at::Tensor&", "Tensor(a!)": "at::Tensor&", "Tensor(b!)": "at::Tensor&",
-             "Tensor(c!)": "at::Tensor&", "float": "double", "int": "int64_t", "bool": "bool"}
+             "Tensor(c!)": "at::Tensor&", "float": "double", "int": "int64_t", "bool": "bool",
+             "int[]": "at::IntArrayRef"}
     if t not in types:
         raise ValueError(f"kernel table: schema type {t!r} has no C++ type here; add it to _cpp_type")
     return types[t]
