@@ -49,11 +49,17 @@ def optimizer_passes(optim: Mapping[str, Any]) -> int | None:
     return 3 + 2 * state
 
 
+READ_PASS_BYTES = (32 << 20, 256 << 20)  # the read pass's tensor: gradient-sized, within these bounds
+
+
 def measure_read_gbps(nbytes: int, device: torch.device | str = "cpu", repeats: int = 7) -> float:
-    """GB/s of one read pass (`x.sum()`) over an fp32 tensor of `nbytes` (at least 32 MiB, so that
-    caches do not flatter it), with this process's threads: the fastest of `repeats` after one
-    warm-up, since a floor is the best this machine does (a busy machine's median undersells it)."""
-    x = torch.ones(max(nbytes, 32 << 20) // 4, device=device)
+    """GB/s of one read pass (`x.sum()`) over an fp32 tensor of `nbytes`, with this process's
+    threads: the fastest of `repeats` after one warm-up, since a floor is the best this machine does
+    (a busy machine's median undersells it). The tensor is at least 32 MiB, so that caches do not
+    flatter it, and at most 256 MiB (past the caches the rate no longer depends on the size; ViT-B's
+    gradients would allocate 344 MB at the end of a run)."""
+    low, high = READ_PASS_BYTES
+    x = torch.ones(min(max(nbytes, low), high) // 4, device=device)
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     x.sum()
     times = []

@@ -306,7 +306,8 @@ def test_gen_prints_each_target_and_refuses_bad_input():
     assert "class Compressor(SpecCompressor)" in gen("natural").stdout
     assert "__global__ void terngrad_codes" in gen("terngrad", "--target", "cuda").stdout
     assert "state[i] = " in gen("tbq", "--target", "cuda").stdout
-    for args, message in [(("nope",), f"error: no CompLL spec 'nope'; choose one of: {', '.join(SPECS)}"),
+    every = ", ".join(sorted([*SPECS, *runtime.selects()]))  # code specs and selections alike
+    for args, message in [(("nope",), f"error: no CompLL spec 'nope'; choose one of: {every}"),
                           (("natural", "--target", "java"),
                            "error: --target java: choose one of torch, cpu, cuda, conf")]:
         res = gen(*args)

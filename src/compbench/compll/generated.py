@@ -65,7 +65,7 @@ def spec(name: str) -> lang.Spec:
     if name in selects():
         return selects()[name]  # type: ignore[return-value]
     if name not in found:
-        raise ValueError(f"no CompLL spec {name!r}; choose one of: {', '.join(found)}")
+        raise ValueError(f"no CompLL spec {name!r}; choose one of: {', '.join(sorted([*found, *selects()]))}")
     return found[name]
 
 
