@@ -3,7 +3,9 @@
 // murmur3(index, seed) % slots (atomicMax: the largest index wins, as dragonn.cu). kind 0: residual
 // r = fma(g, gamma, r*beta); kind 1: dgc u = u*m + g'; v += u; kind 2: dgc nesterov
 // u = (u + g')*m; v = (v + u) + g' (g' = g*scale when clipped). Twin: extensions/cpu/memory.cpp's
-// compensate_select (itself bit for bit memory/residual.py's and memory/dgc.py's `compensate`).
+// compensate_select (itself bit for bit memory/residual.py's and memory/dgc.py's `compensate`);
+// the CPU pass's block maxima and strided sample (DGC's) are not written here: on CUDA the
+// selection reads the compensated tensor itself.
 #include "common.cuh"
 
 __device__ __forceinline__ float cb_compensate(float* a, float* b, const float* g, long long i, int kind,
