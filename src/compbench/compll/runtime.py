@@ -195,8 +195,8 @@ def select_decode(sel: lang.Select, values: Tensor, indices: Tensor, ctx: Ctx,
 
 @dataclass(frozen=True)
 class StridedSample:
-    """A selection's strided sample, gathered by a fused pass that already ran: keys[t] is the
-    value at start + t * stride (`strided_sample` tells where before the pass)."""
+    """A selection's strided sample, gathered by a fused pass that already ran: values[t] is the
+    element at start + t * stride (`strided_sample` tells where before the pass)."""
 
     start: int
     stride: int

@@ -48,12 +48,12 @@ def _select(
     the threshold's strided sample on its way (the same values); the indices index
     `deferred.result`."""
     sel = runtime.select("dgc")
-    n = values.numel() if values is not None else deferred.numel  # type: ignore[union-attr]
-    _, wanted = sample_layout(n, ratio, sample_ratio)
     if deferred is None:
         assert values is not None
+        _, wanted = sample_layout(values.numel(), ratio, sample_ratio)
         return runtime.select_indices(sel, values, ratio, wanted, k, gen)
-    where = runtime.strided_sample(sel, n, wanted, gen)
+    _, wanted = sample_layout(deferred.numel, ratio, sample_ratio)
+    where = runtime.strided_sample(sel, deferred.numel, wanted, gen)
     sample = None
     if where is None:
         y, summary = deferred.summary()
