@@ -134,7 +134,7 @@ def test_resume_mid_round_is_exact(tmp_path):
     (["sync.nesterov=true", "sync.outer_momentum=0"], "sync.nesterov=true needs sync.outer_momentum > 0; "
                                                       "pass sync.nesterov=false"),
     (["+sync.outer_lrr=1"], "sync.outer_lrr is not a setting of sync=diloco; its settings are: inner_steps, "
-                            "outer_lr, outer_momentum, nesterov"),
+                            "outer_lr, outer_momentum, nesterov, fragments, overlap, mix"),
 ])
 def test_settings_that_do_not_fit_are_refused(overrides, message):
     with pytest.raises(ValueError) as e:

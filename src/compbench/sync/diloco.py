@@ -1,5 +1,6 @@
 """`sync=diloco`: DiLoCo's rounds (Douillard et al., 2023; reference PrimeIntellect-ai/diloco_simple
-`pure_torch_diloco.py`, meta-pytorch/torchft `torchft/local_sgd.py`).
+`pure_torch_diloco.py`, meta-pytorch/torchft `torchft/local_sgd.py`), and Streaming DiLoCo's
+fragments, overlap and mixing as its options (Douillard et al., 2025).
 
 Every worker starts a round from the global parameters θ and runs `inner_steps` (H) steps of the
 run's optimizer (`optim=`, e.g. AdamW; its state persists across rounds) without talking. Then the
@@ -9,6 +10,28 @@ gradient, the outer optimizer (SGD, Nesterov momentum; `outer_lr`, `outer_moment
 every worker continues from the new θ. Bytes per step = a round's bytes / H: the steps inside a
 round book 0 bytes sent (and the 4n dense bytes a per-step exchange would send, so the effective
 ratio compares with DDP) and every step counts in the run's per-step figures.
+
+Streaming DiLoCo (`fragments` P, `overlap` τ, `mix` α; the defaults 1, 0, 0.0 are DiLoCo exactly):
+- Fragments: the trainable tensors, in `model.named_parameters()` order, are dealt out strided,
+  tensor i to fragment i % P (the paper's strided pattern, at the granularity of whole tensors).
+- Schedule: H must be a multiple of P; with h = H/P and s the number of steps taken, fragment p
+  starts its exchange after step s whenever s = (p+1)·h + k·H (k = 0, 1, ...): one fragment every h
+  steps, fragment p offset by p·h, each once per H steps, the last one on DiLoCo's steps H, 2H, ...
+  (torchft's first `_StreamingDiLoCoFragment` schedule, offsets floor(H/P·(p+1))). Fragment 0's
+  first exchange thus comes after h steps, as in the reference.
+- Overlap: at its start the fragment's Δ is submitted (`pipeline.submit` per tensor) and only
+  collected τ inner steps later (τ < h, so at most one exchange is in flight and `pipeline.collect`
+  returns exactly it); the worker keeps stepping meanwhile. Then θ's fragment takes the outer step
+  and the worker's fragment merges: θ_local ← α·θ_local + (1−α)·θ_new, with θ_local the local
+  parameters at that moment (τ steps after Δ was taken; torchft's `_merge_parameters`, a lerp from
+  θ_new towards the local copy by `fragment_update_alpha`). α = 0 replaces, as DiLoCo does.
+- One Nesterov SGD holds every θ tensor; an outer step sets the gradients of the fragment's tensors
+  only, and torch's SGD skips parameters without a gradient, so the other fragments' momentum stays.
+- Bytes: the start step books what the fragment sends; every step books 4n dense bytes in all.
+- A checkpoint taken while an exchange is in flight collects it in `state_dict` and keeps the
+  average, applied at its scheduled step (saved with the state), so a resumed run is exact.
+- Round counting (`rounds`, the pipeline's step for `dense_steps` and the compressor) stays per H
+  steps: fragment p's k-th exchange is the pipeline's step k.
 
 Compositions, not new code paths:
 - DiLoCo: compressor=none comm=allreduce (the dense allreduce of the reference).
@@ -27,7 +50,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from compbench.engines.base import Engine
 from compbench.schedulers import Scheduler
@@ -38,8 +61,12 @@ from compbench.train.optim import build_optimizer
 from compbench.train.pipeline import GradientPipeline
 
 
+def _is_int(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int)
+
+
 def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                  nesterov: bool = True) -> None:
+                  nesterov: bool = True, fragments: int = 1, overlap: int = 0, mix: float = 0.0) -> None:
     """Config-time check of sync=diloco's settings."""
     if isinstance(inner_steps, bool) or not isinstance(inner_steps, int) or inner_steps < 1:
         raise ValueError(f"sync.inner_steps={inner_steps} must be an integer >= 1 (steps per round)")
@@ -53,10 +80,26 @@ def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: 
         raise ValueError(f"sync.outer_momentum={outer_momentum} must be < 1")
     if nesterov and float(outer_momentum) == 0.0:
         raise ValueError("sync.nesterov=true needs sync.outer_momentum > 0; pass sync.nesterov=false")
+    if not _is_int(fragments) or fragments < 1:
+        raise ValueError(f"sync.fragments={fragments} must be an integer >= 1 (1: the whole model at once)")
+    if not _is_int(overlap) or overlap < 0:
+        raise ValueError(f"sync.overlap={overlap} must be an integer >= 0 (inner steps an exchange overlaps)")
+    if isinstance(mix, bool) or not isinstance(mix, int | float) or not 0.0 <= mix < 1.0:
+        raise ValueError(f"sync.mix={mix} must be a number in [0, 1) (0: replace the local fragment)")
+    if inner_steps % fragments:
+        multiple = -(-inner_steps // fragments) * fragments
+        raise ValueError(f"sync.inner_steps={inner_steps} is not a multiple of sync.fragments={fragments} "
+                         f"(one fragment every inner_steps/fragments steps); pass e.g. "
+                         f"sync.inner_steps={multiple}")
+    if overlap >= inner_steps // fragments:
+        raise ValueError(f"sync.overlap={overlap} must be < sync.inner_steps/sync.fragments="
+                         f"{inner_steps // fragments} (one fragment's exchange in flight at a time); "
+                         f"pass sync.overlap={inner_steps // fragments - 1} or less")
 
 
 class DiLoCo:
-    """Local steps, then an outer step on the averaged outer gradient (see the module)."""
+    """Local steps, then an outer step on the averaged outer gradient, whole or per fragment (see
+    the module)."""
 
     name = "diloco"
     sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps")
@@ -65,20 +108,34 @@ class DiLoCo:
 
     def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, engine: Engine, stats: StepStats,
                  inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 nesterov: bool = True) -> None:
-        check_options(inner_steps, outer_lr, outer_momentum, nesterov)
+                 nesterov: bool = True, fragments: int = 1, overlap: int = 0, mix: float = 0.0) -> None:
+        check_options(inner_steps, outer_lr, outer_momentum, nesterov, fragments, overlap, mix)
         self.pipeline, self.engine, self.stats = pipeline, engine, stats
         self.inner_steps, self.outer_lr = int(inner_steps), float(outer_lr)
         self.outer_momentum, self.nesterov = float(outer_momentum), bool(nesterov)
-        self.inner = 0  # steps taken in the current round
+        self.fragments, self.overlap, self.mix = int(fragments), int(overlap), float(mix)
+        self.every = self.inner_steps // self.fragments  # h: steps between two fragments' starts
+        self.inner = 0  # steps taken in the current round (H steps)
         self.rounds = 0
+        # The exchange in flight: its fragment, the step count it started at, and (after a
+        # checkpoint collected it early) its average, waiting for its scheduled step.
+        self.inflight: int | None = None
+        self.started = 0
+        self.averaged: list[Tensor] | None = None
 
     def setup(self, model: nn.Module) -> nn.Module:
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if self.fragments > len(self.params):
+            raise ValueError(f"sync.fragments={self.fragments} is more than the model's {len(self.params)} "
+                             f"trainable tensors (a fragment is whole tensors); pass "
+                             f"sync.fragments={len(self.params)} or less")
+        # Strided: tensor i belongs to fragment i % P.
+        self.members = [list(range(p, len(self.params), self.fragments)) for p in range(self.fragments)]
         # θ, the global parameters: every rank holds the same copy (the trainer broadcast rank 0's).
         self.outer_params = [p.detach().clone() for _, p in self.params]
         self.outer = torch.optim.SGD(self.outer_params, lr=self.outer_lr, momentum=self.outer_momentum,
                                      nesterov=self.nesterov)
+        self.numel = sum(p.numel() for _, p in self.params)
         return model
 
     def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
@@ -87,7 +144,7 @@ class DiLoCo:
 
     def begin_step(self, step: int, epoch: float) -> None:
         # The compressor's step counter and the selection's warm-up count rounds: they see one
-        # exchange per round.
+        # exchange per round (per fragment).
         self.pipeline.begin_step(self.rounds, epoch)
 
     def before_backward(self) -> None:
@@ -98,40 +155,68 @@ class DiLoCo:
 
     def after_step(self) -> None:
         self.inner += 1
+        taken = self.rounds * self.inner_steps + self.inner  # s: steps taken so far
+        dense = 4 * self.numel  # what a per-step exchange would have sent: the effective ratio compares
+        if taken % self.every == 0:  # fragment (s/h - 1) mod P starts; the pipeline books what it submits
+            dense -= self.start(((taken // self.every) - 1) % self.fragments, taken)
+        if self.inflight is not None and taken == self.started + self.overlap:
+            self.finish()
+        self.stats.bytes_dense += dense
         if self.inner == self.inner_steps:
-            self.outer_step()  # the pipeline books the dense bytes of what it sends
             self.inner = 0
             self.rounds += 1
-        else:  # what a per-step exchange would have sent: the effective ratio compares with it
-            self.stats.bytes_dense += 4 * sum(p.numel() for _, p in self.params)
 
     @torch.no_grad()
-    def outer_step(self) -> None:
-        for (name, p), theta in zip(self.params, self.outer_params, strict=True):
-            self.pipeline.submit(f"outer.{name}", theta - p)  # Δ = θ − θ_local, handed over
-        averaged = self.pipeline.collect()
+    def start(self, fragment: int, taken: int) -> int:
+        """Submit the fragment's outer gradient Δ = θ − θ_local; returns its dense bytes."""
+        assert self.inflight is None, "overlap < inner_steps/fragments keeps one exchange in flight"
+        self.inflight, self.started = fragment, taken
+        for i in self.members[fragment]:
+            name, p = self.params[i]
+            self.pipeline.submit(f"outer.{name}", self.outer_params[i] - p)  # handed over
+        return 4 * sum(self.params[i][1].numel() for i in self.members[fragment])
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """Collect the fragment's average, step its θ and merge it into the local parameters."""
+        assert self.inflight is not None
+        members = self.members[self.inflight]
+        averaged = self.averaged if self.averaged is not None else self.collect()
         with self.stats.time("optimizer"):
-            for (_, delta), theta in zip(averaged, self.outer_params, strict=True):
-                theta.grad = delta.reshape(theta.shape)
-            self.outer.step()
-            for (_, p), theta in zip(self.params, self.outer_params, strict=True):
-                p.copy_(theta)
+            for i, delta in zip(members, averaged, strict=True):
+                self.outer_params[i].grad = delta.reshape(self.outer_params[i].shape)
+            self.outer.step()  # only the fragment's tensors have a gradient: the others stay
+            for i in members:
+                theta, p = self.outer_params[i], self.params[i][1]
+                if self.mix == 0.0:
+                    p.copy_(theta)
+                else:  # θ_local ← α·θ_local + (1−α)·θ_new
+                    p.copy_(torch.lerp(theta, p, self.mix))
                 theta.grad = None
+        self.inflight, self.averaged = None, None
+
+    def collect(self) -> list[Tensor]:
+        return [delta for _, delta in self.pipeline.collect()]
 
     def drain(self) -> None:
-        pass  # nothing is started before the optimizer's step
+        pass  # an exchange in flight belongs to its scheduled step (and state_dict collects it)
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "inner_steps": self.inner_steps, "outer_lr": self.outer_lr,
-                "outer_momentum": self.outer_momentum, "nesterov": self.nesterov, "rounds": self.rounds}
+                "outer_momentum": self.outer_momentum, "nesterov": self.nesterov, "rounds": self.rounds,
+                "fragments": self.fragments, "overlap": self.overlap, "mix": self.mix}
 
     def state_dict(self) -> dict[str, Any]:
         # Ranks diverge inside a round: each keeps its own parameters and inner optimizer state.
+        if self.inflight is not None and self.averaged is None:
+            self.averaged = self.collect()  # kept for its scheduled step, here and in the checkpoint
         return pipeline_state(
             self.pipeline, inner=self.inner, rounds=self.rounds,
             outer_params=[t.clone() for t in self.outer_params], outer=self.outer.state_dict(),
             local_params=[p.detach().clone() for _, p in self.params],
-            inner_optimizer=self.inner_optimizer.state_dict())
+            inner_optimizer=self.inner_optimizer.state_dict(),
+            inflight=-1 if self.inflight is None else self.inflight, started=self.started,
+            averaged=[t.clone() for t in self.averaged or []])
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -143,3 +228,8 @@ class DiLoCo:
         for (_, p), saved in zip(self.params, state["local_params"], strict=True):
             p.copy_(saved)
         self.inner_optimizer.load_state_dict(state["inner_optimizer"])
+        # A checkpoint written before fragments existed has no exchange in flight.
+        inflight = int(state.get("inflight", -1))
+        self.inflight = None if inflight < 0 else inflight
+        self.started = int(state.get("started", 0))
+        self.averaged = [t.clone() for t in state["averaged"]] if self.inflight is not None else None
