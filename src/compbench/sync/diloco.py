@@ -91,10 +91,11 @@ def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: 
         raise ValueError(f"sync.inner_steps={inner_steps} is not a multiple of sync.fragments={fragments} "
                          f"(one fragment every inner_steps/fragments steps); pass e.g. "
                          f"sync.inner_steps={multiple}")
-    if overlap >= inner_steps // fragments:
-        raise ValueError(f"sync.overlap={overlap} must be < sync.inner_steps/sync.fragments="
-                         f"{inner_steps // fragments} (one fragment's exchange in flight at a time); "
-                         f"pass sync.overlap={inner_steps // fragments - 1} or less")
+    every = inner_steps // fragments
+    if overlap >= every:
+        raise ValueError(f"sync.overlap={overlap} must be < sync.inner_steps/sync.fragments={every} (one "
+                         f"fragment's exchange in flight at a time); pass sync.overlap={every - 1}"
+                         + (" or less" if every > 1 else "") + " or a larger sync.inner_steps")
 
 
 class DiLoCo:

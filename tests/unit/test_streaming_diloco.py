@@ -1,0 +1,166 @@
+"""sync=diloco's Streaming DiLoCo options (fragments, overlap, mix): rounds against a small
+re-implementation (one outer SGD per fragment, the merge θ_local ← α·θ_local + (1−α)·θ_new of
+torchft's `_merge_parameters`), exact bytes per step, exact resume from a checkpoint taken while an
+exchange is in flight, and the build-time refusal. Ranks are threads of this process
+(tests/threaded_engine.py); the config-time refusals are in test_diloco.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from compbench import registry
+from compbench.sync.build import build_synchronizer
+from compbench.train.metrics import StepStats
+from tests.threaded_engine import ThreadWorld
+from tests.unit.test_diloco import INNER, WORLD, _batch, _model
+
+H, STEPS = 6, 18  # three rounds
+
+
+def _reference(fragments: int, overlap: int, mix: float, steps: int = STEPS) -> list[torch.Tensor]:
+    """Streaming DiLoCo as the paper and torchft describe it: tensor i in fragment i % P; fragment p
+    averages its Δ = θ − θ_local after steps (p+1)·H/P + k·H, applies it `overlap` steps later with
+    its own Nesterov SGD, and every worker merges its fragment with the new θ."""
+    global_model = _model()
+    theta = list(global_model.parameters())
+    members = [[i for i in range(len(theta)) if i % fragments == p] for p in range(fragments)]
+    outer = [torch.optim.SGD([theta[i] for i in m], lr=0.7, momentum=0.9, nesterov=True) for m in members]
+    workers = [copy.deepcopy(global_model) for _ in range(WORLD)]
+    inner = [torch.optim.AdamW(w.parameters(), lr=0.01, betas=(0.9, 0.999), weight_decay=0.05)
+             for w in workers]
+    every = H // fragments
+    pending: tuple[int, int, list[torch.Tensor]] | None = None
+    for step in range(steps):
+        for rank, (w, opt) in enumerate(zip(workers, inner, strict=True)):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            F.cross_entropy(w(x), y).backward()
+            opt.step()
+        taken = step + 1
+        with torch.no_grad():
+            if taken % every == 0:
+                p = (taken // every - 1) % fragments
+                pending = (p, taken, [sum(theta[i] - list(w.parameters())[i] for w in workers) / WORLD
+                                      for i in members[p]])
+            if pending is not None and taken == pending[1] + overlap:
+                p, _, deltas = pending
+                for i, delta in zip(members[p], deltas, strict=True):
+                    theta[i].grad = delta
+                outer[p].step()
+                outer[p].zero_grad()
+                for w in workers:
+                    for i in members[p]:
+                        local = list(w.parameters())[i]
+                        local.copy_(mix * local + (1 - mix) * theta[i])
+                pending = None
+    return [p.detach().clone() for p in workers[0].parameters()]  # worker 0's local parameters
+
+
+def _nodes(**sync: object) -> dict:
+    parts = (("compressor", "none"), ("memory", "none"), ("comm", "allreduce"), ("scheduler", "layerwise"))
+    return {g: registry.option_config(g, name) for g, name in parts} | {
+        "sync": {**registry.option_config("sync", "diloco"), "inner_steps": H, **sync}}
+
+
+class _Run:
+    """One rank's synchronizer, model and inner optimizer, stepped like the trainer's loop."""
+
+    def __init__(self, engine, **sync: object) -> None:
+        self.engine, self.stats = engine, StepStats()
+        self.sync = build_synchronizer(_nodes(**sync), engine, self.stats)
+        self.model = self.sync.setup(_model())
+        self.opt = self.sync.make_optimizer(self.model, dict(INNER))
+        self.sent: list[int] = []
+        self.dense: list[int] = []
+
+    def steps(self, first: int, last: int) -> None:
+        for step in range(first, last):
+            self.stats.reset()
+            self.sync.begin_step(step, 0.0)
+            x, y = _batch(self.engine.rank, step)
+            self.opt.zero_grad()
+            self.sync.before_backward()
+            F.cross_entropy(self.model(x), y).backward()
+            self.sync.synchronize()
+            self.opt.step()
+            self.sync.after_step()
+            self.sent.append(self.stats.bytes_sent)
+            self.dense.append(self.stats.bytes_dense)
+
+    def params(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in self.model.parameters()]
+
+
+@pytest.mark.parametrize("fragments, overlap, mix", [(2, 1, 0.5), (3, 1, 0.5), (2, 0, 0.0), (1, 2, 0.25)])
+def test_fragments_match_the_reference_and_book_each_fragment_at_its_start(fragments, overlap, mix):
+    expected = _reference(fragments, overlap, mix)
+
+    def rank(engine):
+        run = _Run(engine, fragments=fragments, overlap=overlap, mix=mix)
+        run.steps(0, STEPS)
+        return run.params(), run.sent, run.dense
+
+    results = ThreadWorld(WORLD).run(rank)
+    shapes = [p.shape for p in expected]
+    numel = sum(s.numel() for s in shapes)
+    every = H // fragments
+    want_sent = [4 * sum(shapes[i].numel() for i in range(len(shapes)) if i % fragments == (s // every - 1)
+                         % fragments) if s % every == 0 else 0 for s in range(1, STEPS + 1)]
+    assert sum(want_sent) == 4 * numel * STEPS // H  # every tensor once per round
+    got, sent, dense = results[0]
+    for g, w in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    for _, rank_sent, rank_dense in results:
+        assert rank_sent == want_sent  # fp32 of the fragment's tensors at its start, 0 otherwise
+        assert rank_dense == [4 * numel] * STEPS
+
+
+def test_defaults_are_diloco_bit_for_bit():
+    def rank(engine):
+        runs = [_Run(engine), _Run(engine, fragments=1, overlap=0, mix=0.0)]
+        for run in runs:
+            run.steps(0, STEPS)
+        return [run.params() for run in runs]
+
+    for plain, explicit in ThreadWorld(WORLD).run(rank):
+        assert all(torch.equal(a, b) for a, b in zip(plain, explicit, strict=True))
+
+
+@pytest.mark.parametrize("fragments, overlap, at", [(2, 2, 4), (3, 1, 4), (2, 2, 3)])
+def test_resume_while_an_exchange_is_in_flight_is_exact(fragments, overlap, at):
+    """A checkpoint taken `at` steps in (a fragment started at step at - 1 or at, still in flight):
+    the run that took it and a fresh run resumed from it both equal an uninterrupted run."""
+    sync = {"fragments": fragments, "overlap": overlap, "mix": 0.5}
+
+    def rank(engine):
+        full = _Run(engine, **sync)
+        full.steps(0, STEPS)
+        saved = _Run(engine, **sync)
+        saved.steps(0, at)
+        assert saved.sync.inflight is not None  # the checkpoint falls inside an overlap
+        state = copy.deepcopy(saved.sync.state_dict())
+        assert state["averaged"]
+        saved.steps(at, STEPS)
+        resumed = _Run(engine, **sync)
+        resumed.sync.load_state_dict(state)
+        resumed.steps(at, STEPS)
+        assert saved.sent[at:] == resumed.sent == full.sent[at:]
+        return full.params(), saved.params(), resumed.params()
+
+    for full, saved, resumed in ThreadWorld(WORLD).run(rank):
+        for a, b, c in zip(full, saved, resumed, strict=True):
+            assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_more_fragments_than_tensors_is_refused_at_build_time():
+    def rank(engine):
+        with pytest.raises(ValueError) as e:
+            _Run(engine, inner_steps=10, fragments=5)
+        return str(e.value)
+
+    assert ThreadWorld(1).run(rank) == ["sync.fragments=5 is more than the model's 4 trainable tensors (a "
+                                        "fragment is whole tensors); pass sync.fragments=4 or less"]
