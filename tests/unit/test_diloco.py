@@ -139,7 +139,7 @@ def test_resume_mid_round_is_exact(tmp_path):
     (["sync.overlap=-1"], "sync.overlap=-1 must be an integer >= 0 (inner steps an exchange overlaps)"),
     (["sync.mix=1.0"], "sync.mix=1.0 must be a number in [0, 1) (0: replace the local fragment)"),
     (["sync.fragments=2"], "sync.inner_steps=3 is not a multiple of sync.fragments=2 (one fragment every "
-                           "inner_steps/fragments steps); pass e.g. sync.inner_steps=4"),
+                           "inner_steps/fragments steps); pass sync.inner_steps=4"),
     (["sync.overlap=3"], "sync.overlap=3 must be < sync.inner_steps/sync.fragments=3 (one fragment's "
                          "exchange in flight at a time); pass sync.overlap=2 or less or a larger "
                          "sync.inner_steps"),

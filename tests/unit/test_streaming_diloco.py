@@ -164,3 +164,53 @@ def test_more_fragments_than_tensors_is_refused_at_build_time():
 
     assert ThreadWorld(1).run(rank) == ["sync.fragments=5 is more than the model's 4 trainable tensors (a "
                                         "fragment is whole tensors); pass sync.fragments=4 or less"]
+
+
+def test_every_compressor_and_comm_is_refused_or_trains_with_fragments(tmp_path):
+    """test_sync_combinations' sweep with two fragments, one overlapping step and mixing: the first
+    fragment starts at step 2 and is applied at step 3, the last of the sweep's steps."""
+    from omegaconf import open_dict
+
+    from compbench import config
+    from tests.unit.test_combinations import ALTERNATIVE, _compose
+    from tests.unit.test_sync_combinations import COMMS, _train, _with_sync
+
+    ran = refused = 0
+    for compressor in registry.options("compressor"):
+        for comm in COMMS:
+            cfg = _with_sync(_compose(compressor, comm), "diloco")
+            with open_dict(cfg):
+                cfg.sync.update(inner_steps=4, fragments=2, overlap=1, mix=0.5)
+            try:
+                cfg = config.check(cfg)
+            except ValueError as e:
+                assert "\n" not in str(e) and ALTERNATIVE.search(str(e)), (compressor, comm, str(e))
+                refused += 1
+                continue
+            try:
+                _train(cfg, tmp_path / f"{compressor}-{comm}")
+            except Exception as e:
+                raise AssertionError(f"{compressor} {comm}: {type(e).__name__}: {e}") from e
+            ran += 1
+    assert ran > 0 and refused > 0, (ran, refused)
+
+
+@pytest.mark.dist
+def test_resume_with_an_exchange_in_flight_through_the_launcher_is_exact(tmp_path):
+    """test_diloco's launcher resume with two fragments and one overlapping step: the checkpoint at
+    the end of epoch 1 (step 8) is taken right after a fragment started its exchange."""
+    from tests.helpers import train
+    from tests.integration.test_resume import _assert_equal
+    from tests.unit.test_diloco import COMMON
+
+    setup = [*COMMON, "sync.inner_steps=4", "sync.fragments=2", "sync.overlap=1", "sync.mix=0.5",
+             "engine.np=2", "compressor=qsgd", "compressor.levels=7", "comm=allgather"]
+    full, _ = train(tmp_path, *setup, name="full")
+    half, _ = train(tmp_path, *setup, "max_steps=8", name="half")
+    resumed, proc = train(tmp_path, *setup, f"resume={half}", name="resumed")
+    assert "resumed from" in proc.stdout
+    h = torch.load(half / "checkpoint.pt", weights_only=True)
+    assert [r["inflight"] for r in h["per_rank"]] == [1] * WORLD  # fragment 1 started at step 8
+    a, b = (torch.load(run / "checkpoint.pt", weights_only=True) for run in (full, resumed))
+    for key in ("model", "optimizer", "per_rank"):
+        _assert_equal(a[key], b[key], key)

@@ -89,7 +89,7 @@ def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: 
     if inner_steps % fragments:
         multiple = -(-inner_steps // fragments) * fragments
         raise ValueError(f"sync.inner_steps={inner_steps} is not a multiple of sync.fragments={fragments} "
-                         f"(one fragment every inner_steps/fragments steps); pass e.g. "
+                         f"(one fragment every inner_steps/fragments steps); pass "
                          f"sync.inner_steps={multiple}")
     every = inner_steps // fragments
     if overlap >= every:
