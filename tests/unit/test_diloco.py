@@ -135,9 +135,12 @@ def test_resume_mid_round_is_exact(tmp_path):
                                                       "pass sync.nesterov=false"),
     (["+sync.outer_lrr=1"], "sync.outer_lrr is not a setting of sync=diloco; its settings are: inner_steps, "
                             "outer_lr, outer_momentum, nesterov, fragments, overlap, mix"),
-    (["sync.fragments=0"], "sync.fragments=0 must be an integer >= 1 (1: the whole model at once)"),
-    (["sync.overlap=-1"], "sync.overlap=-1 must be an integer >= 0 (inner steps an exchange overlaps)"),
-    (["sync.mix=1.0"], "sync.mix=1.0 must be a number in [0, 1) (0: replace the local fragment)"),
+    (["sync.fragments=0"], "sync.fragments=0 must be an integer >= 1; pass sync.fragments=1 (the whole "
+                           "model at once, DiLoCo) or more"),
+    (["sync.overlap=-1"], "sync.overlap=-1 must be an integer >= 0 (inner steps an exchange overlaps); "
+                          "pass sync.overlap=0 (none, DiLoCo) or more"),
+    (["sync.mix=1.0"], "sync.mix=1.0 must be a number in [0, 1) (the local fragment's weight at the "
+                       "merge); pass sync.mix=0 (replace it, DiLoCo) or e.g. sync.mix=0.5"),
     (["sync.fragments=2"], "sync.inner_steps=3 is not a multiple of sync.fragments=2 (one fragment every "
                            "inner_steps/fragments steps); pass sync.inner_steps=4"),
     (["sync.overlap=3"], "sync.overlap=3 must be < sync.inner_steps/sync.fragments=3 (one fragment's "

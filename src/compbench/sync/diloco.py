@@ -81,11 +81,14 @@ def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: 
     if nesterov and float(outer_momentum) == 0.0:
         raise ValueError("sync.nesterov=true needs sync.outer_momentum > 0; pass sync.nesterov=false")
     if not _is_int(fragments) or fragments < 1:
-        raise ValueError(f"sync.fragments={fragments} must be an integer >= 1 (1: the whole model at once)")
+        raise ValueError(f"sync.fragments={fragments} must be an integer >= 1; pass sync.fragments=1 "
+                         "(the whole model at once, DiLoCo) or more")
     if not _is_int(overlap) or overlap < 0:
-        raise ValueError(f"sync.overlap={overlap} must be an integer >= 0 (inner steps an exchange overlaps)")
+        raise ValueError(f"sync.overlap={overlap} must be an integer >= 0 (inner steps an exchange "
+                         "overlaps); pass sync.overlap=0 (none, DiLoCo) or more")
     if isinstance(mix, bool) or not isinstance(mix, int | float) or not 0.0 <= mix < 1.0:
-        raise ValueError(f"sync.mix={mix} must be a number in [0, 1) (0: replace the local fragment)")
+        raise ValueError(f"sync.mix={mix} must be a number in [0, 1) (the local fragment's weight at the "
+                         "merge); pass sync.mix=0 (replace it, DiLoCo) or e.g. sync.mix=0.5")
     if inner_steps % fragments:
         multiple = -(-inner_steps // fragments) * fragments
         raise ValueError(f"sync.inner_steps={inner_steps} is not a multiple of sync.fragments={fragments} "
