@@ -84,8 +84,8 @@ at::Tensor qsgd_dequantize(const at::Tensor& codes, const at::Tensor& norms, int
 // Duplicates are summed in payload order from 0, as index_add_ does: the indices are sorted stably
 // (LSD radix, 11 bits a pass, over the bits numel needs), then each run of equal indices is added
 // up in order. Twin: compressors.sparse.sparse_average's torch path (unique, index_add_,
-// unravel_index). One thread: the payloads are small (k per rank); torch's sort took 1.3 ms for
-// 2 x 13k random indices, this ~0.1 ms.
+// unravel_index). One thread: the payloads are small (k per rank); for 2 x 13k random indices of a
+// 4096x4096 tensor torch.unique alone took 1.18 ms here, this whole kernel 0.36 ms.
 std::tuple<at::Tensor, at::Tensor> sparse_average(const at::Tensor& indices, const at::Tensor& values,
                                                   at::IntArrayRef shape) {
   check_flat_f32(values, "sparse_average");

@@ -123,7 +123,8 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
   TORCH_CHECK(count == 0 || slots == 0, "compensate_select: samples are written with slots == 0 only");
   if (count > 0) {
     check_flat_f32(samples, "compensate_select");
-    TORCH_CHECK(sample_start >= 0 && sample_stride > 0 && sample_start + (count - 1) * sample_stride < g.numel(),
+    TORCH_CHECK(sample_start >= 0 && sample_stride > 0 &&
+                    sample_start + (count - 1) * sample_stride < g.numel(),
                 "compensate_select: the strided sample leaves the tensor");
   }
   float* sp = count > 0 ? samples.data_ptr<float>() : nullptr;
