@@ -208,7 +208,6 @@ def compensate_select(a: Tensor, b: Tensor, g: Tensor, kind: int, c0: float, c1:
                                                      seed & 0xFFFFFFFF, gathered, sample_start, sample_stride)
 
 
-
 def compensate_at(a: Tensor, b: Tensor, g: Tensor, indices: Tensor, kind: int, c0: float, c1: float,
                   scale: float) -> Tensor:
     """The compensated values at flat int64 `indices`, the state untouched (the same arithmetic as
