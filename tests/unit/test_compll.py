@@ -13,8 +13,8 @@ import ctypes
 import math
 import shutil
 import subprocess
-import sys
 from ctypes import c_float, c_longlong, c_uint, c_void_p
+from functools import partial
 
 import numpy as np
 import pytest
@@ -26,6 +26,7 @@ from compbench.compressors import build_compressor
 from compbench.compressors.onebit import _onebit
 from compbench.compressors.packing import decode_2bit, ternary_values
 from compbench.kernels import cpu, twins
+from tests.helpers import compbench
 from tests.unit.test_kernel_logic_host import BLOCK, GRID, SHIM
 
 SPECS = sorted(runtime.specs())
@@ -297,9 +298,7 @@ def test_the_language_refuses_what_it_cannot_generate(bad, message):
 
 
 def test_gen_prints_each_target_and_refuses_bad_input():
-    def gen(*args):
-        return subprocess.run([sys.executable, "-m", "compbench", "gen", *args], capture_output=True,
-                              text=True, timeout=120)
+    gen = partial(compbench, "gen", timeout=120)  # `compbench gen ARGS` in a subprocess
 
     ok = gen("natural", "--target", "cpu")
     assert ok.returncode == 0 and "natural_encode" in ok.stdout and "TORCH_LIBRARY_FRAGMENT" in ok.stdout

@@ -9,8 +9,8 @@ import ctypes
 import math
 import shutil
 import subprocess
-import sys
 from ctypes import c_float, c_longlong, c_void_p
+from functools import partial
 
 import numpy as np
 import pytest
@@ -19,6 +19,7 @@ import torch
 from compbench.compll import gen_cuda, gen_torch, lang, runtime
 from compbench.compressors import build_compressor
 from compbench.kernels import cpu
+from tests.helpers import compbench
 from tests.unit.test_kernel_logic_host import BLOCK, GRID, SHIM
 
 SELECTS = sorted(runtime.selects())
@@ -204,9 +205,7 @@ def test_the_language_refuses_selections_it_cannot_generate(bad, message):
 
 
 def test_gen_prints_a_selection_and_refuses_its_conf():
-    def gen(*args):
-        return subprocess.run([sys.executable, "-m", "compbench", "gen", *args], capture_output=True,
-                              text=True, timeout=120)
+    gen = partial(compbench, "gen", timeout=120)  # `compbench gen ARGS` in a subprocess
 
     assert "void dgc_filter(" in gen("dgc", "--target", "cuda").stdout
     cpp = gen("graddrop", "--target", "cpu").stdout
