@@ -21,6 +21,21 @@ from compbench.kernels import cpu
 SCHEDULE_KEYS = ("lr_schedule", "warmup_epochs", "lr_min_factor", "lr_step_epochs", "lr_gamma")
 
 
+def _flat_entries(p: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    """(flat int64 indices into p, values) of a sparse .grad, for the one-pass kernels."""
+    sparse = grad.coalesce()  # a no-op for the pipeline's updates (built coalesced)
+    strides = torch.tensor(p.stride(), dtype=torch.int64).view(-1, 1)
+    return (sparse.indices() * strides).sum(0), sparse.values().contiguous()
+
+
+def _sparse_params(self: Any) -> set[Tensor]:
+    """The parameters whose step takes a sparse .grad (a coalesced COO tensor: the averaged sparse
+    payload) straight into its one-pass update, without a dense decode first (comm=allgather hands
+    them over so: `GradientPipeline.sparse_names`). `SGD.sparse_params`, `Adam.sparse_params`."""
+    return {p for group in self.param_groups if self._one_pass(group) for p in group["params"]
+            if cpu.enabled(p)}
+
+
 class SGD(torch.optim.SGD):
     """torch's SGD plus one param-group option for memory=dgc, `dgc = {"weight_decay": wd,
     "momentum": m, "nesterov": bool}`: DGC's SGD (Lin et al.; synxlin/deep-gradient-compression,
@@ -115,10 +130,8 @@ class SGD(torch.optim.SGD):
         grad = p.grad
         assert grad is not None
         if grad.is_sparse:
-            sparse = grad.coalesce()  # a no-op for the pipeline's updates (built coalesced)
-            strides = torch.tensor(p.stride(), dtype=torch.int64).view(-1, 1)
-            indices = (sparse.indices() * strides).sum(0)
-            dense, values = _EMPTY, sparse.values().contiguous()
+            indices, values = _flat_entries(p, grad)
+            dense = _EMPTY
         else:
             dense, indices, values = grad, _EMPTY_LONG, _EMPTY
         # torch's fused kernel rounds its scalar tail differently (`kernels.cpu.fused_sgd_tail`).
@@ -126,12 +139,7 @@ class SGD(torch.optim.SGD):
         cpu.sgd_step(p, _EMPTY if buf is None else buf, dense, indices, values, float(group["lr"]), wd, m,
                      nesterov, first, dgc is not None, tail)
 
-    def sparse_params(self) -> set[Tensor]:
-        """The parameters whose step takes a sparse .grad (a coalesced COO tensor: the averaged sparse
-        payload) straight into its one-pass update, without a dense decode first (comm=allgather
-        hands them over so: `GradientPipeline.sparse_names`)."""
-        return {p for group in self.param_groups if self._one_pass(group) for p in group["params"]
-                if cpu.enabled(p)}
+    sparse_params = _sparse_params
 
 
 class _OnePassAdam(torch.optim.Optimizer):
@@ -178,20 +186,15 @@ class _OnePassAdam(torch.optim.Optimizer):
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state["step"].add_(1)
-        sparse = p.grad.coalesce()  # type: ignore[union-attr]  # a no-op for the pipeline's updates
-        strides = torch.tensor(p.stride(), dtype=torch.int64).view(-1, 1)
-        indices = (sparse.indices() * strides).sum(0)
+        assert p.grad is not None
+        indices, values = _flat_entries(p, p.grad)
         beta1, beta2 = group["betas"]
-        cpu.adam_step(p, state["exp_avg"], state["exp_avg_sq"], _EMPTY, indices, sparse.values().contiguous(),
+        cpu.adam_step(p, state["exp_avg"], state["exp_avg_sq"], _EMPTY, indices, values,
                       float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
                       float(group["weight_decay"]), float(state["step"]),
                       bool(group.get("decoupled_weight_decay")), cpu.fused_sgd_tail(p.numel()))
 
-    def sparse_params(self) -> set[Tensor]:
-        """The parameters whose step takes a sparse .grad (a coalesced COO tensor: the averaged sparse
-        payload) straight into its one-pass update (see `SGD.sparse_params`)."""
-        return {p for group in self.param_groups if self._one_pass(group) for p in group["params"]
-                if cpu.enabled(p)}
+    sparse_params = _sparse_params
 
 
 class Adam(_OnePassAdam, torch.optim.Adam):
