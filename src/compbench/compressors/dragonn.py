@@ -200,22 +200,30 @@ class DRAGONN(SparseCompressor):
     def k_for(self, numel: int) -> int:
         return min(numel, num_selected(numel, self.ratio_for(numel)))
 
+    def samples_for(self, numel: int) -> int:
+        """The threshold's sample size. At least `min_top_samples / r` samples, so the threshold is
+        the smallest of at least that many sampled top magnitudes (DGC's rule is the same with 2):
+        with a bare 1% sample a tensor of a few thousand elements gets a threshold from one or two
+        samples and sends noise."""
+        r = self.ratio_for(numel)
+        return max(1, math.ceil(self.sample_ratio * numel), math.ceil(self.min_top_samples / r))
+
+    def _hash_seed(self, name: str) -> int:
+        """The hash table's seed: new every step and tensor."""
+        return stable_seed(self.seed, self.step, name, "murmur") & _M32
+
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.detach().reshape(-1)
         n = flat.numel()
         r = self.ratio_for(n)
-        # At least `min_top_samples / r` samples, so the threshold is the smallest of at least that many
-        # sampled top magnitudes (DGC's rule is the same with 2): with a bare 1% sample a tensor of
-        # a few thousand elements gets a threshold from one or two samples and sends noise.
-        m = max(1, math.ceil(self.sample_ratio * n), math.ceil(self.min_top_samples / r))
+        m = self.samples_for(n)
         # sample_ratio = 1 means the whole tensor (the exact k-th magnitude), not n draws.
         if m >= n:
             threshold = kth_largest(flat.abs().float(), math.ceil(n * r))
         else:
             seed = stable_seed(self.seed, self.step, name)
             threshold = sampled_threshold(flat, m, math.ceil(m * r), seed)
-        hash_seed = stable_seed(self.seed, self.step, name, "murmur") & 0xFFFFFFFF
-        idx = _select(flat, threshold, 4 * self.k_for(n), hash_seed, self._ws, density=r)
+        idx = _select(flat, threshold, 4 * self.k_for(n), self._hash_seed(name), self._ws, density=r)
         return sparse_payload(flat.index_select(0, idx), idx), make_ctx(x, name)
 
     def compress_deferred(self, deferred: Deferred, name: str) -> tuple[list[Tensor], Ctx]:
@@ -224,7 +232,7 @@ class DRAGONN(SparseCompressor):
         selection run together (`kernels.cpu.compensate_select`). Same payload and memory state."""
         n = deferred.numel
         r = self.ratio_for(n)
-        m = max(1, math.ceil(self.sample_ratio * n), math.ceil(self.min_top_samples / r))
+        m = self.samples_for(n)
         if m >= n or n >= 2**32:
             y = deferred.apply()
             return self.compress(y, name)
@@ -233,8 +241,7 @@ class DRAGONN(SparseCompressor):
         # = sampled_threshold(compensated, m, j, seed): the same stream, the same j-th largest.
         samples = deferred.at(torch.from_numpy(sample_indices(n, m, seed & _M32)))
         threshold = kth_largest(samples.abs(), j)
-        hash_seed = stable_seed(self.seed, self.step, name, "murmur") & 0xFFFFFFFF
-        y, table = deferred.select(float(threshold), 4 * self.k_for(n), hash_seed)
+        y, table = deferred.select(float(threshold), 4 * self.k_for(n), self._hash_seed(name))
         flat = y.reshape(-1)
         idx = table[table >= 0]
         return sparse_payload(flat.index_select(0, idx), idx), make_ctx(y, name)
