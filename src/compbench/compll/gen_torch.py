@@ -14,6 +14,8 @@ from types import ModuleType
 from compbench.compll import lang
 from compbench.compll.lang import FLOAT, INT, Expr
 
+# The generated modules' constant maker (`_t(1.5, torch.float32)`), written into each of them.
+_TENSOR_OF = ("def _t(v, dtype):", "    return torch.tensor(v, dtype=dtype)")
 _TORCH_BIN = {"+": "+", "-": "-", "*": "*", "/": "/", "<": "<", "<=": "<=", ">": ">", ">=": ">=",
               "==": "==", "&": "&", "|": "|", "<<": "<<", ">>": ">>"}
 
@@ -110,8 +112,7 @@ def source(spec: lang.Spec | lang.Select) -> str:
         f"BITS = {spec.bits}",
         "",
         "",
-        "def _t(v, dtype):",
-        "    return torch.tensor(v, dtype=dtype)",
+        *_TENSOR_OF,
         "",
         "",
         "def make_header(x, inputs, params):",
@@ -235,8 +236,7 @@ def select_source(sel: lang.Select) -> str:
         "import torch",
         "",
         "",
-        "def _t(v, dtype):",
-        "    return torch.tensor(v, dtype=dtype)",
+        *_TENSOR_OF,
         "",
         "",
         *draw,
