@@ -81,15 +81,6 @@ inline void adam_range(float* __restrict__ p, float* __restrict__ m, float* __re
   }
 }
 
-template <typename F>
-inline void with_bool(bool b, F&& f) {
-  if (b) {
-    f(std::true_type{});
-  } else {
-    f(std::false_type{});
-  }
-}
-
 }  // namespace
 
 // In place on p, exp_avg and exp_avg_sq. `grad` is either a dense fp32 gradient of p's size (then

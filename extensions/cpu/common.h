@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -108,5 +109,16 @@ inline void merge_by_max(at::Tensor& table, const at::Tensor& mine, std::mutex& 
 
 // The kernels' declarations and registrations are generated from src/compbench/kernels/table.py.
 
+
+// Calls f(std::true_type{}) or f(std::false_type{}): a runtime flag as a compile-time one, so each
+// instantiation of a kernel's loop has no branch on it (optim.cpp, adam.cpp).
+template <typename F>
+inline void with_bool(bool b, F&& f) {
+  if (b) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
 
 }  // namespace compbench_cpu

@@ -60,25 +60,16 @@ inline void compensate_range(const Params& q, float* __restrict__ a, float* __re
   }
 }
 
-// Calls f(std::integral_constant<int, Kind>, std::bool_constant<Extra>) for the runtime kind.
+// Calls f(std::integral_constant<int, Kind>, std::bool_constant<Extra>) for the runtime kind (Extra:
+// residual's decay, dgc's clipping).
 template <typename F>
 inline void with_kind(int64_t kind, const Params& q, F&& f) {
   if (kind == 0) {
-    if (q.decay) {
-      f(std::integral_constant<int, 0>{}, std::true_type{});
-    } else {
-      f(std::integral_constant<int, 0>{}, std::false_type{});
-    }
+    with_bool(q.decay, [&](auto extra) { f(std::integral_constant<int, 0>{}, extra); });
   } else if (kind == 1) {
-    if (q.scaled) {
-      f(std::integral_constant<int, 1>{}, std::true_type{});
-    } else {
-      f(std::integral_constant<int, 1>{}, std::false_type{});
-    }
-  } else if (q.scaled) {
-    f(std::integral_constant<int, 2>{}, std::true_type{});
+    with_bool(q.scaled, [&](auto extra) { f(std::integral_constant<int, 1>{}, extra); });
   } else {
-    f(std::integral_constant<int, 2>{}, std::false_type{});
+    with_bool(q.scaled, [&](auto extra) { f(std::integral_constant<int, 2>{}, extra); });
   }
 }
 

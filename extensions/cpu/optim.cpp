@@ -64,15 +64,6 @@ inline void sgd_range(float* __restrict__ p, float* __restrict__ buf, const floa
   }
 }
 
-template <typename F>
-inline void with_bool(bool v, F&& f) {
-  if (v) {
-    f(std::true_type{});
-  } else {
-    f(std::false_type{});
-  }
-}
-
 }  // namespace
 
 // In place on p (and buf when wd != 0 and momentum != 0). `grad` is either a dense fp32 gradient of
