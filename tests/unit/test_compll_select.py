@@ -218,7 +218,7 @@ def test_gen_prints_a_selection_and_refuses_its_conf():
 @pytest.mark.parametrize("name", SELECTS)
 @pytest.mark.parametrize("t", [1.5, 0.0])  # 0.0: all 5000 pass, past the first launch's room: a relaunch
 def test_the_cuda_launcher_runs_the_filter_end_to_end_on_the_host(host_lib, monkeypatch, name, t):
-    from compbench.kernels import loader
+    from compbench.kernels import loader, ops
 
     s = runtime.select(name)
     ctypes_of = {"long long": c_longlong, "float": c_float}
@@ -244,8 +244,10 @@ def test_the_cuda_launcher_runs_the_filter_end_to_end_on_the_host(host_lib, monk
                 fn(*converted)
         launches.append(function)
 
-    monkeypatch.setattr(loader, "as_cupy", lambda t: t.detach().numpy())
-    monkeypatch.setattr(loader, "launch", fake_launch)
+    # CudaSelect converts its inputs with loader.as_cupy and launches through ops.compaction
+    for module in (loader, ops):
+        monkeypatch.setattr(module, "as_cupy", lambda t: t.detach().numpy())
+        monkeypatch.setattr(module, "launch", fake_launch)
     x = _x(5000, 6)
     got = runtime.CudaSelect(s).filter(x, torch.tensor([t]), {})
     assert torch.equal(got, gen_torch.module(s).filter(x, torch.tensor([t]), {}))

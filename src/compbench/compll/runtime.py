@@ -144,23 +144,15 @@ class CudaSelect:
         the count), a second with room for all when more pass; then sorted."""
         import numpy as np
 
-        from compbench.kernels.loader import as_cupy, launch
+        from compbench.kernels.loader import as_cupy
+        from compbench.kernels.ops import compaction
 
         n = x.numel()
         h = inputs.reshape(-1).float().contiguous()
         prm = [np.float32(params[k]) for k in self.sel.params]
-        cap = max(1, min(n, n // 64 + 1024))
-        count = torch.zeros(1, dtype=torch.int64, device=x.device)
-        for _ in range(2):
-            out = torch.empty(cap, dtype=torch.int64, device=x.device)
-            count.zero_()
-            launch(f"compll_{self.sel.name}", self.sel.filter_name, n, x.device,
-                   (as_cupy(x), np.int64(n), as_cupy(h), *prm, as_cupy(out), as_cupy(count), np.int64(cap)))
-            found = int(count.item())
-            if found <= cap:
-                return out[:found].sort().values
-            cap = found
-        raise AssertionError("unreachable: the second launch has room for every index")
+        found = compaction(f"compll_{self.sel.name}", self.sel.filter_name, n, x.device,
+                           (as_cupy(x), np.int64(n), as_cupy(h), *prm), max(1, min(n, n // 64 + 1024)))
+        return found.sort().values
 
 
 def select_decode(sel: lang.Select, values: Tensor, indices: Tensor, ctx: Ctx,

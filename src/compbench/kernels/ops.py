@@ -3,7 +3,8 @@
 Each function's twin (same arguments, same result) is named in its docstring; the compressors call
 these through `cuda_kernels_enabled(t)` and fall back to the twin otherwise. Scalars that live on
 the GPU (scales, means) are passed as 1-element tensors and read by the kernel, so no launcher
-synchronizes with the host except `compact_abs_ge`, which must learn how many indices it found.
+synchronizes with the host except the compactions (`compaction`: `compact_abs_ge` and the CompLL
+filters), which must learn how many indices they found.
 """
 
 from __future__ import annotations
@@ -43,20 +44,27 @@ def compact_abs_ge(x: Tensor, threshold: float, capacity: int | None = None) -> 
     flat = _flat_f32(x)
     n = flat.numel()
     cap = max(1, min(n, capacity if capacity is not None else n // 64 + 1024))
-    count = torch.zeros(1, dtype=torch.int64, device=flat.device)
+    return compaction("compact", "compact_abs_ge", n, flat.device,
+                      (as_cupy(flat), np.int64(n), np.float32(threshold)), cap)
+
+
+def compaction(module: str, function: str, n: int, device: torch.device, args: tuple, cap: int) -> Tensor:
+    """The int64 indices a compaction kernel `function(*args, out, count, capacity)` appends through one
+    atomic counter, in arbitrary order: one launch with room for `cap`, a second with room for all
+    when more pass (one host sync for the count). Also the CompLL filters' launcher
+    (`compll.runtime.CudaSelect`)."""
+    count = torch.zeros(1, dtype=torch.int64, device=device)
     for _ in range(2):
-        out = torch.empty(cap, dtype=torch.int64, device=flat.device)
+        out = torch.empty(cap, dtype=torch.int64, device=device)
         count.zero_()
         # The counter is unsigned long long in the kernel: the same 8 bytes as this int64 (CuPy
         # passes device pointers untyped).
-        args = (as_cupy(flat), np.int64(n), np.float32(threshold), as_cupy(out), as_cupy(count),
-                np.int64(cap))
-        launch("compact", "compact_abs_ge", n, flat.device, args)
+        launch(module, function, n, device, (*args, as_cupy(out), as_cupy(count), np.int64(cap)))
         found = int(count.item())
         if found <= cap:
             return out[:found]
         cap = found
-    raise AssertionError("compact_abs_ge: the count changed between two launches on the same input")
+    raise AssertionError(f"{function}: the count changed between two launches on the same input")
 
 
 def _pack(function: str, flat: Tensor, per_byte: int) -> Tensor:
