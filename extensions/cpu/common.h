@@ -94,6 +94,26 @@ inline float abs_max(const float* p, int64_t m) {
   return hi;
 }
 
+// A strided sample gathered by a pass that already reads the tensor (DGC's threshold samples,
+// otherwise a second, strided read): samples[t] = x[start + t * stride] for t < count. The pass
+// checks the layout once (`check_strided_sample`), then hands over each block of values it holds,
+// x[lo..hi) in vals[0..hi-lo).
+inline void check_strided_sample(const at::Tensor& samples, int64_t start, int64_t stride, int64_t n,
+                                 const char* op) {
+  if (samples.numel() == 0) return;
+  check_flat_f32(samples, op);
+  TORCH_CHECK(start >= 0 && stride > 0 && start + (samples.numel() - 1) * stride < n, op,
+              ": the strided sample leaves the tensor");
+}
+
+inline void gather_strided(const float* vals, int64_t lo, int64_t hi, int64_t start, int64_t stride,
+                           int64_t count, float* samples) {
+  if (hi <= start) return;
+  // the first sample at or after lo, then every stride-th up to hi
+  int64_t t = lo <= start ? 0 : (lo - start + stride - 1) / stride;
+  for (int64_t i = start + t * stride; i < hi && t < count; i += stride, ++t) samples[t] = vals[i - lo];
+}
+
 // DRAGONN's slot tables: each scanned range fills its own (`mine`, -1 where empty), then they are
 // merged into `table` by max under `lock`, so the result is the same at any number of threads.
 inline void merge_by_max(at::Tensor& table, const at::Tensor& mine, std::mutex& lock) {

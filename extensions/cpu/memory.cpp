@@ -112,12 +112,7 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
   check_state(a, b, g, kind);
   const int64_t count = samples.numel();
   TORCH_CHECK(count == 0 || slots == 0, "compensate_select: samples are written with slots == 0 only");
-  if (count > 0) {
-    check_flat_f32(samples, "compensate_select");
-    TORCH_CHECK(sample_start >= 0 && sample_stride > 0 &&
-                    sample_start + (count - 1) * sample_stride < g.numel(),
-                "compensate_select: the strided sample leaves the tensor");
-  }
+  check_strided_sample(samples, sample_start, sample_stride, g.numel(), "compensate_select");
   float* sp = count > 0 ? samples.data_ptr<float>() : nullptr;
   const Params q = make(kind, c0, c1, scale);
   float* pa = a.data_ptr<float>();
@@ -134,12 +129,7 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
           float vals[kBlock];
           compensate_range<decltype(k)::value, decltype(extra)::value, true>(q, pa, pb, pg, lo, hi, vals);
           if (blk < whole) o[blk] = abs_max(vals, hi - lo);
-          if (sp == nullptr || hi <= sample_start) continue;
-          // the first sample at or after lo, then every sample_stride-th up to hi
-          int64_t t = lo <= sample_start ? 0 : (lo - sample_start + sample_stride - 1) / sample_stride;
-          for (int64_t i = sample_start + t * sample_stride; i < hi && t < count; i += sample_stride, ++t) {
-            sp[t] = vals[i - lo];
-          }
+          if (sp != nullptr) gather_strided(vals, lo, hi, sample_start, sample_stride, count, sp);
         }
       });
     });

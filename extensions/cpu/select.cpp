@@ -125,15 +125,23 @@ at::Tensor sampled_threshold(const at::Tensor& x, int64_t m, int64_t j, int64_t 
 }
 
 // fp32, n / 64 entries: the largest abs of each whole block of 64 elements, NaN ignored (the tail of
-// n % 64 elements has no entry). sparse.AbsIndex's summary; twin: amax(abs) of the rows.
-at::Tensor block_absmax(const at::Tensor& x) {
+// n % 64 elements has no entry). sparse.AbsIndex's summary; twin: amax(abs) of the rows. Given fp32
+// `samples` (count elements), the same pass writes x[sample_start + t * sample_stride] into them for
+// t < count: DGC's strided threshold sample, otherwise its own strided read of the tensor.
+at::Tensor block_absmax(const at::Tensor& x, at::Tensor& samples, int64_t sample_start, int64_t sample_stride) {
   check_flat_f32(x, "block_absmax");
-  const int64_t blocks = x.numel() / kBlock;
+  const int64_t n = x.numel(), blocks = n / kBlock, count = samples.numel();
+  check_strided_sample(samples, sample_start, sample_stride, n, "block_absmax");
   at::Tensor out = at::empty({blocks}, x.options());
   const float* p = x.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) o[b] = abs_max(p + b * kBlock, kBlock);
+  float* sp = count > 0 ? samples.data_ptr<float>() : nullptr;
+  at::parallel_for(0, (n + kBlock - 1) / kBlock, 4096, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
+      if (b < blocks) o[b] = abs_max(p + lo, kBlock);
+      if (sp != nullptr) gather_strided(p + lo, lo, hi, sample_start, sample_stride, count, sp);
+    }
   });
   return out;
 }

@@ -109,6 +109,26 @@ def test_block_absmax_selects_the_twins_indices(monkeypatch, n):
 
 
 @needs_kernels
+@pytest.mark.parametrize("n", [64, 1024 + 17, 1 << 20])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_block_absmax_gathers_the_strided_sample_in_its_pass(n, threads):
+    x = _gradient(n, 3)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for start, stride in ((0, 1), (5, 7), (n - 1, 3)):
+            count = len(range(start, n, stride))
+            samples = torch.full((count,), float("nan"))
+            maxima = cpu.block_absmax(x, samples, start, stride)
+            assert torch.equal(maxima, cpu.block_absmax(x))
+            torch.testing.assert_close(samples, x[start::stride], rtol=0, atol=0, equal_nan=True)
+    finally:
+        torch.set_num_threads(old)
+    with pytest.raises(RuntimeError, match="strided sample leaves the tensor"):
+        cpu.block_absmax(x, torch.empty(2), n - 1, 1)
+
+
+@needs_kernels
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 131072, 2 * 131072 + 5])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_pack_signs_matches_twin(n, threads):

@@ -114,7 +114,9 @@ def _adamw(x: Tensor) -> tuple[Tensor, ...]:
 # order differs between a kernel's chunks and the twin's: within float rounding).
 DISPATCH: dict[str, tuple[Callable[[Tensor], tuple[Tensor, ...]], float]] = {
     "dragonn_select": (lambda x: (_select(x, torch.tensor([1.0]), x.numel() // 8 + 1, 1, Workspace()),), 0),
-    "block_absmax": (lambda x: (AbsIndex(x, Workspace(), density=1e-3).indices_ge(2.5),), 0),
+    # and DGC's selection without a memory: block maxima and its strided sample in one pass
+    "block_absmax": (lambda x: (AbsIndex(x, Workspace(), density=1e-3).indices_ge(2.5),
+                                *DGC(ratio=1e-3).compress(x, "w")[0]), 0),
     # sparse enough that the twin re-reads blocks too (not its dense fallback)
     "blocks_abs_ge": (lambda x: (AbsIndex(x, Workspace(), density=1e-4).indices_ge(3.5),), 0),
     "sampled_threshold": (lambda x: (sampled_threshold(x, max(1, x.numel() // 10), 3, 77),), 0),

@@ -15,6 +15,7 @@ from torch import Tensor
 from compbench.compll import runtime
 from compbench.compressors.base import Ctx, check_ratio, make_ctx
 from compbench.compressors.sparse import AbsIndex, SparseCompressor, Workspace, make_generator, sparse_payload
+from compbench.kernels import cpu, cpu_kernels_enabled
 
 if TYPE_CHECKING:
     from compbench.memory.base import Deferred
@@ -42,25 +43,35 @@ def _select(
     stops with the exact top-k, which the limit does), then the k largest candidates, also between
     k and 1.3k, where synxlin truncates by index instead.
 
-    With a memory's `deferred` compensation (then `values` is None) the memory's pass computes the
-    block maxima of what it compensates (`memory.base.Deferred`), so the filter is `AbsIndex` on
-    that summary instead of the generated compaction's own read (the same indices), and it gathers
-    the threshold's strided sample on its way (the same values); the indices index
-    `deferred.result`."""
+    On CPU with the compiled kernels, one summary pass replaces the generated threshold's strided
+    read and the filter's full read: it computes the block maxima of the tensor (`sparse.AbsIndex`,
+    whose query then re-reads only the blocks that reach the threshold) and gathers the strided
+    sample on its way (the same values, so the same indices). With a memory's `deferred`
+    compensation (then `values` is None) that pass is the memory's own (`memory.base.Deferred`),
+    and the indices index `deferred.result`."""
     sel = runtime.select("dgc")
     if deferred is None:
         assert values is not None
-        _, wanted = sample_layout(values.numel(), ratio, sample_ratio)
-        return runtime.select_indices(sel, values, ratio, wanted, k, gen)
-    _, wanted = sample_layout(deferred.numel, ratio, sample_ratio)
-    where = runtime.strided_sample(sel, deferred.numel, wanted, gen)
+        flat = values.detach().reshape(-1)
+        n = flat.numel()
+        _, wanted = sample_layout(n, ratio, sample_ratio)
+        if not (cpu_kernels_enabled(flat) and AbsIndex.takes_summary(flat, ratio)):
+            return runtime.select_indices(sel, flat, ratio, wanted, k, gen)
+
+        def summarize(samples: Tensor | None, start: int, stride: int) -> tuple[Tensor, Tensor]:
+            return flat, cpu.block_absmax(flat, samples, start, stride)
+    else:
+        n = deferred.numel
+        _, wanted = sample_layout(n, ratio, sample_ratio)
+        summarize = deferred.summary
+    where = runtime.strided_sample(sel, n, wanted, gen)
     sample = None
     if where is None:
-        y, summary = deferred.summary()
+        y, summary = summarize(None, 0, 1)
     else:
         start, stride, count = where
         sample = runtime.StridedSample(start, stride, torch.empty(count))
-        y, summary = deferred.summary(sample.values, start, stride)
+        y, summary = summarize(sample.values, start, stride)
     index = AbsIndex(y.detach().reshape(-1), ws, density=ratio, summary=summary)
     return runtime.select_indices(sel, y, ratio, wanted, k, gen, compaction=index.indices_ge, sample=sample)
 

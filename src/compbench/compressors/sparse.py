@@ -142,13 +142,7 @@ class AbsIndex:
         self.ws = ws
         self.density = float(density)
         n = self.flat.numel()
-        self._blocks = (
-            self.flat.device.type == "cpu"
-            and self.flat.dtype == torch.float32
-            and self.flat.is_contiguous()
-            and n >= 16 * _BLOCK
-            and density * _BLOCK < 0.3
-        )
+        self._blocks = self.takes_summary(self.flat, density)
         self._mag: Tensor | None = None
         # Small CPU tensors: plain numpy on the tensor itself, no scratch bookkeeping (per-call cost).
         self._small = (
@@ -165,6 +159,13 @@ class AbsIndex:
             self._tail = self.flat[nb * _BLOCK :].numpy()
             self._summary = summary if summary is not None else torch.from_numpy(self._block_maxima(rows))
             self._bmax = self._summary.numpy()
+
+    @staticmethod
+    def takes_summary(flat: Tensor, density: float) -> bool:
+        """Whether queries on flat `flat` at this density go through the block maxima (a summary
+        given to the constructor is used; otherwise each query compares every element)."""
+        return (flat.device.type == "cpu" and flat.dtype == torch.float32 and flat.is_contiguous()
+                and flat.numel() >= 16 * _BLOCK and float(density) * _BLOCK < 0.3)
 
     def _block_maxima(self, rows: Tensor) -> np.ndarray:
         if cpu_kernels_enabled(self.flat):  # one read pass; NaN-free maxima select the same blocks

@@ -122,9 +122,16 @@ def sampled_threshold(flat: Tensor, m: int, j: int, seed: int) -> Tensor:
     return torch.ops.compbench_cpu.sampled_threshold(flat, m, j, seed)
 
 
-def block_absmax(flat: Tensor) -> Tensor:
-    """fp32: the largest abs of each whole block of 64 elements, NaN ignored. Twin: AbsIndex's amax/amin."""
-    return torch.ops.compbench_cpu.block_absmax(flat)
+NO_SAMPLES = torch.empty(0)  # block_absmax / compensate_select without a strided sample
+
+
+def block_absmax(flat: Tensor, samples: Tensor | None = None, sample_start: int = 0,
+                 sample_stride: int = 1) -> Tensor:
+    """fp32: the largest abs of each whole block of 64 elements, NaN ignored; given fp32 `samples` of
+    m elements, the same pass writes flat[sample_start + t * sample_stride] into them for t < m.
+    Twin: AbsIndex's amax/amin (and the strided slice)."""
+    gathered = NO_SAMPLES if samples is None else samples
+    return torch.ops.compbench_cpu.block_absmax(flat, gathered, sample_start, sample_stride)
 
 
 def blocks_abs_ge(flat: Tensor, block_max: Tensor, threshold: float) -> Tensor:
@@ -192,7 +199,6 @@ def qsgd_dequantize(codes: Tensor, norms: Tensor, levels: int, bucket_size: int,
 
 # Kinds of compensate_select / compensate_at (extensions/cpu/memory.cpp).
 RESIDUAL, DGC, DGC_NESTEROV = 0, 1, 2
-NO_SAMPLES = torch.empty(0)  # compensate_select without a strided sample
 
 
 def compensate_select(a: Tensor, b: Tensor, g: Tensor, kind: int, c0: float, c1: float, scale: float,
