@@ -9,8 +9,10 @@ optimizer table below):
 
 - compress: the encode reads the (compensated) gradient once; error-feedback memory adds the passes
   over its own state that it cannot avoid (`MemoryTraits.state_passes`: reading and writing each
-  state tensor).
-  Priced over the fp32 bytes of the compressed tensors.
+  state tensor). Priced over the fp32 bytes of the compressed tensors. A threshold drawn from a
+  uniform sample (`Capabilities.random_sample`: dragonn, graddrop) adds its reads at random places,
+  each priced as one element of a sorted gather here (the cheapest order any reader of those places
+  could take; `measure_sampled_read_ns`).
 - exposed comm: the wire time of the step's bytes at the link rate, by the communicator's declared
   collective pattern (ring allgather: N-1 payloads through each link; ring allreduce: 2(N-1)/N of the
   tensor). Communication hidden behind back-propagation may expose less; the wire time is the mark
@@ -72,6 +74,28 @@ def measure_read_gbps(nbytes: int, device: torch.device | str = "cpu", repeats: 
     return x.numel() * 4 / min(times) / 1e9
 
 
+def measure_sampled_read_ns(nbytes: int, count: int, device: torch.device | str = "cpu",
+                            repeats: int = 7) -> float:
+    """ns per element of reading `count` elements at uniformly random places of an fp32 tensor of
+    `nbytes` (bounded as the read pass's), in ascending order: the fastest of `repeats` after one
+    warm-up, as `measure_read_gbps`."""
+    low, high = READ_PASS_BYTES
+    x = torch.ones(min(max(nbytes, low), high) // 4, device=device)
+    count = max(1, min(count, x.numel()))
+    places = torch.randint(x.numel(), (count,), generator=torch.Generator().manual_seed(0)).sort().values
+    places = places.to(x.device)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    x.index_select(0, places)
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        x.index_select(0, places)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return min(times) / count * 1e9
+
+
 def wire_ms(summary: Mapping[str, Any], world_size: int, pattern: str,
             link_gbps: float | None) -> float | None:
     """Time the step's bytes take through one worker's link: the dense allreduce part as a ring
@@ -90,19 +114,24 @@ def wire_ms(summary: Mapping[str, Any], world_size: int, pattern: str,
 
 def phase_floors(summary: Mapping[str, Any], *, world_size: int, read_gbps: float, link_gbps: float | None,
                  memory_passes: int, optim: Mapping[str, Any], pattern: str,
-                 handed_over: float = 0.0) -> dict[str, Any]:
+                 handed_over: float = 0.0, sampled_read_ns: float = 0.0) -> dict[str, Any]:
     """Each phase's time and floor (ms) with what the floor is made of, for results.json.
-    `handed_over`: fp32 bytes of the compressed tensors whose sparse averages skip the dense decode."""
+    `handed_over`: fp32 bytes of the compressed tensors whose sparse averages skip the dense decode;
+    `sampled_read_ns`: the price of one of the summary's `sampled_reads_per_step`."""
     per_ms = 1e3 / (read_gbps * 1e9)  # ms per byte of one pass
     dense = float(summary.get("bytes_dense_per_step") or 0.0)
     compressed = max(0.0, dense - float(summary.get("bytes_allreduce_per_step") or 0.0))
     enc = 1 + memory_passes if compressed else 0
+    sampled = float(summary.get("sampled_reads_per_step") or 0.0)
+    compress_basis = f"{enc} pass(es) over {compressed / 1e6:.3g} MB"
+    if sampled:
+        compress_basis += f" + {sampled:,.0f} sampled reads at {sampled_read_ns:.2g} ns"
     opt = optimizer_passes(optim)
     wire = wire_ms(summary, world_size, pattern, link_gbps)
-    mb_c, mb_p = f"{compressed / 1e6:.3g} MB", f"{dense / 1e6:.3g} MB"
+    mb_p = f"{dense / 1e6:.3g} MB"
     floors: dict[str, tuple[float | None, str]] = {
         "compute": (None, "the model's forward and backward"),
-        "compress": (enc * compressed * per_ms, f"{enc} pass(es) over {mb_c}"),
+        "compress": (enc * compressed * per_ms + sampled * sampled_read_ns / 1e6, compress_basis),
         "comm_exposed": (wire, "no shaped link" if wire is None else f"wire time at {link_gbps:g} Gbit/s"),
         "decompress": _decompress_floor(summary, compressed, min(handed_over, compressed), world_size,
                                         per_ms),
@@ -115,7 +144,8 @@ def phase_floors(summary: Mapping[str, Any], *, world_size: int, read_gbps: floa
         floor, basis = floors[phase]
         times = None if ms is None or not floor else float(ms) / floor
         out[phase] = {"ms": ms, "floor_ms": floor, "x_floor": times, "basis": basis}
-    return {"read_gbps": read_gbps, "link_gbps": link_gbps, "phases": out}
+    return {"read_gbps": read_gbps, "sampled_read_ns": sampled_read_ns or None, "link_gbps": link_gbps,
+            "phases": out}
 
 
 def _decompress_floor(summary: Mapping[str, Any], compressed: float, handed: float, world_size: int,
@@ -133,7 +163,8 @@ def _decompress_floor(summary: Mapping[str, Any], compressed: float, handed: flo
 def format_floors(floors: Mapping[str, Any]) -> list[str]:
     """The summary's lines: each phase, its floor and how many times the floor it takes."""
     link = f", link {floors['link_gbps']:g} Gbit/s" if floors.get("link_gbps") else ""
-    lines = [f"  vs floor     (this machine: read pass {floors['read_gbps']:.1f} GB/s{link})"]
+    sampled = f", sampled read {floors['sampled_read_ns']:.2g} ns" if floors.get("sampled_read_ns") else ""
+    lines = [f"  vs floor     (this machine: read pass {floors['read_gbps']:.1f} GB/s{sampled}{link})"]
     for phase, row in floors["phases"].items():
         ms, floor, times = row["ms"], row["floor_ms"], row["x_floor"]
         shown = "-" if ms is None else f"{ms:.1f}"

@@ -25,6 +25,9 @@ class StepStats:
         self.bytes_allreduce = 0
         self.calls_compressed = 0
         self.calls_dense = 0
+        # Elements the encodes read at random places (thresholds' uniform samples): the compress
+        # floor's second part (compbench.floors).
+        self.sampled_reads = 0
 
     def add_dense_allreduce(self, nbytes: int, calls: int) -> None:
         """Book gradient bytes that travelled uncompressed through an allreduce."""

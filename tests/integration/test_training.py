@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from compbench.compressors import build_compressor
 from compbench.models.mlp import mlp
 from tests.helpers import TINY, event_tags, params, results, train
 
@@ -60,6 +61,19 @@ def test_bytes_and_calls_are_booked_per_path(tmp_path):
     assert s["dense_calls_per_step"] == len(dense) and s["compressed_calls_per_step"] == len(sparse) > 0
     topk_bytes = sum(8 * math.ceil(0.5 * v.numel()) for v in sparse)
     assert s["bytes_sent_per_step"] == s["bytes_allreduce_per_step"] + topk_bytes
+
+
+def test_a_uniform_sample_is_booked_and_priced_in_the_compress_floor(tmp_path):
+    """dragonn draws its threshold from a uniform sample: the pipeline books its reads per step
+    (the compressed tensors' `sampled_reads`), and the run's floors price them."""
+    out, _ = train(tmp_path, *TINY, "max_steps=3", "epochs=1", "eval=false", "engine.np=2",
+                   "compressor=dragonn", "ratio=0.01", "comm=allgather", "memory=none")
+    comp = build_compressor("dragonn", ratio=0.01)
+    want = sum(comp.sampled_reads(v.numel()) for v in params(out).values())
+    r = results(out)
+    assert r["summary"]["sampled_reads_per_step"] == want > 0
+    assert r["floors"]["sampled_read_ns"] > 0
+    assert f"{want:,} sampled reads" in r["floors"]["phases"]["compress"]["basis"]
 
 
 @pytest.mark.slow

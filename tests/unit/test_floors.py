@@ -4,8 +4,9 @@ one collective (compbench.engines.wire)."""
 import pytest
 import torch
 
+from compbench.compressors import build_compressor
 from compbench.engines import wire
-from compbench.floors import format_floors, optimizer_passes, phase_floors, wire_ms
+from compbench.floors import format_floors, measure_sampled_read_ns, optimizer_passes, phase_floors, wire_ms
 
 SUMMARY = {"compute_ms": 30.0, "compress_ms": 8.0, "comm_exposed_ms": 3.0, "decompress_ms": 2.0,
            "optimizer_ms": 12.0, "other_ms": 1.0, "bytes_sent_per_step": 125_000 + 16_000,
@@ -41,6 +42,37 @@ def test_phase_floors_price_passes_at_the_read_pass():
     lines = format_floors(floors)
     assert "read pass 10.0 GB/s, link 1 Gbit/s" in lines[0] and len(lines) == 7
     assert any(line.split()[:2] == ["exposed", "comm"] for line in lines)
+
+
+def test_a_uniform_sample_adds_its_reads_to_the_compress_floor():
+    kw = dict(world_size=2, read_gbps=10.0, link_gbps=1.0, memory_passes=0,
+              optim={"name": "sgd", "momentum": 0.0}, pattern="allgather")
+    plain = phase_floors(SUMMARY, **kw)
+    sampled = phase_floors({**SUMMARY, "sampled_reads_per_step": 160_000}, sampled_read_ns=4.0, **kw)
+    assert sampled["phases"]["compress"]["floor_ms"] == pytest.approx(
+        plain["phases"]["compress"]["floor_ms"] + 160_000 * 4.0 / 1e6)
+    assert "160,000 sampled reads at 4 ns" in sampled["phases"]["compress"]["basis"]
+    assert "sampled read 4 ns" in format_floors(sampled)[0]
+    assert plain["sampled_read_ns"] is None and "sampled" not in format_floors(plain)[0]
+
+
+def test_the_sampled_read_is_priced_per_element():
+    ns = measure_sampled_read_ns(32 << 20, 80_000)
+    assert 0 < ns < 1e4  # a cache miss costs around 100 ns at most; sorted, a few
+    assert measure_sampled_read_ns(32 << 20, 0) > 0  # at least one read
+
+
+@pytest.mark.parametrize("name, kwargs, n, reads", [
+    ("dragonn", {"ratio": 1e-3}, 16_777_216, 167_773),  # 1% of the tensor
+    ("dragonn", {"ratio": 1e-3}, 4096, 3200),  # a small tensor: ratio 0.01, at least 32 / 0.01 samples
+    ("dragonn", {"ratio": 1e-3}, 3000, 0),  # the whole tensor: an exact threshold, no sample
+    ("graddrop", {"ratio": 1e-2}, 1_000_000, 10_000),
+    ("graddrop", {"ratio": 1e-2}, 150, 0),
+])
+def test_compressors_declare_the_reads_of_their_uniform_sample(name, kwargs, n, reads):
+    comp = build_compressor(name, **kwargs)
+    assert comp.caps.random_sample and comp.sampled_reads(n) == reads
+    assert not build_compressor("dgc", ratio=1e-3).caps.random_sample  # strided: inside its one pass
 
 
 @pytest.mark.parametrize("header", [True, False])

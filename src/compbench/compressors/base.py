@@ -70,6 +70,9 @@ class Capabilities:
     fuses_memory: `compress_deferred(deferred, name)` compresses a compensation an error-feedback
       memory deferred (`memory.base.Deferred`), running it inside its own selection pass: the
       memory's update and the selection are one compiled pass per tensor (dgc, topk, dragonn).
+    random_sample: `sampled_reads(numel)` is how many elements of a tensor of `numel` the encode
+      reads at random places besides its pass over the tensor (a threshold's uniform sample): cache
+      misses the algorithm itself makes, which the compress phase's floor counts (compbench.floors).
     recipe: known-good settings applied unless the user sets the key ("memory", "optim.lr",
       "optim.momentum", "optim.warmup_epochs"; optimizer keys apply to optim=sgd, the optimizer they
       were tuned with).
@@ -89,6 +92,7 @@ class Capabilities:
     decodes_into: bool = False
     sparse_average: bool = False
     fuses_memory: bool = False
+    random_sample: bool = False
     recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention (deep-copyable)
     why_not_summable: str = "sends rank-dependent payloads that cannot be summed element-wise"
 

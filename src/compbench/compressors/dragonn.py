@@ -167,7 +167,7 @@ class DRAGONN(SparseCompressor):
     """
 
     name = "dragonn"
-    caps = replace(SparseCompressor.caps, fuses_memory=True)
+    caps = replace(SparseCompressor.caps, fuses_memory=True, random_sample=True)
 
     def __init__(
         self,
@@ -207,6 +207,11 @@ class DRAGONN(SparseCompressor):
         samples and sends noise."""
         r = self.ratio_for(numel)
         return max(1, math.ceil(self.sample_ratio * numel), math.ceil(self.min_top_samples / r))
+
+    def sampled_reads(self, numel: int) -> int:
+        """The threshold's sample (`Capabilities.random_sample`); none when it is the whole tensor."""
+        m = self.samples_for(numel)
+        return m if m < numel else 0
 
     def _hash_seed(self, name: str) -> int:
         """The hash table's seed: new every step and tensor."""

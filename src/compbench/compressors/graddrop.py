@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -29,6 +30,7 @@ class GradDrop(SparseCompressor):
     """
 
     name = "graddrop"
+    caps = replace(SparseCompressor.caps, random_sample=True)
 
     def __init__(self, ratio: float = 0.01, sample_ratio: float = 0.01, seed: int = 0) -> None:
         super().__init__()
@@ -41,11 +43,19 @@ class GradDrop(SparseCompressor):
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.detach().reshape(-1)
         n = flat.numel()
-        m = max(math.ceil(self.sample_ratio * n), math.ceil(2.0 / self.ratio))
+        m = self._samples(n)
         gen = make_generator(self.seed, self.step, name, device=flat.device)
         cap = _CAP * self.k_for(n)
         idx = runtime.select_indices(runtime.select("graddrop"), flat, self.ratio, m, cap, gen)
         return sparse_payload(flat[idx], idx), make_ctx(x, name)
+
+    def _samples(self, numel: int) -> int:
+        return max(math.ceil(self.sample_ratio * numel), math.ceil(2.0 / self.ratio))
+
+    def sampled_reads(self, numel: int) -> int:
+        """The threshold's sample (`Capabilities.random_sample`); none when it is the whole tensor."""
+        m = self._samples(numel)
+        return m if m < numel else 0
 
     def max_wire_bytes(self, numel: int) -> int:
         return 8 * min(numel, _CAP * self.k_for(numel))

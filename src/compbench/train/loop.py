@@ -237,6 +237,7 @@ class Trainer:
         r.scalar("comm/bytes_allreduce", s.bytes_allreduce, st)
         r.scalar("comm/calls_compressed", s.calls_compressed, st)
         r.scalar("comm/calls_dense", s.calls_dense, st)
+        r.scalar("compress/sampled_reads", s.sampled_reads, st)
 
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict[str, float]:
@@ -285,6 +286,7 @@ class Trainer:
             "bytes_allreduce_per_step": per_step("comm/bytes_allreduce"),
             "compressed_calls_per_step": per_step("comm/calls_compressed"),
             "dense_calls_per_step": per_step("comm/calls_dense"),
+            "sampled_reads_per_step": per_step("compress/sampled_reads"),
         }
         if self.not_evaluated and not final:
             summary["not_evaluated"] = self.not_evaluated
@@ -307,19 +309,22 @@ class Trainer:
     def floors(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Each phase against its floor on this machine (compbench.floors); rank 0 measures the read
         pass now, after training, over a tensor the size of the parameters."""
-        from compbench.floors import measure_read_gbps, phase_floors
+        from compbench.floors import measure_read_gbps, measure_sampled_read_ns, phase_floors
         from compbench.report.cluster_model import pattern
 
         params = list(self.model.parameters())
         nbytes = sum(p.numel() * p.element_size() for p in params)
-        read_gbps = measure_read_gbps(nbytes, params[0].device if params else "cpu")
+        device = params[0].device if params else "cpu"
+        read_gbps = measure_read_gbps(nbytes, device)
+        sampled = int(summary.get("sampled_reads_per_step") or 0)
+        sampled_ns = measure_sampled_read_ns(nbytes, sampled, device) if sampled else 0.0
         memory_passes = registry.component_class("memory", self.cfg.choices.memory).traits.state_passes
         sparse = self.pipeline.sparse_names if self.pipeline is not None else frozenset()
         handed = sum(p.numel() * 4 for n, p in self.model.named_parameters() if n in sparse)
         return phase_floors(summary, world_size=self.engine.size, read_gbps=read_gbps,
                             link_gbps=self.cfg.net.get("emulate_gbps"), memory_passes=memory_passes,
                             optim=registry.plain(self.cfg.optim), pattern=pattern(self.cfg.choices.comm),
-                            handed_over=handed)
+                            handed_over=handed, sampled_read_ns=sampled_ns)
 
 
 def environment(engine) -> dict[str, Any]:

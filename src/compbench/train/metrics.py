@@ -47,6 +47,8 @@ TAGS: dict[str, tuple[str, str]] = {
     "comm/bytes_allreduce": ("bytes", "part of bytes_sent that went uncompressed through the fp32 allreduce"),
     "comm/calls_compressed": ("calls", "collectives started per step for compressed tensors"),
     "comm/calls_dense": ("calls", "collectives started per step for tensors sent dense"),
+    "compress/sampled_reads": ("elements", "elements the encodes read at random places (thresholds' uniform "
+                                           "samples), per worker and step"),
 }
 
 # A language-model run (compbench.train.task) writes these instead of eval/acc1 and train/throughput.
@@ -85,6 +87,7 @@ SUMMARY: dict[str, str] = {
     "bytes_allreduce_per_step": _MEDIAN.format(tag="comm/bytes_allreduce", unit="bytes per worker"),
     "compressed_calls_per_step": _MEDIAN.format(tag="comm/calls_compressed", unit="calls"),
     "dense_calls_per_step": _MEDIAN.format(tag="comm/calls_dense", unit="calls"),
+    "sampled_reads_per_step": _MEDIAN.format(tag="compress/sampled_reads", unit="elements per worker"),
     # language-model runs
     "final_eval_loss": "eval/loss after the last evaluation (nats per token)",
     "best_eval_loss": "lowest eval/loss of any evaluation (nats per token)",

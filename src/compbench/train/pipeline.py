@@ -77,6 +77,8 @@ class GradientPipeline:
         compress = not dense and self.compresses(grad, fused)
         if compress and self.guard_nonfinite and not bool(torch.isfinite(grad).all()):
             grad = torch.zeros_like(grad)  # the trainer skips this step anyway; keep the memory finite
+        if compress and self.compressor.caps.random_sample:
+            self.stats.sampled_reads += self.compressor.sampled_reads(grad.numel())  # type: ignore[attr-defined]
         t0, marks = time.perf_counter(), self._marks()
         handle = self.comm.reduce(grad, name, self.memory) if compress else self._dense(grad, name)
         self._pending.append((name, handle))
