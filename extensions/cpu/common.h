@@ -127,6 +127,21 @@ inline void merge_by_max(at::Tensor& table, const at::Tensor& mine, std::mutex& 
   for (int64_t j = 0; j < table.numel(); ++j) out[j] = std::max(out[j], t[j]);
 }
 
+// What a DRAGONN table sends: the indices in its filled slots, in slot order (empty slots hold -1).
+// One pass over the slots here instead of a boolean mask's in torch (~0.15 ms at 67k slots).
+inline at::Tensor filled_slots(const at::Tensor& table) {
+  const int64_t* t = table.data_ptr<int64_t>();
+  const int64_t slots = table.numel();
+  int64_t count = 0;
+  for (int64_t j = 0; j < slots; ++j) count += t[j] >= 0;
+  at::Tensor out = at::empty({count}, table.options());
+  int64_t* o = out.data_ptr<int64_t>();
+  for (int64_t j = 0; j < slots; ++j) {
+    if (t[j] >= 0) *o++ = t[j];
+  }
+  return out;
+}
+
 // The kernels' declarations and registrations are generated from src/compbench/kernels/table.py.
 
 

@@ -102,7 +102,7 @@ void check_state(const at::Tensor& a, const at::Tensor& b, const at::Tensor& g, 
 // Updates the memory in place (a = residual or momentum u, b = velocity v; b unused for kind 0) and
 // selects from the compensated tensor in the same pass: slots == 0 returns the fp32 maxima of
 // abs over each whole block of 64 (NaN ignored; select.cpp's block_absmax of the result), slots > 0
-// DRAGONN's int64 table (select.cpp's dragonn_select of the result with threshold and seed).
+// DRAGONN's selected int64 indices (select.cpp's dragonn_select of the result with threshold and seed).
 // With slots == 0 the pass also writes a strided sample of the result (DGC's threshold samples,
 // otherwise a second, strided read of it): samples[t] = result[sample_start + t * sample_stride]
 // for t < samples.numel().
@@ -162,7 +162,7 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
     });
     merge_by_max(table, mine, lock);
   });
-  return table.defined() ? table : at::full({slots}, -1, g.options().dtype(at::kLong));
+  return table.defined() ? filled_slots(table) : at::empty({0}, g.options().dtype(at::kLong));
 }
 
 // The compensated values at flat int64 `indices` (DRAGONN's threshold samples, needed before its

@@ -12,8 +12,9 @@
 
 namespace compbench_cpu {
 
-// int64 table of `slots` entries: slot murmur3_32(i, seed) % slots holds the largest i with
-// abs(x_i) >= threshold, -1 if none (twin: compressors.dragonn._select's CPU path; CUDA: dragonn.cu).
+// int64, the indices in the filled slots of a table of `slots` entries, in slot order: slot
+// murmur3_32(i, seed) % slots holds the largest i with abs(x_i) >= threshold (twin:
+// compressors.dragonn._select's CPU path; CUDA: dragonn.cu, which returns the whole table).
 // Each scanned range fills its own table with plain stores (its indices increase, so the last
 // write is the largest), then the tables are merged by max: the same table at any number of
 // threads. Not an atomic max on one shared table: a locked compare-exchange per passing element
@@ -62,7 +63,7 @@ at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, 
     }
     merge_by_max(table, mine, lock);
   });
-  return table.defined() ? table : at::full({slots}, -1, x.options().dtype(at::kLong));  // n == 0
+  return table.defined() ? filled_slots(table) : at::empty({0}, x.options().dtype(at::kLong));  // n == 0
 }
 
 // Sample i of sampled_threshold: element (murmur3_32(i, seed) * n) >> 32, uniform over [0, n) up to

@@ -89,7 +89,7 @@ def test_compensate_select_matches_the_cpu_kernel(run, n, kind, c0, c1, scale):
     table = torch.full((slots,), -1, dtype=torch.int32)
     run("compensate_select", a, b, g, n, *consts, c_float(thr), c_uint(seed), table, c_uint(slots))
     want = cpu.compensate_select(a_cpu, b_cpu, g, kind, c0, c1, scale, thr, slots, seed)
-    assert table.tolist() == want.tolist()
+    assert [i for i in table.tolist() if i >= 0] == want.tolist()  # the CPU kernel sends the filled slots
     assert torch.equal(a.view(torch.int32), a_cpu.view(torch.int32))
     if kind != cpu.RESIDUAL:
         assert torch.equal(b.view(torch.int32), b_cpu.view(torch.int32))

@@ -106,8 +106,7 @@ def _select(
         table = ops.dragonn_select(flat, float(threshold), slots, seed)
         return table[table >= 0].long()
     if cpu_kernels_enabled(flat):
-        table = cpu.dragonn_select(flat, float(threshold), slots, seed)
-        return table[table >= 0]
+        return cpu.dragonn_select(flat, float(threshold), slots, seed)
     cand = AbsIndex(flat, ws, density=density).indices_ge(threshold)
     table = torch.full((slots,), -1, dtype=torch.int64, device=flat.device)
     if cand.numel():
@@ -246,10 +245,8 @@ class DRAGONN(SparseCompressor):
         # = sampled_threshold(compensated, m, j, seed): the same stream, the same j-th largest.
         samples = deferred.at(torch.from_numpy(sample_indices(n, m, seed & _M32)))
         threshold = kth_largest(samples.abs(), j)
-        y, table = deferred.select(float(threshold), 4 * self.k_for(n), self._hash_seed(name))
-        flat = y.reshape(-1)
-        idx = table[table >= 0]
-        return sparse_payload(flat.index_select(0, idx), idx), make_ctx(y, name)
+        y, idx = deferred.select(float(threshold), 4 * self.k_for(n), self._hash_seed(name))
+        return sparse_payload(y.reshape(-1).index_select(0, idx), idx), make_ctx(y, name)
 
     def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         """One scatter-add of every rank's payload (`batching`), else one decode per rank; into

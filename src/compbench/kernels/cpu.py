@@ -111,8 +111,9 @@ def status() -> str:
 
 
 def dragonn_select(flat: Tensor, threshold: float, slots: int, seed: int) -> Tensor:
-    """int64 table: slot murmur3_32(i, seed) % slots holds the largest i with |x_i| >= threshold,
-    -1 if none. Twin: `compressors.dragonn._select`'s CPU path."""
+    """int64: the indices in the filled slots of a table where slot murmur3_32(i, seed) % slots
+    holds the largest i with |x_i| >= threshold, in slot order. Twin: `compressors.dragonn._select`'s
+    CPU path."""
     return torch.ops.compbench_cpu.dragonn_select(flat, threshold, slots, seed)
 
 

@@ -93,7 +93,7 @@ class Deferred:
         return self._run(0.0, 0, 0, samples, start, stride)
 
     def select(self, threshold: float, slots: int, seed: int) -> tuple[Tensor, Tensor]:
-        """Run the pass: (compensated tensor, `kernels.cpu.dragonn_select` of it)."""
+        """Run the pass: (compensated tensor, `kernels.cpu.dragonn_select` of it: the selected indices)."""
         return self._run(threshold, slots, seed)
 
     def apply(self) -> Tensor:
