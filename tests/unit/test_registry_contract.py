@@ -258,6 +258,7 @@ PROMISES: dict[str, dict[str, list[str]]] = {
     "decodes_into": {"decompress_all": ["payloads", "ctx", "out"]},
     "fuses_memory": {"compress_deferred": ["deferred", "name"]},
     "sparse_average": {"decompress_all_sparse": ["payloads", "ctx"]},
+    "random_sample": {"sampled_reads": ["numel"]},
 }
 
 
