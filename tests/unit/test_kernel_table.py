@@ -75,15 +75,18 @@ def _encode(compressor, memory) -> Callable[[Tensor], tuple[Tensor, ...]]:
 
 def _sparse_average(x: Tensor) -> tuple[Tensor, ...]:
     """Two ranks' payloads of about n/3 indices each, overlapping (sums in payload order), on a flat
-    and, where n allows, a 3-D view of x."""
+    and, where n allows, a 3-D view of x; then the same bunched in the first 64th of x (the
+    kernel's crowded buckets), repeats within a payload included."""
     n = x.numel()
     gen = torch.Generator().manual_seed(n)
-    picks = [torch.randperm(n, generator=gen)[: n // 3 + 1] for _ in range(2)]
-    payloads = [[x[idx], idx.int()] for idx in picks]
+    spread = [torch.randperm(n, generator=gen)[: n // 3 + 1] for _ in range(2)]
+    bunched = [torch.randint(max(1, n // 64), (n // 3 + 1,), generator=gen) for _ in range(2)]
     out = []
-    for shape in [(n,)] + [(n // d, *rest) for d, rest in ((8, (2, 4)), (9, (3, 3))) if n % d == 0]:
-        avg = sparse_average(payloads, make_ctx(x.view(shape), "w"))
-        out += [avg.indices(), avg.values()]
+    for picks in (spread, bunched):
+        payloads = [[x[idx], idx.int()] for idx in picks]
+        for shape in [(n,)] + [(n // d, *rest) for d, rest in ((8, (2, 4)), (9, (3, 3))) if n % d == 0]:
+            avg = sparse_average(payloads, make_ctx(x.view(shape), "w"))
+            out += [avg.indices(), avg.values()]
     return tuple(out)
 
 
