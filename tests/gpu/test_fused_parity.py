@@ -35,7 +35,7 @@ def test_compensate_select_matches_the_cpu_kernel(n, kind, c0, c1, scale):
     slots, seed = max(4, n // 250), 0x9747B28C
     table = ops.compensate_select(a_gpu, b_gpu, g_gpu, kind, c0, c1, scale, 1.5, slots, seed)
     want = cpu.compensate_select(a_cpu, b_cpu, g, kind, c0, c1, scale, 1.5, slots, seed)
-    assert [i for i in table.cpu().tolist() if i >= 0] == want.tolist()  # the CPU kernel sends the filled slots
+    assert [i for i in table.cpu().tolist() if i >= 0] == want.tolist()  # the CPU sends the filled slots
     assert torch.equal(a_gpu.cpu(), a_cpu)
     if kind != cpu.RESIDUAL:
         assert torch.equal(b_gpu.cpu(), b_cpu)
