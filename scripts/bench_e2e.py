@@ -291,13 +291,14 @@ def main(argv: list[str] | None = None) -> int:
             target(f"shaped: dragonn >= {bound}x faster than {name}: {fmt(r, '.2f')}x",
                    None if r is None else r >= bound)
     if "unshaped" in links:
-        pairs = (("none_torch", "ddp_fp32", "DDP fp32"), ("none_horovod", "hvd", "Horovod DO"),
-                 ("none_torch", "plain_ddp", "a plain DDP script"),
-                 ("none_horovod", "plain_hvd", "a plain Horovod script"))
-        for key, base, name in pairs:
+        # issue 24 keeps compressor=none within 1.03x of DDP fp32; the other bounds are older issues' 1.05
+        pairs = (("none_torch", "ddp_fp32", "DDP fp32", 1.03), ("none_horovod", "hvd", "Horovod DO", 1.05),
+                 ("none_torch", "plain_ddp", "a plain DDP script", 1.05),
+                 ("none_horovod", "plain_hvd", "a plain Horovod script", 1.05))
+        for key, base, name, bound in pairs:
             r = ratio("unshaped", key, base)  # compbench's time / the baseline's
-            target(f"unshaped: compbench none ({key.split('_')[1]}) within 1.05x of {name}: "
-                   f"{fmt(r, '.3f')}x", None if r is None else r <= 1.05)
+            target(f"unshaped: compbench none ({key.split('_')[1]}) within {bound}x of {name}: "
+                   f"{fmt(r, '.3f')}x", None if r is None else r <= bound)
 
     report = [
         f"# compbench end to end: 2 workers, MLP 4096x4096+4096x10, batch 32/worker, {args.steps} steps, "
