@@ -72,8 +72,13 @@ def check(gbps: float | None, latency_us: float | None = 0) -> None:
     check_rate("net.emulate_gbps", gbps, "or null: no shaping")
     if latency_us is not None:
         check_delay("net.emulate_latency_us", latency_us)
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+    if not can_shape():
         raise ValueError("net.emulate_gbps needs root (run as root or drop net.emulate_gbps)")
+
+
+def can_shape() -> bool:
+    """Whether this process may make network namespaces and shape links: root, with iproute2's ip and tc."""
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
 
 def _run(*argv: str) -> None:

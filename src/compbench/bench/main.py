@@ -4,6 +4,8 @@
     compbench bench compressor=dragonn numel=25000000      # one compressor, its own settings
     compbench bench compressors=[dgc,dragonn] sizes=[1048576,25000000] ratios=[1e-2,1e-3] threads=1
     compbench bench device=cuda peers=8 output=bench.json
+    compbench bench mode=e2e                               # end to end: the issue-24 matrix (bench/e2e.py)
+    compbench bench mode=e2e e2e.rows=[dragonn,compute] e2e.links=[unshaped] e2e.repeat=3
 
 Prints one line per (compressor, size, ratio) and writes a JSON file (the per-size costs are what a
 SeCoPa plan needs). Every time comes with multiples of floors measured in the same run: one read
@@ -37,6 +39,13 @@ def main(overrides: list[str]) -> int:
         print(__doc__.strip())
         return 0
     cfg = config.compose(overrides, config_name="bench")
+    if cfg.mode not in ("micro", "e2e"):
+        raise ValueError(f"mode={cfg.mode} is not a bench mode; use mode=micro (encode/decode costs) or "
+                         "mode=e2e (end-to-end step times against DDP and Horovod)")
+    if cfg.mode == "e2e":
+        from compbench.bench import e2e
+
+        return e2e.run(**e2e.check(registry.plain(cfg.e2e), cfg.output, cfg.outputs_root))
     spec = check(cfg, overrides)
     output = Path(spec.pop("output"))
     result = measure(spec)
