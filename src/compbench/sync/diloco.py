@@ -59,19 +59,16 @@ from compbench.sync import SyncTraits
 from compbench.sync.step import load_pipeline_state, pipeline_state
 from compbench.train.optim import build_optimizer
 from compbench.train.pipeline import GradientPipeline
-
-
-def _is_int(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int)
+from compbench.values import is_int, is_number
 
 
 def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                   nesterov: bool = True, fragments: int = 1, overlap: int = 0, mix: float = 0.0) -> None:
     """Config-time check of sync=diloco's settings."""
-    if isinstance(inner_steps, bool) or not isinstance(inner_steps, int) or inner_steps < 1:
+    if not is_int(inner_steps) or inner_steps < 1:
         raise ValueError(f"sync.inner_steps={inner_steps} must be an integer >= 1 (steps per round)")
     for key, value, low in (("outer_lr", outer_lr, 0.0), ("outer_momentum", outer_momentum, 0.0)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= low:
+        if not is_number(value) or not value >= low:
             raise ValueError(f"sync.{key}={value} must be a number >= {low:g}")
     if float(outer_lr) == 0.0:
         raise ValueError("sync.outer_lr=0 would never move the global parameters; "
@@ -80,13 +77,13 @@ def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: 
         raise ValueError(f"sync.outer_momentum={outer_momentum} must be < 1")
     if nesterov and float(outer_momentum) == 0.0:
         raise ValueError("sync.nesterov=true needs sync.outer_momentum > 0; pass sync.nesterov=false")
-    if not _is_int(fragments) or fragments < 1:
+    if not is_int(fragments) or fragments < 1:
         raise ValueError(f"sync.fragments={fragments} must be an integer >= 1; pass sync.fragments=1 "
                          "(the whole model at once, DiLoCo) or more")
-    if not _is_int(overlap) or overlap < 0:
+    if not is_int(overlap) or overlap < 0:
         raise ValueError(f"sync.overlap={overlap} must be an integer >= 0 (inner steps an exchange "
                          "overlaps); pass sync.overlap=0 (none, DiLoCo) or more")
-    if isinstance(mix, bool) or not isinstance(mix, int | float) or not 0.0 <= mix < 1.0:
+    if not is_number(mix) or not 0.0 <= mix < 1.0:
         raise ValueError(f"sync.mix={mix} must be a number in [0, 1) (the local fragment's weight at the "
                          "merge); pass sync.mix=0 (replace it, DiLoCo) or e.g. sync.mix=0.5")
     if inner_steps % fragments:
