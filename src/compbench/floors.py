@@ -28,7 +28,7 @@ optimizer table below):
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -60,18 +60,8 @@ def measure_read_gbps(nbytes: int, device: torch.device | str = "cpu", repeats: 
     (a busy machine's median undersells it). The tensor is at least 32 MiB, so that caches do not
     flatter it, and at most 256 MiB (past the caches the rate no longer depends on the size; ViT-B's
     gradients would allocate 344 MB at the end of a run)."""
-    low, high = READ_PASS_BYTES
-    x = torch.ones(min(max(nbytes, low), high) // 4, device=device)
-    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
-    x.sum()
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        x.sum()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return x.numel() * 4 / min(times) / 1e9
+    x = _read_pass_tensor(nbytes, device)
+    return x.numel() * 4 / _fastest(x.sum, x, repeats) / 1e9
 
 
 def measure_sampled_read_ns(nbytes: int, count: int, device: torch.device | str = "cpu",
@@ -79,21 +69,30 @@ def measure_sampled_read_ns(nbytes: int, count: int, device: torch.device | str 
     """ns per element of reading `count` elements at uniformly random places of an fp32 tensor of
     `nbytes` (bounded as the read pass's), in ascending order: the fastest of `repeats` after one
     warm-up, as `measure_read_gbps`."""
-    low, high = READ_PASS_BYTES
-    x = torch.ones(min(max(nbytes, low), high) // 4, device=device)
+    x = _read_pass_tensor(nbytes, device)
     count = max(1, min(count, x.numel()))
     places = torch.randint(x.numel(), (count,), generator=torch.Generator().manual_seed(0)).sort().values
     places = places.to(x.device)
+    return _fastest(lambda: x.index_select(0, places), x, repeats) / count * 1e9
+
+
+def _read_pass_tensor(nbytes: int, device: torch.device | str) -> torch.Tensor:
+    low, high = READ_PASS_BYTES
+    return torch.ones(min(max(nbytes, low), high) // 4, device=device)
+
+
+def _fastest(run: Callable[[], object], x: torch.Tensor, repeats: int) -> float:
+    """Seconds of the fastest of `repeats` calls of `run` after one warm-up (on x's device)."""
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
-    x.index_select(0, places)
+    run()
     times = []
     for _ in range(repeats):
         sync()
         t0 = time.perf_counter()
-        x.index_select(0, places)
+        run()
         sync()
         times.append(time.perf_counter() - t0)
-    return min(times) / count * 1e9
+    return min(times)
 
 
 def wire_ms(summary: Mapping[str, Any], world_size: int, pattern: str,
