@@ -46,6 +46,8 @@ def test_a_bare_name_is_one_row_and_a_used_folder_is_refused(tmp_path):
     (tmp_path / "used" / "table.md").write_text("")
     with pytest.raises(ValueError, match="exists and is not an empty folder"):
         _check(tmp_path, "e2e.links=[unshaped]", f"output={tmp_path / 'used'}")
+    with pytest.raises(ValueError, match="exists and is not a folder"):  # a file in the way
+        _check(tmp_path, "e2e.links=[unshaped]", f"output={tmp_path / 'used' / 'table.md'}")
 
 
 def test_an_unknown_mode_is_refused():

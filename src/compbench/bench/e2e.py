@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from compbench.bench import e2e_table
+from compbench.checks import check_creatable
 from compbench.netem import can_shape, check_rate
 from compbench.train.metrics import WARMUP_STEPS
 from compbench.values import require_int
@@ -185,9 +186,15 @@ def check(e2e: Mapping[str, Any], output: str | None, outputs_root: str) -> dict
     timeout = e2e.get("timeout")
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise ValueError(f"e2e.timeout={timeout} must be seconds > 0, e.g. 600")
-    out = Path(output) if output else Path(outputs_root) / "bench_e2e" / time.strftime("%Y-%m-%d-%H%M%S")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"output={out} exists and is not an empty folder; pass a new output=DIR")
+    # Now, not after the matrix ran: a folder that cannot be made, or one holding another matrix's runs.
+    if output:
+        out = Path(output)
+        check_creatable("output", out)
+        if out.is_dir() and any(out.iterdir()):
+            raise ValueError(f"output={out} exists and is not an empty folder; pass a new output=DIR")
+    else:
+        check_creatable("outputs_root", Path(outputs_root))
+        out = Path(outputs_root) / "bench_e2e" / time.strftime("%Y-%m-%d-%H%M%S")
     if "shaped" in links and not can_shape():
         raise ValueError("e2e.links=[shaped] needs root and iproute2 (a network namespace per run); run as "
                          "root or pass e2e.links=[unshaped]")
