@@ -37,6 +37,15 @@ def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 6, generator=g), torch.randint(3, (4,), generator=g)
 
 
+def _inner_step(workers: list[torch.nn.Module], inner: list[torch.optim.Optimizer], step: int) -> None:
+    """One inner step of every worker on its own batch of `step`."""
+    for rank, (w, opt) in enumerate(zip(workers, inner, strict=True)):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        F.cross_entropy(w(x), y).backward()
+        opt.step()
+
+
 def _reference() -> list[torch.Tensor]:
     """DiLoCo as the reference: inner AdamW per worker (state kept across rounds), the averaged
     outer gradient θ − θ_local, Nesterov SGD(lr 0.7, momentum 0.9) on θ, workers reset to θ."""
@@ -48,11 +57,7 @@ def _reference() -> list[torch.Tensor]:
     step = 0
     for _ in range(ROUNDS):
         for _ in range(H):
-            for rank, (w, opt) in enumerate(zip(workers, inner, strict=True)):
-                x, y = _batch(rank, step)
-                opt.zero_grad()
-                F.cross_entropy(w(x), y).backward()
-                opt.step()
+            _inner_step(workers, inner, step)
             step += 1
         with torch.no_grad():
             for i, p in enumerate(global_model.parameters()):

@@ -16,7 +16,8 @@ from compbench import registry
 from compbench.sync.build import build_synchronizer
 from compbench.train.metrics import StepStats
 from tests.threaded_engine import ThreadWorld
-from tests.unit.test_diloco import INNER, WORLD, _batch, _model
+from tests.unit.test_diloco import INNER, WORLD, _batch, _inner_step, _model
+from tests.unit.test_sync_combinations import _sweep
 
 H, STEPS = 6, 18  # three rounds
 
@@ -35,11 +36,7 @@ def _reference(fragments: int, overlap: int, mix: float, steps: int = STEPS) -> 
     every = H // fragments
     pending: tuple[int, int, list[torch.Tensor]] | None = None
     for step in range(steps):
-        for rank, (w, opt) in enumerate(zip(workers, inner, strict=True)):
-            x, y = _batch(rank, step)
-            opt.zero_grad()
-            F.cross_entropy(w(x), y).backward()
-            opt.step()
+        _inner_step(workers, inner, step)
         taken = step + 1
         with torch.no_grad():
             if taken % every == 0:
@@ -169,30 +166,7 @@ def test_more_fragments_than_tensors_is_refused_at_build_time():
 def test_every_compressor_and_comm_is_refused_or_trains_with_fragments(tmp_path):
     """test_sync_combinations' sweep with two fragments, one overlapping step and mixing: the first
     fragment starts at step 2 and is applied at step 3, the last of the sweep's steps."""
-    from omegaconf import open_dict
-
-    from compbench import config
-    from tests.unit.test_combinations import ALTERNATIVE, _compose
-    from tests.unit.test_sync_combinations import COMMS, _train, _with_sync
-
-    ran = refused = 0
-    for compressor in registry.options("compressor"):
-        for comm in COMMS:
-            cfg = _with_sync(_compose(compressor, comm), "diloco")
-            with open_dict(cfg):
-                cfg.sync.update(inner_steps=4, fragments=2, overlap=1, mix=0.5)
-            try:
-                cfg = config.check(cfg)
-            except ValueError as e:
-                assert "\n" not in str(e) and ALTERNATIVE.search(str(e)), (compressor, comm, str(e))
-                refused += 1
-                continue
-            try:
-                _train(cfg, tmp_path / f"{compressor}-{comm}")
-            except Exception as e:
-                raise AssertionError(f"{compressor} {comm}: {type(e).__name__}: {e}") from e
-            ran += 1
-    assert ran > 0 and refused > 0, (ran, refused)
+    _sweep(tmp_path, "diloco", registry.options("compressor"), inner_steps=4, fragments=2, overlap=1, mix=0.5)
 
 
 @pytest.mark.dist

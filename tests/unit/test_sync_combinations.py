@@ -50,15 +50,19 @@ def _train(cfg, run_dir) -> None:
         assert all(math.isfinite(v) for v in losses), losses
 
 
-@pytest.mark.parametrize("sync", [s for s in registry.options("sync") if s != "step"])
-def test_every_sync_mode_is_refused_or_trains(sync, tmp_path):
+def _sweep(tmp_path, sync: str, compressors, **settings) -> None:
+    """Every compressor x COMMS under `sync` (its `settings` over _with_sync's): each is refused at
+    config time with one line naming an alternative, or trains (every parameter moves, finite losses);
+    at least one of each."""
     ran = refused = 0
-    pipeline = registry.component_class("sync", sync).sync_traits.pipeline
-    for compressor in registry.options("compressor") if pipeline else PIPELINE_FREE:
+    for compressor in compressors:
         for comm in COMMS:
             combo = f"sync={sync} compressor={compressor} comm={comm}"
+            cfg = _with_sync(_compose(compressor, comm), sync)
+            with open_dict(cfg):
+                cfg.sync.update(settings)
             try:
-                cfg = config.check(_with_sync(_compose(compressor, comm), sync))
+                cfg = config.check(cfg)
             except ValueError as e:
                 assert "\n" not in str(e) and ALTERNATIVE.search(str(e)), (combo, str(e))
                 refused += 1
@@ -69,3 +73,9 @@ def test_every_sync_mode_is_refused_or_trains(sync, tmp_path):
                 raise AssertionError(f"{combo}: {type(e).__name__}: {e}") from e
             ran += 1
     assert ran > 0 and refused > 0, (ran, refused)
+
+
+@pytest.mark.parametrize("sync", [s for s in registry.options("sync") if s != "step"])
+def test_every_sync_mode_is_refused_or_trains(sync, tmp_path):
+    pipeline = registry.component_class("sync", sync).sync_traits.pipeline
+    _sweep(tmp_path, sync, registry.options("compressor") if pipeline else PIPELINE_FREE)
