@@ -33,11 +33,9 @@ def recipe(caps: Capabilities, comm_traits: CommTraits, optim: str,
     if _runs_collective(caps, comm_traits):
         out["memory"] = "none"  # the collective keeps its own error feedback
     if not sync.pipeline:
-        return {}  # the mode exchanges what its optimizer decides; the compressor is not used
+        return {}  # the mode synchronizes by itself; the compressor is not used
     if optim != RECIPE_OPTIMIZER or not sync.per_step:  # tuned for per-step SGD on gradients
         out = {k: v for k, v in out.items() if not k.startswith("optim.")}
-    if comm_traits.baseline:
-        out = {}  # the baseline synchronizes by itself; nothing of compbench's runs
     return out
 
 
@@ -54,18 +52,15 @@ def check(choices: Mapping[str, str], caps: Capabilities, memory: MemoryTraits, 
     optim); `optim` the optimizer's settings, `optim_defaults` those of its config file."""
     c, m, k, s, e = (choices[g] for g in ("compressor", "memory", "comm", "scheduler", "engine"))
     y = choices.get("sync", "step")
+    if e not in sync.engines:
+        raise ValueError(f"sync={y} runs on {_either('engine', sync.engines)}, not engine={e}; "
+                         f"add engine={sync.engines[0]}")
     if e not in comm.engines:
-        raise ValueError(f"comm={k} runs on engine={' or engine='.join(comm.engines)}, not engine={e}; "
+        raise ValueError(f"comm={k} runs on {_either('engine', comm.engines)}, not engine={e}; "
                          f"add engine={comm.engines[0]}")
-    if comm.baseline:
-        if y != "step":
-            raise ValueError(f"comm={k} synchronizes gradients by itself every step, so sync={y} would "
-                             f"not be used; drop sync= (or use comm=allreduce with sync={y})")
-        _check_baseline(k, c, m, s)
-        return
     _check_sync_optimizer(y, sync, choices["optim"], optim, optim_defaults or {})
     if not sync.pipeline:
-        _check_unused(f"sync={y} exchanges what its optimizer decides", "sync=step",
+        _check_unused(f"sync={y} synchronizes by itself", "sync=step",
                       (("compressor", c, "none"), ("memory", m, "none"), ("comm", k, "allreduce"),
                        ("scheduler", s, "layerwise")))
         return
@@ -101,12 +96,6 @@ def _check_rounds(y: str, m: str, s: str, memory: MemoryTraits) -> None:
     if memory.owns_momentum:
         raise ValueError(f"memory={m} applies SGD momentum to each step's gradient, which sync={y} does not "
                          "send; use memory=residual")
-
-
-def _check_baseline(comm: str, compressor: str, memory: str, scheduler: str) -> None:
-    _check_unused(f"comm={comm} synchronizes by itself", "comm=allgather to run compbench's pipeline",
-                  (("compressor", compressor, "none"), ("memory", memory, "none"),
-                   ("scheduler", scheduler, "layerwise")))
 
 
 def _check_unused(who: str, instead: str, picked: Iterable[tuple[str, str, str]]) -> None:

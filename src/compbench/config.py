@@ -37,8 +37,30 @@ def search_path() -> list[str]:
     return [f"hydra.searchpath=[{quoted}]"]
 
 
+# Options that moved to another group, with their settings: the old spelling is refused with the
+# new one (a synchronization mode is not a communicator).
+MOVED_OPTIONS = {("comm", "ddp"): "sync", ("comm", "horovod_optimizer"): "sync"}
+
+
+def moved(override: str) -> str | None:
+    """The one-line refusal of an old spelling (`comm=ddp`, `comm.hook=...`), or None."""
+    key, _, value = override.lstrip("+~").partition("=")
+    group, dot, setting = key.partition(".")
+    for (old, option), new in MOVED_OPTIONS.items():
+        if group != old:
+            continue
+        if not dot and value == option:
+            return f"{old}={option} is a synchronization mode now: pass {new}={option}"
+        if dot and setting in registry.option_config(new, option) and setting != "_target_":
+            return f"{key} is a setting of {new}={option} now: pass {new}={option} {new}.{setting}={value}"
+    return None
+
+
 def _check_group_choices(overrides: list[str]) -> None:
     for o in overrides:
+        hint = moved(o)
+        if hint:
+            raise ValueError(hint)
         key, sep, value = o.lstrip("+~").partition("=")
         if sep and key in GROUPS and value not in registry.options(key):
             raise ValueError(f"unknown {key}={value}; choose one of: {', '.join(registry.options(key))}")

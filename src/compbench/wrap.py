@@ -80,9 +80,6 @@ def wrap_compress_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, 
         "memory": registry.option_config("memory", memory),
     })
     comm_cls = registry.component_class("comm", comm)
-    if comm_cls.traits.baseline:
-        raise ValueError(f"comm={comm} is a baseline that synchronizes by itself; use comm=allgather, "
-                         "allreduce, ps or ring")
     caps = build_compressor_and_selection(cfg)[0].caps  # the built one's: a setting may change them
     memory_traits = registry.component_class("memory", memory).traits
     optim_name = type(optimizer).__name__.lower()

@@ -1,5 +1,5 @@
-"""Baselines inside compbench: comm=ddp (torch DistributedDataParallel and its hooks) and
-comm=horovod_optimizer (hvd.DistributedOptimizer) train exactly like compbench's own dense path and
+"""Baselines inside compbench: sync=ddp (torch DistributedDataParallel and its hooks) and
+sync=horovod_optimizer (hvd.DistributedOptimizer) train exactly like compbench's own dense path and
 record the bytes they really send."""
 
 import math
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from compbench.comm import ddp, horovod_optimizer
 from compbench.models.mlp import mlp
+from compbench.sync import ddp, horovod_optimizer
 from tests.helpers import TINY, params, results, train
 
 COMMON = [*TINY, "compressor=none", "eval=false", "max_steps=3", "epochs=1", "engine.np=2"]
@@ -19,8 +19,8 @@ NUMEL = 3 * 8 * 8 * 32 + 32 + 32 * 10 + 10  # the tiny MLP: 192 -> 32 -> 10
 def test_baselines_train_like_compbench_none(tmp_path):
     ref, _ = train(tmp_path, *COMMON, "engine=torch", "comm=allreduce", name="compbench")
     runs = {
-        "ddp": train(tmp_path, *COMMON, "engine=torch", "comm=ddp", name="ddp")[0],
-        "horovod_optimizer": train(tmp_path, *COMMON, "engine=horovod", "comm=horovod_optimizer",
+        "ddp": train(tmp_path, *COMMON, "engine=torch", "sync=ddp", name="ddp")[0],
+        "horovod_optimizer": train(tmp_path, *COMMON, "engine=horovod", "sync=horovod_optimizer",
                                    name="hvd")[0],
     }
     p_ref = params(ref)
@@ -56,7 +56,7 @@ def _powersgd_elements(shapes: list[tuple[int, ...]], rank: int) -> int:
 def test_ddp_powersgd_records_its_wire_bytes(tmp_path):
     # 4 steps: PowerSGD starts at step 2 (start_powersgd_iter), the summary is the last step's.
     common = [*COMMON, "max_steps=4"]
-    psgd, _ = train(tmp_path, *common, "engine=torch", "comm=ddp", "comm.hook=powersgd", name="powersgd")
+    psgd, _ = train(tmp_path, *common, "engine=torch", "sync=ddp", "sync.hook=powersgd", name="powersgd")
     shapes = [tuple(v.shape) for v in params(psgd).values()]
     s = results(psgd)["summary"]
     assert s["bytes_sent_per_step"] == 4 * _powersgd_elements(shapes, 1) == 4 * (224 + 42 + 32 + 10), s
@@ -68,29 +68,33 @@ def test_ddp_powersgd_records_its_wire_bytes(tmp_path):
 def test_baseline_checks_name_the_fix():
     from compbench import config
 
-    for overrides, fix in ((["comm=ddp", "engine=horovod"], "add engine=torch"),
-                           (["comm=horovod_optimizer", "engine=torch"], "add engine=horovod"),
-                           (["comm=ddp", "engine=torch", "compressor=dgc"], "drop compressor="),
-                           (["comm=ddp", "engine=torch", "scheduler=mergecomp"], "drop scheduler=")):
+    for overrides, fix in ((["sync=ddp", "engine=horovod"], "add engine=torch"),
+                           (["sync=horovod_optimizer", "engine=torch"], "add engine=horovod"),
+                           (["sync=ddp", "engine=torch", "compressor=dgc"], "drop compressor="),
+                           (["sync=ddp", "engine=torch", "scheduler=mergecomp"], "drop scheduler="),
+                           (["sync=ddp", "engine=torch", "comm=allgather"], "drop comm="),
+                           (["comm=ddp", "engine=torch"], "pass sync=ddp"),
+                           (["sync=ddp", "engine=torch", "comm.hook=fp16"], "pass sync=ddp sync.hook=fp16"),
+                           (["comm=horovod_optimizer"], "pass sync=horovod_optimizer")):
         with pytest.raises(ValueError, match=fix):
             config.check(config.compose([*COMMON, *overrides]))
-    with pytest.raises(ValueError, match="comm.hook=randk is unknown"):
+    with pytest.raises(ValueError, match="sync.hook=randk is unknown"):
         ddp.check_options(hook="randk")
-    with pytest.raises(ValueError, match="comm.topk_ratio=0 is outside"):
+    with pytest.raises(ValueError, match="sync.topk_ratio=0 is outside"):
         ddp.check_options(hook="topk", topk_ratio=0)
     with pytest.raises(ValueError, match="start_powersgd_iter=1 must be >= 2"):
         ddp.check_options(hook="powersgd", start_powersgd_iter=1)
-    with pytest.raises(ValueError, match="comm.compression=bf16 is unknown"):
+    with pytest.raises(ValueError, match="sync.compression=bf16 is unknown"):
         horovod_optimizer.check_options(compression="bf16")
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="use comm.hook=fp16"):
+        with pytest.raises(ValueError, match="use sync.hook=fp16"):
             ddp.check_options(hook="bf16")
 
 
 @pytest.mark.dist
 def test_ddp_topk_hook_sends_padded_top_k(tmp_path):
     # One DDP bucket holds every gradient: 1.5k padded fp32 values + int64 indices per rank.
-    run, _ = train(tmp_path, *COMMON, "engine=torch", "comm=ddp", "comm.hook=topk", "comm.topk_ratio=0.05",
+    run, _ = train(tmp_path, *COMMON, "engine=torch", "sync=ddp", "sync.hook=topk", "sync.topk_ratio=0.05",
                    name="topk")
     s = results(run)["summary"]
     k = math.ceil(NUMEL * 0.05)

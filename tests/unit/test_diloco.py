@@ -128,8 +128,7 @@ def test_resume_mid_round_is_exact(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["comm=ddp", "engine=torch"], "comm=ddp synchronizes gradients by itself every step, so sync=diloco "
-                                   "would not be used; drop sync= (or use comm=allreduce with sync=diloco)"),
+    (["comm=ddp", "engine=torch"], "comm=ddp is a synchronization mode now: pass sync=ddp"),
     (["scheduler=mergecomp"], "sync=diloco sends the outer gradient once per round, tensor by tensor, so "
                               "scheduler=mergecomp would not be used; drop scheduler="),
     (["compressor=dgc", "memory=dgc", "comm=allgather"], "memory=dgc applies SGD momentum to each step's "

@@ -27,7 +27,7 @@ from compbench.compressors.base import Capabilities, Compressor
 from compbench.engines.base import Engine
 from compbench.memory.base import Memory, MemoryTraits
 from compbench.schedulers import Scheduler, SchedulerTraits
-from compbench.sync import BASELINE, Synchronizer, SyncTraits
+from compbench.sync import Synchronizer, SyncTraits
 from compbench.sync.build import build_synchronizer
 from compbench.train.metrics import StepStats
 from tests.threaded_engine import ThreadEngine, ThreadWorld
@@ -196,36 +196,22 @@ SEAMS: dict[str, tuple[type, str, type]] = {
 BUILT = [(g, n) for g in SEAMS for n in _names(g)]
 
 
-def _is_baseline(group: str, name: str) -> bool:
-    return group == "comm" and registry.component_class(group, name).traits.baseline
-
-
 @pytest.mark.parametrize("group, name", BUILT, ids=_ids(BUILT))
 def test_component_satisfies_its_protocol_and_declares_its_traits(group, name):
     proto, attr, traits_type = SEAMS[group]
-    if _is_baseline(group, name):
-        # DDP's hooks and Horovod's optimizer synchronize by themselves: the trainer calls them as
-        # a Synchronizer (compbench.sync.build returns the communicator itself).
-        proto, attr, traits_type = Synchronizer, "sync_traits", SyncTraits
-        assert registry.component_class(group, name).sync_traits == BASELINE
     cls = registry.component_class(group, name)
     assert protocol_gaps(cls, proto) == [], f"{group}={name} ({cls.__qualname__}) vs {proto.__name__}"
     built = _build(group, name)
     assert isinstance(built, proto)
     assert isinstance(getattr(built, attr), traits_type)
     assert isinstance(getattr(cls, attr), traits_type), f"{cls.__qualname__}.{attr}: declared on the class"
-    if group == "comm":
-        assert isinstance(cls.traits, CommTraits)  # the baselines too: the config check reads it
 
 
 @pytest.mark.parametrize("name", _names("comm"))
-def test_a_comm_is_a_communicator_or_a_baseline_synchronizer(name):
+def test_a_comm_is_a_communicator_never_a_synchronizer(name):
+    # The baselines that synchronize by themselves (DDP, Horovod's optimizer) are sync= modes.
     cls = registry.component_class("comm", name)
-    as_comm, as_sync = protocol_gaps(cls, Communicator), protocol_gaps(cls, Synchronizer)
-    if cls.traits.baseline:
-        assert as_sync == [] and "method reduce" in as_comm
-    else:
-        assert as_comm == [] and not hasattr(cls, "sync_traits")
+    assert protocol_gaps(cls, Communicator) == [] and not hasattr(cls, "sync_traits")
 
 
 @pytest.mark.parametrize("name", _names("engine"))

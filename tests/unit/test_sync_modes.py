@@ -14,7 +14,7 @@ from tests.integration.test_resume import _assert_equal
 
 @pytest.mark.parametrize("overrides, message", [
     (["sync=demo", "compressor=topk", "comm=allgather"],
-     "sync=demo exchanges what its optimizer decides, so compressor=topk and comm=allgather would not be "
+     "sync=demo synchronizes by itself, so compressor=topk and comm=allgather would not be "
      "used; drop compressor= (or use sync=step)"),
     (["sync=demo", "optim=adamw"],
      "sync=demo builds its own optimizer from optim=sgd's settings, not optim=adamw's; add optim=sgd"),
@@ -22,7 +22,7 @@ from tests.integration.test_resume import _assert_equal
      "sync=demo takes only optim.lr, optim.weight_decay and the schedule from optim=sgd, so "
      "optim.momentum=0.5 would not be used; drop optim.momentum"),
     (["sync=onebit_adam", "optim=adamw", "scheduler=mergecomp"],
-     "sync=onebit_adam exchanges what its optimizer decides, so scheduler=mergecomp would not be used; drop "
+     "sync=onebit_adam synchronizes by itself, so scheduler=mergecomp would not be used; drop "
      "scheduler= (or use sync=step)"),
     (["sync=onebit_adam", "optim=adamw", "sync.freeze_step=-1"],
      "sync.freeze_step=-1 must be an integer >= 0 (dense warm-up steps)"),

@@ -11,7 +11,7 @@ its step time the median from results.json (first steps skipped). Shaped rows ru
 network namespace whose loopback carries 2 x `e2e.gbps` Gbit/s (net.emulate_gbps, needs root).
 Rows: compbench none (torch and horovod engines), dragonn and dgc at ratio 1e-3 over allgather
 (each with its usual memory) and dgc with memory=none (its encode alone), DDP fp32 and PowerSGD
-rank 1 (comm=ddp), Horovod's DistributedOptimizer with and without fp16 (comm=horovod_optimizer),
+rank 1 (sync=ddp), Horovod's DistributedOptimizer with and without fp16 (sync=horovod_optimizer),
 and, outside compbench, a plain DDP and a plain Horovod training script (same model, optimizer,
 batch, synthetic data and flush_denormal, started by compbench's launcher): the harness's own cost;
 and the issue's compute-only step (one process, one thread: forward, backward, a plain SGD step),
@@ -55,14 +55,14 @@ ROWS = [
                                              "memory=dgc"]),
     ("dgc_encode", "compbench dgc 1e-3 allgather, memory=none",
      ["engine=torch", "compressor=dgc", "ratio=1e-3", "comm=allgather", "memory=none"]),
-    ("ddp_fp32", "DDP fp32", ["engine=torch", "comm=ddp", "comm.hook=allreduce"]),
-    ("ddp_powersgd", "DDP PowerSGD rank 1", ["engine=torch", "comm=ddp", "comm.hook=powersgd",
-                                             "comm.powersgd_rank=1"]),
-    ("ddp_topk", "DDP top-k hook 1e-3", ["engine=torch", "comm=ddp", "comm.hook=topk",
-                                         "comm.topk_ratio=1e-3"]),
-    ("hvd", "Horovod DistributedOptimizer", ["engine=horovod", "comm=horovod_optimizer"]),
-    ("hvd_fp16", "Horovod DistributedOptimizer fp16", ["engine=horovod", "comm=horovod_optimizer",
-                                                       "comm.compression=fp16"]),
+    ("ddp_fp32", "DDP fp32", ["engine=torch", "sync=ddp", "sync.hook=allreduce"]),
+    ("ddp_powersgd", "DDP PowerSGD rank 1", ["engine=torch", "sync=ddp", "sync.hook=powersgd",
+                                             "sync.powersgd_rank=1"]),
+    ("ddp_topk", "DDP top-k hook 1e-3", ["engine=torch", "sync=ddp", "sync.hook=topk",
+                                         "sync.topk_ratio=1e-3"]),
+    ("hvd", "Horovod DistributedOptimizer", ["engine=horovod", "sync=horovod_optimizer"]),
+    ("hvd_fp16", "Horovod DistributedOptimizer fp16", ["engine=horovod", "sync=horovod_optimizer",
+                                                       "sync.compression=fp16"]),
     ("plain_ddp", "plain DDP fp32 script (no compbench)", []),
     ("plain_hvd", "plain Horovod DO script (no compbench)", []),
     ("compute", "compute only (one process, plain SGD)", []),

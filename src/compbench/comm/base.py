@@ -24,8 +24,6 @@ class CommTraits:
       server or hop), so nothing overlaps back-propagation.
     reencodes_sums: decodes partial sums, adds and re-encodes them (a ring): only compressors whose
       ranks combine by the mean, without a collective protocol of their own.
-    baseline: synchronizes by itself (DDP's hooks, Horovod's DistributedOptimizer): wraps the model
-      and stands in for the scheduler; compbench's compressor, memory and scheduler are not used.
     between_machines: compresses only what crosses between machines (hierarchical): on one machine,
       where compbench's own launcher puts every worker, the compressor is not used.
     pattern: the collectives one compressed exchange costs, for the what-if cluster model
@@ -41,7 +39,6 @@ class CommTraits:
     needs_summable: bool = False
     blocking: bool = False
     reencodes_sums: bool = False
-    baseline: bool = False
     between_machines: bool = False
     pattern: str = "allgather"
     sparse_results: bool = False

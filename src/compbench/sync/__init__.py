@@ -7,8 +7,8 @@ The trainer loop asks its synchronizer, once per step, around the optimizer's st
 Whether a step talks, and what it sends, is the synchronizer's:
 - `step` (per step): a scheduler runs each step's gradients through memory -> compressor ->
   communicator (compbench's pipeline) and writes the averages into `p.grad` in `synchronize`.
-- the baseline communicators (DDP's hooks, Horovod's DistributedOptimizer) synchronize gradients
-  their own way; they implement this protocol themselves (their `traits.baseline`).
+- `ddp`, `horovod_optimizer` (the baselines: torch DDP with its comm hooks, Horovod's
+  DistributedOptimizer) synchronize gradients their own way, through none of compbench's pipeline.
 - `diloco` (periodic): workers step their own optimizer H times without talking; in `after_step`
   every H steps the outer gradient goes through the same pipeline and an outer optimizer moves the
   global parameters (SparseLoCo and quantized Streaming DiLoCo are compositions of it).
@@ -46,6 +46,9 @@ class SyncTraits:
     optimizers: the `optim=` options it works with (None: any).
     optimizer_keys: for a mode that builds its own optimizer, the optim settings it takes; every
       other optim setting must keep its default (nothing is silently ignored).
+    engines: the engines it runs on.
+    pattern: for a mode without `pipeline`, the collectives of one exchange for the what-if model
+      ("allreduce"); with it, the communicator's `traits.pattern` applies.
     """
 
     pipeline: bool = True
@@ -53,18 +56,15 @@ class SyncTraits:
     period_key: str | None = None
     optimizers: tuple[str, ...] | None = None
     optimizer_keys: tuple[str, ...] | None = None
-
-
-# A baseline communicator (DDP's hooks, Horovod's optimizer) is its own synchronizer: gradients
-# every step, its own way, through none of compbench's pipeline.
-BASELINE = SyncTraits(pipeline=False)
+    engines: tuple[str, ...] = ("horovod", "torch")
+    pattern: str | None = None
 
 
 @runtime_checkable
 class Synchronizer(Protocol):
     sync_traits: ClassVar[SyncTraits]
     # The pipeline it sends through and the scheduler that feeds it; None where the mode has none
-    # (the baselines, the optimizer-level modes).
+    # (the baselines; diloco sends without a scheduler).
     pipeline: GradientPipeline | None
     scheduler: Scheduler | None
 

@@ -1,6 +1,7 @@
 """The one place the synchronization is assembled, for the trainer, `wrap_compress_optimizer` and
-tests: compressor, memory, communicator and scheduler built from their config nodes, handed to the
-synchronization mode (`sync` group), or the communicator itself where it synchronizes by itself."""
+tests: compressor, memory, communicator and scheduler built from their config nodes and handed to the
+synchronization mode (`sync` group); a mode without compbench's pipeline (`sync_traits.pipeline`
+false: DDP's hooks, Horovod's optimizer) gets only the engine and the statistics."""
 
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ def build_synchronizer(nodes: Mapping[str, Any], engine: Engine, stats: StepStat
     backward, before the trainer's finiteness check: the pipeline then refuses non-finite groups
     itself so that no NaN enters error-feedback memory."""
     cfg = nodes if isinstance(nodes, DictConfig) else OmegaConf.create(dict(nodes))
+    sync_node = cfg.get("sync") or STEP_SYNC
+    if not registry.locate(sync_node["_target_"]).sync_traits.pipeline:
+        return registry.build(sync_node, engine=engine, stats=stats)
     compressor, selection = build_compressor_and_selection(cfg)
     comm = registry.build(cfg.comm, engine=engine, compressor=compressor, stats=stats)
-    if comm.traits.baseline:
-        return comm  # DDP's hooks, Horovod's DistributedOptimizer: the protocol is theirs
     memory = build_memory(cfg, engine.size)
     pipeline = GradientPipeline(engine, compressor, memory, comm, selection, stats)
     pipeline.guard_nonfinite = guard_nonfinite
-    sync_node = cfg.get("sync") or STEP_SYNC
     return registry.build(sync_node, pipeline=pipeline, scheduler=registry.build(cfg.scheduler),
                           engine=engine, stats=stats)

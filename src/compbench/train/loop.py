@@ -91,7 +91,7 @@ class Trainer:
 
         self.stats = StepStats()
         # The synchronization mode, assembled in one place (compbench.sync.build): per step through
-        # compbench's pipeline, a baseline's own, in rounds (diloco) or inside the optimizer.
+        # compbench's pipeline, a baseline's own (sync=ddp, horovod_optimizer), in rounds (diloco).
         self.sync = build_synchronizer(cfg, engine, self.stats, guard_nonfinite=s.on_nonfinite == "skip")
         self.pipeline, self.scheduler = self.sync.pipeline, self.sync.scheduler
         if self.pipeline is not None:

@@ -1,11 +1,11 @@
-"""`comm=horovod_optimizer`: the baseline of the seeds' world, Horovod's own
+"""`sync=horovod_optimizer`: the baseline of the seeds' world, Horovod's own
 `hvd.DistributedOptimizer` (optionally with `hvd.Compression.fp16`), run inside compbench's trainer.
 
 The gradient exchange is Horovod's code path as a user runs it: `hvd.DistributedOptimizer` registers
 its hooks on every parameter's gradient accumulator at construction, each hook starts
 `allreduce_async_` (compressed by `hvd.Compression`) as soon as that gradient is ready during
 `loss.backward()`, and `synchronize()` waits for them and writes the averages into `p.grad`.
-A communicator cannot replace the trainer's optimizer, so the DistributedOptimizer here wraps a
+A synchronizer does not replace the trainer's optimizer, so the DistributedOptimizer here wraps a
 stand-in SGD over the same parameters and is never stepped: its `synchronize()` is called when
 back-propagation ends, and the trainer's own optimizer then steps on the averaged gradients. That
 is Horovod's documented `optimizer.synchronize()` + `with optimizer.skip_synchronize(): step()`
@@ -31,33 +31,31 @@ from typing import Any
 import torch
 from torch import nn
 
-from compbench.comm.base import CommTraits
 from compbench.engines.base import Engine
 from compbench.stats import StepStats
-from compbench.sync import BASELINE
+from compbench.sync import SyncTraits
 from compbench.train.optim import plain_optimizer
 
 COMPRESSIONS = ("none", "fp16")
 
 
 def check_options(compression: str = "none", **_: Any) -> None:
-    """Config-time check of comm=horovod_optimizer's own options (the engine and compbench's unused
-    compressor, memory and scheduler are checked by compbench.compat from `traits`)."""
+    """Config-time check of sync=horovod_optimizer's own options (the engine and compbench's unused
+    compressor, memory, communicator and scheduler are checked by compbench.compat from `sync_traits`)."""
     if compression not in COMPRESSIONS:
-        raise ValueError(f"comm.compression={compression} is unknown; use one of: {', '.join(COMPRESSIONS)}")
+        raise ValueError(f"sync.compression={compression} is unknown; use one of: {', '.join(COMPRESSIONS)}")
 
 
-class HorovodOptimizerComm:
+class HorovodOptimizerSync:
     """hvd.DistributedOptimizer's gradient exchange as the trainer's synchronizer (see the module)."""
 
     name = "horovod_optimizer"
-    traits = CommTraits(engines=("horovod",), baseline=True, pattern="allreduce")
-    sync_traits = BASELINE
+    sync_traits = SyncTraits(pipeline=False, engines=("horovod",), pattern="allreduce")
     pipeline = None
     scheduler = None
     check_options = staticmethod(check_options)
 
-    def __init__(self, engine: Engine, compressor: Any, stats: StepStats, compression: str = "none") -> None:
+    def __init__(self, engine: Engine, stats: StepStats, compression: str = "none") -> None:
         check_options(compression=compression)
         self.engine, self.stats, self.compression = engine, stats, compression
 

@@ -1,12 +1,12 @@
-"""`comm=ddp`: the baseline users would otherwise reach for, torch DistributedDataParallel with its
+"""`sync=ddp`: the baseline users would otherwise reach for, torch DistributedDataParallel with its
 own communication hooks, run inside compbench's trainer so that a sweep compares against it.
 
 `hook=allreduce` is DDP's built-in path (no hook registered: what `DDP(model)` does); `fp16` and
 `bf16` are torch's `fp16_compress_hook` / `bf16_compress_hook`; `powersgd` is torch's
 `powerSGD_hook` (vanilla allreduce for the first `start_powersgd_iter` steps, as torch requires);
 `topk` is the sampled-threshold top-k hook users write (`ddp_topk_hook.py`, `topk_ratio`).
-The trainer's model becomes the DDP module and this object stands in for the scheduler; compbench's
-compressor, memory and pipeline are not used.
+The trainer's model becomes the DDP module; compbench's compressor, memory, communicator and
+scheduler are not used (the config check refuses them).
 
 What is recorded per step and rank:
 - `comm/bytes_sent`, exact: fp32 4n (n: elements of the parameters that require grad), fp16/bf16 2n,
@@ -31,11 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from compbench.comm.base import CommTraits
-from compbench.comm.ddp_topk_hook import TopKHookState, topk_hook
 from compbench.engines.base import Engine
 from compbench.stats import StepStats
-from compbench.sync import BASELINE
+from compbench.sync import SyncTraits
+from compbench.sync.ddp_topk_hook import TopKHookState, topk_hook
 from compbench.train.optim import plain_optimizer
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "topk")
@@ -43,24 +42,24 @@ HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "topk")
 
 def check_options(hook: str = "allreduce", powersgd_rank: int = 1, start_powersgd_iter: int = 2,
                   topk_ratio: float = 0.001, **_: Any) -> None:
-    """Config-time check of comm=ddp's own options (the engine and compbench's unused compressor,
-    memory and scheduler are checked by compbench.compat from `traits`)."""
+    """Config-time check of sync=ddp's own options (the engine and compbench's unused compressor,
+    memory, communicator and scheduler are checked by compbench.compat from `sync_traits`)."""
     if hook not in HOOKS:
-        raise ValueError(f"comm.hook={hook} is unknown; use one of: {', '.join(HOOKS)}")
+        raise ValueError(f"sync.hook={hook} is unknown; use one of: {', '.join(HOOKS)}")
     if hook == "bf16" and not torch.cuda.is_available():
-        raise ValueError("comm.hook=bf16 (torch's bf16_compress_hook) needs CUDA + NCCL; use comm.hook=fp16")
+        raise ValueError("sync.hook=bf16 (torch's bf16_compress_hook) needs CUDA + NCCL; use sync.hook=fp16")
     if isinstance(powersgd_rank, bool) or not isinstance(powersgd_rank, int) or powersgd_rank < 1:
-        raise ValueError(f"comm.powersgd_rank={powersgd_rank} must be an integer >= 1")
+        raise ValueError(f"sync.powersgd_rank={powersgd_rank} must be an integer >= 1")
     if isinstance(topk_ratio, bool) or not isinstance(topk_ratio, (int, float)) or not 0 < topk_ratio <= 1:
-        raise ValueError(f"comm.topk_ratio={topk_ratio} is outside (0, 1]; pass e.g. comm.topk_ratio=0.001")
+        raise ValueError(f"sync.topk_ratio={topk_ratio} is outside (0, 1]; pass e.g. sync.topk_ratio=0.001")
     if hook == "powersgd" and (not isinstance(start_powersgd_iter, int) or start_powersgd_iter < 2):
-        raise ValueError(f"comm.start_powersgd_iter={start_powersgd_iter} must be >= 2 (torch's PowerSGD "
+        raise ValueError(f"sync.start_powersgd_iter={start_powersgd_iter} must be >= 2 (torch's PowerSGD "
                          "hook needs two plain allreduce steps while DDP rebuilds its buckets)")
 
 
 class _DDP(nn.parallel.DistributedDataParallel):
     """DDP, except that checkpoints hold the plain model's keys (no `module.` prefix: a run with
-    comm=ddp and one without store the same state dict) and that forward passes without autograd
+    sync=ddp and one without store the same state dict) and that forward passes without autograd
     (evaluation) skip DDP's buffer broadcast: ranks may run different numbers of test batches."""
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]  # passes Module's overloads on
@@ -75,7 +74,7 @@ class _DDP(nn.parallel.DistributedDataParallel):
         return super().forward(*args, **kwargs)
 
 
-class DDPComm:
+class DDPSync:
     """torch DistributedDataParallel with one of its comm hooks, as the trainer's synchronizer
     (compbench.sync's protocol).
 
@@ -84,13 +83,12 @@ class DDPComm:
     """
 
     name = "ddp"
-    traits = CommTraits(engines=("torch",), baseline=True, pattern="allreduce")
-    sync_traits = BASELINE
+    sync_traits = SyncTraits(pipeline=False, engines=("torch",), pattern="allreduce")
     pipeline = None
     scheduler = None
     check_options = staticmethod(check_options)
 
-    def __init__(self, engine: Engine, compressor: Any, stats: StepStats, hook: str = "allreduce",
+    def __init__(self, engine: Engine, stats: StepStats, hook: str = "allreduce",
                  bucket_cap_mb: float = 25.0, broadcast_buffers: bool = True, powersgd_rank: int = 1,
                  start_powersgd_iter: int = 2, min_compression_rate: float = 2.0,
                  use_error_feedback: bool = True, warm_start: bool = True, topk_ratio: float = 0.001) -> None:
@@ -135,7 +133,7 @@ class DDPComm:
             try:
                 ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
             except TypeError as e:  # torch allows it on CUDA + NCCL only
-                raise ValueError(f"comm.hook=bf16: {str(e).splitlines()[0]}; use comm.hook=fp16") from None
+                raise ValueError(f"sync.hook=bf16: {str(e).splitlines()[0]}; use sync.hook=fp16") from None
         elif self.hook == "powersgd":
             self.state = powersgd.PowerSGDState(process_group=None, **self.powersgd)
             ddp.register_comm_hook(self.state, powersgd.powerSGD_hook)

@@ -1,4 +1,4 @@
-"""`comm=ddp comm.hook=topk`: the sampled-threshold top-k DDP comm hook a user writes in ~40 lines,
+"""`sync=ddp sync.hook=topk`: the sampled-threshold top-k DDP comm hook a user writes in ~40 lines,
 kept as a baseline so that compbench's compressed pipeline is measured next to it.
 
 Per DDP bucket (a flat fp32 buffer of n gradients): add the bucket's residual (error feedback), take
