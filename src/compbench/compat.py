@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from compbench.comm.base import CommTraits
+from compbench.comm.base import CommTraits, packs
 from compbench.compressors.base import Capabilities
 from compbench.memory.base import MemoryTraits
 from compbench.schedulers import SchedulerTraits
@@ -70,7 +70,7 @@ def check(choices: Mapping[str, str], caps: Capabilities, memory: MemoryTraits, 
         _check_rounds(y, m, s, memory)
         return
     _check_optimizer(c, m, caps, memory, choices["optim"], optim)
-    _check_scheduler(c, m, k, s, caps, memory, scheduler)
+    _check_scheduler(c, m, k, s, caps, memory, comm, scheduler)
 
 
 def _check_sync_optimizer(y: str, sync: SyncTraits, optim_name: str, optim: Mapping[str, Any],
@@ -152,7 +152,15 @@ def _check_optimizer(c: str, m: str, caps: Capabilities, memory: MemoryTraits, o
 
 
 def _check_scheduler(c: str, m: str, k: str, s: str, caps: Capabilities, memory: MemoryTraits,
-                     scheduler: SchedulerTraits) -> None:
+                     comm: CommTraits, scheduler: SchedulerTraits) -> None:
+    if scheduler.packs and not packs(comm, caps):
+        if comm.packs:
+            raise ValueError(f"scheduler={s} sends a bucket's tensors in one exchange, and compressor={c} "
+                             f"runs its own allreduce protocol per tensor over comm={k}; use "
+                             "scheduler=layerwise (or comm=allgather)")
+        raise ValueError(f"scheduler={s} sends a bucket's tensors in one exchange, which comm={k} cannot "
+                         "(it sends tensor by tensor); use scheduler=layerwise (or comm=allgather, ps or "
+                         "allreduce)")
     if scheduler.comms is not None and k not in scheduler.comms:
         raise ValueError(f"scheduler={s} plans for {_either('comm', scheduler.comms)}, not comm={k}; "
                          f"add comm={scheduler.comms[0]}")

@@ -4,7 +4,9 @@ Trains the tiny MLP for 5 steps with compressor=none under every scheduler varia
 trainer, engine and pipeline, in this one process (one engine start for all variants), and exits
 non-zero unless every variant's parameters equal layerwise's to 1e-5. SeCoPa follows a plan file
 that sends every other tensor "compressed" in up to 3 partitions (comm=ps; also comm=ring on torch).
-Then one compressed run of `groups=auto` (topk), whose results.json the test reads."""
+scheduler=bucket must equal layerwise exactly also compressed (topk over allgather and over ps: the
+packed exchanges of the real engines). Then one compressed run of `groups=auto` (topk), whose
+results.json the test reads."""
 
 from __future__ import annotations
 
@@ -28,7 +30,13 @@ VARIANTS = {
     "mergecomp-3": ["scheduler=mergecomp", "scheduler.groups=3"],
     # trials of 2 steps: the grouping changes twice within the 5 steps
     "mergecomp-auto": ["scheduler=mergecomp", "scheduler.groups=auto", "scheduler.trial_steps=2"],
+    "bucket": ["scheduler=bucket"],
+    "bucket-small": ["scheduler=bucket", "scheduler.bucket_mb=0.02"],  # two buckets
 }
+TOPK = ["compressor=topk", "ratio=0.1", "memory=residual"]
+# compressed: bucket == layerwise exactly, over the packed allgather and the packed ps exchange
+EXACT = {f"{scheduler}-topk-{comm}": [*TOPK, f"comm={comm}", f"scheduler={scheduler}"]
+         for comm in ("allgather", "ps") for scheduler in ("layerwise", "bucket")}
 AUTO_TOPK = ["compressor=topk", "ratio=0.1", "memory=residual", "comm=allgather", "scheduler=mergecomp",
              "scheduler.groups=auto", "scheduler.trial_steps=2", "scheduler.search_steps=8", "max_steps=12"]
 
@@ -70,6 +78,11 @@ def main(engine_name: str, out: Path) -> int:
                 diff = (p[k] - ref[k]).abs().max().item()
                 if diff > 1e-5:
                     failures.append(f"{name}: {k} differs from layerwise by {diff:.3g}")
+        exact = {name: fit(name, extra).model.state_dict() for name, extra in EXACT.items()}
+        for comm in ("allgather", "ps"):
+            a, b = exact[f"layerwise-topk-{comm}"], exact[f"bucket-topk-{comm}"]
+            failures += [f"bucket-topk-{comm}: {k} differs from layerwise" for k in a
+                         if not torch.equal(a[k], b[k])]
     finally:
         engine.shutdown()
     if failures:

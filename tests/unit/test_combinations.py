@@ -57,6 +57,8 @@ def _train(cfg, run_dir) -> None:
                "compress")
         _count(trainer.memory, "compensate", calls)
         _count(trainer.pipeline.comm, "reduce", calls)
+        if trainer.pipeline.comm.traits.packs:  # scheduler=bucket's exchanges
+            _count(trainer.pipeline.comm, "reduce_many", calls, "reduce")
         _count(trainer.scheduler, "synchronize", calls)
         trainer.fit()
         after = dict(trainer.model.named_parameters())

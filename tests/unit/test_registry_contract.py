@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from compbench import registry
-from compbench.comm.base import CommTraits, Communicator
+from compbench.comm.base import CommTraits, Communicator, PackingCommunicator
 from compbench.compressors import SELECTION_KEYS, build_compressor
 from compbench.compressors.base import Capabilities, Compressor
 from compbench.engines.base import Engine
@@ -212,6 +212,8 @@ def test_a_comm_is_a_communicator_never_a_synchronizer(name):
     # The baselines that synchronize by themselves (DDP, Horovod's optimizer) are sync= modes.
     cls = registry.component_class("comm", name)
     assert protocol_gaps(cls, Communicator) == [] and not hasattr(cls, "sync_traits")
+    if cls.traits.packs:  # the flag promises reduce_many
+        assert protocol_gaps(cls, PackingCommunicator) == []
 
 
 @pytest.mark.parametrize("name", _names("engine"))
@@ -245,6 +247,7 @@ PROMISES: dict[str, dict[str, list[str]]] = {
     "fuses_memory": {"compress_deferred": ["deferred", "name"]},
     "sparse_average": {"decompress_all_sparse": ["payloads", "ctx"]},
     "random_sample": {"sampled_reads": ["numel"]},
+    "split_unit": {"split": ["payload", "ctx", "bounds", "names"]},
 }
 
 

@@ -1,13 +1,17 @@
 """`comm=allgather`: every rank receives every rank's payload (sizes may differ), decodes all of
-them and averages. Works for any compressor; the only choice for rank-dependent sparse indices."""
+them and averages. Works for any compressor; the only choice for rank-dependent sparse indices.
+`reduce_many` (scheduler=bucket, DiLoCo's outer exchange) sends several tensors' payloads as one
+allgather."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from torch import Tensor
 
 from compbench.comm.base import CommBase, CommTraits, encode
+from compbench.compressors.base import Ctx
 from compbench.compressors.buffers import acc_dtype
 from compbench.engines.base import Handle
 from compbench.memory.base import Memory
@@ -17,29 +21,51 @@ class AllgatherComm(CommBase):
     """For a name in `sparse_names` a sparsifier's average comes back sparse, undecoded (see
     `Communicator.reduce`); otherwise decoded into the gradient it was handed where it can be."""
 
-    traits: ClassVar[CommTraits] = CommTraits(sparse_results=True)
+    traits: ClassVar[CommTraits] = CommTraits(sparse_results=True, packs=True)
 
     def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
-        payload, ctx = encode(self.compressor, memory, grad, name, self.stats)
-        # One collective: a payload whose layout every rank knows (exact wire_bytes) goes as it is,
-        # an uneven one framed with its sizes (engines.wire) within the compressor's bound.
-        exact = self.compressor.wire_bytes(grad.numel())
-        bound = None if exact is not None else self.compressor.max_wire_bytes(grad.numel())
+        finish = self._gather(name, [(name, grad)], memory)
+        return Handle(lambda: finish()[0])
+
+    def reduce_many(self, name: str, items: list[tuple[str, Tensor]], memory: Memory) -> Handle:
+        return Handle(self._gather(name, items, memory))
+
+    def _gather(self, name: str, items: list[tuple[str, Tensor]],
+                memory: Memory) -> Callable[[], list[Tensor]]:
+        """Encode every item, start ONE allgather of all their payloads; the returned function
+        waits for it and decodes every item's average."""
+        encoded = [encode(self.compressor, memory, grad, item, self.stats) for item, grad in items]
+        payload = [t for p, _ in encoded for t in p]
+        # A payload whose layout every rank knows (exact wire_bytes) goes as it is, an uneven one
+        # framed with its sizes (engines.wire) within the compressor's bound.
+        sizes = [grad.numel() for _, grad in items]
+        exact = all(self.compressor.wire_bytes(n) is not None for n in sizes)
+        bound = None if exact else sum(self.compressor.max_wire_bytes(n) for n in sizes)
         gathered = self.engine.allgather_payload_async(payload, name, bound)
-        sparse = self.compressor.caps.sparse_average and name in self.sparse_names
-        into = None if sparse else _decode_target(self.compressor.caps.decodes_into, grad, payload)
+        caps = self.compressor.caps
+        sparse = [caps.sparse_average and item in self.sparse_names for item, _ in items]
+        into = [None if s else _decode_target(caps.decodes_into, grad, p)
+                for s, (_, grad), (p, _) in zip(sparse, items, encoded, strict=True)]
 
-        def finish() -> Tensor:
+        def finish() -> list[Tensor]:
             payloads, sent = gathered.wait()
-            self.book(sent)  # what really left this rank: the payload, its header and any padding
+            self.book(sent)  # what really left this rank: the payloads, their header and any padding
+            out, pos = [], 0
             with self.stats.time("decompress"):
-                if sparse:
-                    return self.compressor.decompress_all_sparse(payloads, ctx)  # type: ignore[attr-defined]
-                if into is None:
-                    return self.compressor.decompress_all(payloads, ctx)
-                return self.compressor.decompress_all(payloads, ctx, out=into)  # type: ignore[call-arg]
+                for (p, ctx), s, buf in zip(encoded, sparse, into, strict=True):
+                    mine = [rank_payload[pos : pos + len(p)] for rank_payload in payloads]
+                    pos += len(p)
+                    out.append(self._decode(mine, ctx, s, buf))
+            return out
 
-        return Handle(finish)
+        return finish
+
+    def _decode(self, payloads: list[list[Tensor]], ctx: Ctx, sparse: bool, into: Tensor | None) -> Tensor:
+        if sparse:
+            return self.compressor.decompress_all_sparse(payloads, ctx)  # type: ignore[attr-defined]
+        if into is None:
+            return self.compressor.decompress_all(payloads, ctx)
+        return self.compressor.decompress_all(payloads, ctx, out=into)  # type: ignore[call-arg]
 
 
 def _decode_target(decodes_into: bool, grad: Tensor, payload: list[Tensor]) -> Tensor | None:

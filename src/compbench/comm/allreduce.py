@@ -4,6 +4,8 @@ Only for summable compressors (none, fp16, randk with a shared seed): their deco
 payload layout is the same on every rank, so decode(mean of payloads) = mean of decodes. A
 `collective` compressor (PowerSGD) runs its own protocol of two allreduces instead, with its own
 error feedback; that blocks until both rounds are done.
+`reduce_many` (scheduler=bucket, DiLoCo's outer exchange) averages several tensors' payloads as one
+flat buffer per payload dtype: one allreduce each, instead of one per payload tensor.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from torch import Tensor
 
 from compbench.comm.base import CommBase, CommTraits, encode
 from compbench.compressors.base import Compressor
-from compbench.engines.base import Engine, Handle
+from compbench.engines.base import Engine, Handle, flat_average
 from compbench.memory.base import Memory
 from compbench.stats import StepStats
 
 
 class AllreduceComm(CommBase):
-    traits = CommTraits(needs_summable=True, pattern="allreduce")
+    traits = CommTraits(needs_summable=True, pattern="allreduce", packs=True)
 
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         super().__init__(engine, compressor, stats)
@@ -43,3 +45,25 @@ class AllreduceComm(CommBase):
                 return self.compressor.decompress(averaged, ctx)
 
         return Handle(finish)
+
+    def reduce_many(self, name: str, items: list[tuple[str, Tensor]], memory: Memory) -> Handle:
+        assert not self.compressor.caps.collective, "comm.base.packs: a collective protocol is not packed"
+        if self.compressor.caps.identity:  # the gradients themselves, as one flat buffer per dtype
+            grads = [grad for _, grad in items]
+            self.book(sum(g.numel() * g.element_size() for g in grads))
+            return flat_average(self.engine, name, grads)
+        encoded = [encode(self.compressor, memory, grad, item, self.stats) for item, grad in items]
+        payload = [t for p, _ in encoded for t in p]
+        self.book_payload(payload)
+
+        def decode(averaged: list[Tensor]) -> list[Tensor]:
+            out, pos = [], 0
+            with self.stats.time("decompress"):
+                for p, ctx in encoded:
+                    out.append(self.compressor.decompress(averaged[pos : pos + len(p)], ctx))
+                    pos += len(p)
+            return out
+
+        averaged = flat_average(self.engine, name, payload)
+        return Handle(lambda: decode(averaged.wait()))
+

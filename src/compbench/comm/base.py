@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from compbench.compressors.base import Compressor, Ctx, payload_nbytes
+from compbench.compressors.base import Capabilities, Compressor, Ctx, payload_nbytes
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
 from compbench.stats import StepStats
@@ -33,6 +33,9 @@ class CommTraits:
     sparse_results: hands the average back sparse (a coalesced COO tensor, no dense decode) for the
       names in `sparse_names`, which the pipeline sets, when the compressor declares
       `Capabilities.sparse_average` (comm=allgather).
+    packs: `reduce_many` exchanges several tensors, each compressed on its own, in one collective
+      per stage of the exchange (one allgather; ps: one all-to-all and one all-gather; allreduce:
+      one allreduce per payload dtype) instead of one or more per tensor (`packs(...)` says when).
     """
 
     engines: tuple[str, ...] = ("horovod", "torch")
@@ -42,6 +45,7 @@ class CommTraits:
     between_machines: bool = False
     pattern: str = "allgather"
     sparse_results: bool = False
+    packs: bool = False
 
 
 @runtime_checkable
@@ -63,6 +67,25 @@ class Communicator(Protocol):
     def check_options(**options: Any) -> None: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
+
+
+@runtime_checkable
+class PackingCommunicator(Communicator, Protocol):
+    """A communicator with `traits.packs`."""
+
+    def reduce_many(self, name: str, items: list[tuple[str, Tensor]], memory: Memory) -> Handle:
+        """`reduce` of every (name, grad) of `items` in one exchange named `name`: each tensor
+        compensated and compressed on its own (its name keys the memory and the compressor's state,
+        as `reduce` would), the payloads in one collective per stage. `handle.wait()` is the list of
+        averaged tensors in the order of `items` (sparse for names in `sparse_names`, as `reduce`).
+        Books one compressed exchange: what this rank put on the wire for all of them."""
+        ...
+
+
+def packs(comm: CommTraits, caps: Capabilities) -> bool:
+    """Whether `reduce_many` can take this compressor: a communicator that packs, unless the
+    compressor runs its own collective protocol there (PowerSGD's two allreduces per tensor)."""
+    return comm.packs and not (caps.collective and comm.needs_summable)
 
 
 def encode(compressor: Compressor, memory: Memory, x: Tensor, name: str, stats: StepStats,

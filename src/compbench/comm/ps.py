@@ -8,8 +8,15 @@ compressors only); an all-gather of the re-compressed shards gives every rank th
 tensor, decoded shard by shard.
 Summable compressors (none, fp16, randk: same layout on every rank) skip the server's decode and
 re-compression: the server averages the payloads themselves, so the aggregate is exact.
+A compressor whose payload can be cut (`Capabilities.split_unit`: rms_sign's bits, 1-bit Adam's
+exchange) is compressed once per tensor instead, its error feedback kept for the whole tensor, and
+each server gets its part of the payload (shards at multiples of `split_unit` elements).
 Compressed bytes cross the wire twice, each time 1/N of the tensor per peer, instead of N payloads
 of the whole tensor (allgather). Works with every compressor.
+
+`reduce_many` (scheduler=bucket, DiLoCo's outer exchange) runs the same exchange for several tensors
+at once: one all-to-all and one all-gather for all of them. Where the payloads' sizes are not known
+in advance (a compressor without exact `wire_bytes`), an all-to-all of their element counts goes first.
 """
 
 from __future__ import annotations
@@ -21,13 +28,15 @@ import torch
 from torch import Tensor
 
 from compbench.comm.base import BlockingComm, CommTraits, encode
-from compbench.compressors.base import Compressor, payload_nbytes
+from compbench.compressors.base import Compressor, Ctx
 from compbench.engines import wire
-from compbench.engines.base import Engine
+from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
 from compbench.memory.none import NoMemory
 from compbench.memory.residual import ResidualMemory
 from compbench.stats import StepStats
+
+Payload = list[Tensor]
 
 
 def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
@@ -39,6 +48,13 @@ def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+def split_bounds(numel: int, parts: int, unit: int) -> list[tuple[int, int]]:
+    """`shard_bounds` over blocks of `unit` elements (the last block may be short): every shard
+    starts at a multiple of `unit`; equal shards when numel is a multiple of parts * unit."""
+    blocks = -(-numel // unit)
+    return [(min(a * unit, numel), min(b * unit, numel)) for a, b in shard_bounds(blocks, parts)]
 
 
 def shards_of(x: Tensor, parts: int) -> list[Tensor]:
@@ -54,7 +70,7 @@ def shards_of(x: Tensor, parts: int) -> list[Tensor]:
 
 
 class PSComm(BlockingComm):
-    traits: ClassVar[CommTraits] = CommTraits(blocking=True, pattern="ps")
+    traits: ClassVar[CommTraits] = CommTraits(blocking=True, pattern="ps", packs=True)
 
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         super().__init__(engine, compressor, stats)
@@ -68,46 +84,108 @@ class PSComm(BlockingComm):
         self.server_feedback = not compressor.caps.unbiased
 
     def exchange(self, x: Tensor, name: str, memory: Memory) -> tuple[Tensor, int]:
+        (averaged,), sent = self._exchange(name, [(name, x)], memory)
+        return averaged, sent
+
+    def reduce_many(self, name: str, items: list[tuple[str, Tensor]], memory: Memory) -> Handle:
+        averaged, sent = self._exchange(name, items, memory)
+        if sent:
+            self.book(sent)
+        return Handle.done(averaged)
+
+    def _exchange(self, name: str, items: list[tuple[str, Tensor]],
+                  memory: Memory) -> tuple[list[Tensor], int]:
         n, rank = self.engine.size, self.engine.rank
-        shard_names = [f"{name}#ps{j}" for j in range(n)]
-        # 1. worker: compensate and compress each shard (shard j is for server j)
-        encoded = [encode(self.compressor, memory, part, sname, self.stats)
-                   for part, sname in zip(shards_of(x, n), shard_names, strict=True)]
-        payloads, ctxs = [p for p, _ in encoded], [c for _, c in encoded]
-        # 2. all-to-all: per-tensor element counts first, then the bytes
-        counts = torch.tensor([[t.numel() for t in p] for p in payloads], dtype=torch.int64)
-        recv_counts, _ = self.engine.alltoall(counts.view(-1), [counts.shape[1]] * n, f"{name}.ps.n")
-        blobs = [wire.to_bytes(p) for p in payloads]
+        # 1. worker: every tensor's shards, compressed (shard j is for server j)
+        shards = [self._worker(x, item, memory) for item, x in items]
+        # 2. all-to-all: shard j of every tensor to server j
+        outgoing = [[s[j][0] for s in shards] for j in range(n)]
+        received, sent = self._alltoall(name, outgoing, like=[s[rank] for s in shards])
+        # 3. server: average my shard of every tensor, re-compress it with server error feedback
+        server_ctxs = [[c for _, c in s] if self.sums_payloads else
+                       [replace(c, name=f"{c.name}@server") for _, c in s] for s in shards]
+        mine = [self._serve([received[i][t] for i in range(n)], shards[t][rank][1],
+                            server_ctxs[t][rank].name) for t in range(len(items))]
+        # 4. all-gather of the re-compressed shards; everyone decodes every shard of every tensor
+        gathered, sent_back = self._allgather(name, mine, [[c.numel for c in cs] for cs in server_ctxs])
+        out = []
+        with self.stats.time("decompress"):
+            for t, (_, x) in enumerate(items):
+                parts = [self.compressor.decompress(gathered[j][t], server_ctxs[t][j]) for j in range(n)]
+                out.append(torch.cat([p.reshape(-1) for p in parts]).view(x.shape))
+        return out, sent + sent_back
+
+    def _worker(self, x: Tensor, name: str, memory: Memory) -> list[tuple[Payload, Ctx]]:
+        """(payload, ctx) of each of the N shards of `x`, compensated by `memory`."""
+        n, unit = self.engine.size, self.compressor.caps.split_unit
+        names = [f"{name}#ps{j}" for j in range(n)]
+        if unit:  # compressed once, error feedback over the whole tensor, the payload cut in N
+            payload, ctx = encode(self.compressor, memory, x, name, self.stats)
+            bounds = split_bounds(x.numel(), n, unit)
+            return self.compressor.split(payload, ctx, bounds, names)  # type: ignore[attr-defined]
+        return [encode(self.compressor, memory, part, sname, self.stats)
+                for part, sname in zip(shards_of(x, n), names, strict=True)]
+
+    def _alltoall(self, name: str, outgoing: list[list[Payload]],
+                  like: list[tuple[Payload, Ctx]]) -> tuple[list[list[Payload]], int]:
+        """Send outgoing[j] (one payload per tensor) to rank j; returns, per source rank, its
+        payloads for this rank's shards, and the bytes this rank sent. `like`: this rank's own
+        (payload, ctx) of its shards: a peer's payload for the same shard has the same layout
+        where the compressor's sizes are exact (`wire_bytes`), so no counts travel then."""
+        n = self.engine.size
+        if all(self.compressor.wire_bytes(ctx.numel) is not None for _, ctx in like):
+            specs = [[[(t.numel(), t.dtype) for t in p] for p, _ in like]] * n
+        else:  # the element counts of every payload tensor first
+            counts = torch.tensor([[t.numel() for p in dest for t in p] for dest in outgoing],
+                                  dtype=torch.int64)
+            recv_counts, _ = self.engine.alltoall(counts.view(-1), [counts.shape[1]] * n, f"{name}.ps.n")
+            specs = []
+            for row in recv_counts.view(n, -1).tolist():
+                it = iter(row)
+                specs.append([[(next(it), t.dtype) for t in p] for p, _ in like])
+        blobs = [wire.to_bytes([t for p in dest for t in p]) for dest in outgoing]
         recv, _ = self.engine.alltoall(torch.cat(blobs), [len(b) for b in blobs], f"{name}.ps.a2a")
-        sent = sum(len(b) for b in blobs)
-        # 3. server: decode the N shards received for my part, average, re-compress with server EF
-        my_ctx, like = ctxs[rank], payloads[rank]
         received, pos = [], 0
-        for counts_j in recv_counts.view(n, -1).tolist():
-            specs = [(c, t.dtype) for c, t in zip(counts_j, like, strict=True)]
-            received.append(wire.from_bytes(recv[pos : pos + wire.nbytes(specs)], specs))
-            pos += wire.nbytes(specs)
+        for source in specs:
+            payloads = []
+            for spec in source:
+                payloads.append(wire.from_bytes(recv[pos : pos + wire.nbytes(spec)], spec))
+                pos += wire.nbytes(spec)
+            received.append(payloads)
+        return received, sum(len(b) for b in blobs)
+
+    def _serve(self, received: list[Payload], ctx: Ctx, name: str) -> Payload:
+        """The server's payload for its shard of one tensor: the average of the N payloads it received."""
         if self.sums_payloads:
             # Same layout on every rank (randk's shared indices, fp16, none): the average of the
             # payloads IS the payload of the average; nothing is lost to a second compression.
-            server_ctxs = ctxs
             with self.stats.time("decompress"):
-                server_payload = [torch.stack([p[i].float() for p in received]).mean(0).to(t.dtype)
-                                  for i, t in enumerate(like)]
-        else:
-            # The server's compressor state (momentum, residuals, seeds) is kept apart from the worker's.
-            server_ctxs = [replace(c, name=f"{c.name}@server") for c in ctxs]
-            with self.stats.time("decompress"):
-                averaged_shard = self.compressor.decompress_all(received, my_ctx)
-            server_payload = self._reencode(averaged_shard, server_ctxs[rank].name)
-        sent += payload_nbytes(server_payload)
-        # 4. all-gather of the re-compressed shards; everyone decodes every shard
-        gathered = self.engine.allgather(server_payload, f"{name}.ps.ag")
+                return [torch.stack([p[i].float() for p in received]).mean(0).to(t.dtype)
+                        for i, t in enumerate(received[0])]
+        # The server's compressor state (momentum, residuals, seeds) is kept apart from the worker's.
         with self.stats.time("decompress"):
-            shards = [self.compressor.decompress(gathered[j], server_ctxs[j]) for j in range(n)]
-        return torch.cat([s.reshape(-1) for s in shards]).view(x.shape), sent
+            averaged = self.compressor.decompress_all(received, ctx)
+        return self._reencode(averaged, name)
 
-    def _reencode(self, averaged: Tensor, name: str) -> list[Tensor]:
+    def _allgather(self, name: str, mine: list[Payload],
+                   numels: list[list[int]]) -> tuple[list[list[Payload]], int]:
+        """Every rank's server payloads (one per tensor), as ONE allgather; `numels[t][j]`: the
+        elements of server j's shard of tensor t (a payload's layout follows from it where the
+        compressor's sizes are exact and the shards equal)."""
+        flat = [t for p in mine for t in p]
+        exact = all(len(set(ns)) == 1 and self.compressor.wire_bytes(ns[0]) is not None for ns in numels)
+        if exact:
+            gathered = self.engine.allgather_payload_async(flat, f"{name}.ps.ag", None)
+        else:
+            gathered = self.engine.allgather_uneven_async(flat, f"{name}.ps.ag")
+        per_rank, sent = gathered.wait()
+        out = []
+        for payload in per_rank:
+            it = iter(payload)
+            out.append([[next(it) for _ in p] for p in mine])
+        return out, sent
+
+    def _reencode(self, averaged: Tensor, name: str) -> Payload:
         """The server's payload for the average of its shard: the compressor's own server rule
         when it has one (signum: the vote's sign), else a compress, with server error feedback
         for biased compressors."""

@@ -73,6 +73,9 @@ class Capabilities:
     random_sample: `sampled_reads(numel)` is how many elements of a tensor of `numel` the encode
       reads at random places besides its pass over the tensor (a threshold's uniform sample): cache
       misses the algorithm itself makes, which the compress phase's floor counts (compbench.floors).
+    split_unit: the payload of a whole tensor can be cut at multiples of this many elements
+      (`split(payload, ctx, bounds, names)`: one payload per flat element range): comm=ps then
+      compresses a tensor once and sends each server its part; 0: it cannot.
     recipe: known-good settings applied unless the user sets the key ("memory", "optim.lr",
       "optim.momentum", "optim.warmup_epochs"; optimizer keys apply to optim=sgd, the optimizer they
       were tuned with).
@@ -93,6 +96,7 @@ class Capabilities:
     sparse_average: bool = False
     fuses_memory: bool = False
     random_sample: bool = False
+    split_unit: int = 0
     recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention (deep-copyable)
     why_not_summable: str = "sends rank-dependent payloads that cannot be summed element-wise"
 

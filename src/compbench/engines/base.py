@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from compbench.engines import wire
@@ -56,6 +57,7 @@ class Engine(Protocol):
     def allreduce(self, t: Tensor, name: str, average: bool = True) -> Tensor: ...
     def allgather(self, tensors: list[Tensor], name: str) -> list[list[Tensor]]: ...
     def allgather_payload_async(self, payload: list[Tensor], name: str, bound: int | None) -> Handle: ...
+    def allgather_uneven_async(self, payload: list[Tensor], name: str) -> Handle: ...
     def alltoall(self, t: Tensor, splits: list[int], name: str) -> tuple[Tensor, list[int]]: ...
     def broadcast_(self, t: Tensor, root: int = 0, name: str = "bcast") -> Tensor: ...
     def broadcast_object(self, obj: Any, root: int = 0) -> Any: ...
@@ -89,6 +91,16 @@ class EngineBase:
         sent = sum(t.numel() * t.element_size() for t in payload)
         return Handle(lambda: (gathered.wait(), sent))
 
+    def allgather_uneven_async(self, payload: list[Tensor], name: str) -> Handle:
+        """Every rank's payload (same tensors and dtypes, first dimensions that differ by rank and
+        no bound worth padding to) as one framed collective; an engine whose allgather needs equal
+        sizes exchanges the frames' lengths first and pads to the longest. `handle.wait()` ->
+        (every rank's payload, the bytes this rank put on the wire, padding included). This
+        default (engines that gather uneven frames) books the payload."""
+        gathered = self.allgather_async(payload, name)  # type: ignore[attr-defined]
+        sent = sum(t.numel() * t.element_size() for t in payload)
+        return Handle(lambda: (gathered.wait(), sent))
+
     def shift(self, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]:
         """Send `payload` to rank `dst` and receive rank `src`'s; every rank calls it together (a
         ring hop). Two all-to-alls in which only `dst` gets data: a header, then the bytes.
@@ -103,3 +115,24 @@ class EngineBase:
         received, _ = self.alltoall(blob, only, f"{name}.blob")  # type: ignore[attr-defined]
         assert received.numel() == wire.nbytes(specs), (src, received.numel())
         return wire.from_bytes(received, specs)
+
+
+def flat_average(engine: Engine, name: str, tensors: list[Tensor]) -> Handle:
+    """Average `tensors` over the ranks as one flat buffer per dtype, each averaged in place by one
+    collective (a copy in, views out): several tensors for the price of one message.
+    `handle.wait()` is the list of averaged tensors, in the order given, each of its tensor's shape."""
+    dtypes = list(dict.fromkeys(t.dtype for t in tensors))
+    flats = [torch.cat([t.reshape(-1) for t in tensors if t.dtype == d]) for d in dtypes]
+    handles = [engine.allreduce_inplace_async(flat, f"{name}.{i}") for i, flat in enumerate(flats)]
+
+    def finish() -> list[Tensor]:
+        averaged = dict(zip(dtypes, (h.wait() for h in handles), strict=True))
+        pos = dict.fromkeys(dtypes, 0)
+        out = []
+        for t in tensors:
+            start = pos[t.dtype]
+            out.append(averaged[t.dtype][start : start + t.numel()].view(t.shape))
+            pos[t.dtype] = start + t.numel()
+        return out
+
+    return Handle(finish)

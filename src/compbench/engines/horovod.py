@@ -47,6 +47,9 @@ class HorovodEngine(EngineBase):
         return self._gather_frames(payload, name, header=bound is not None,
                                    result=lambda per_rank, sent: (per_rank, sent))
 
+    def allgather_uneven_async(self, payload: list[Tensor], name: str) -> Handle:
+        return self._gather_frames(payload, name, header=True, result=lambda per_rank, sent: (per_rank, sent))
+
     def _gather_frames(self, tensors: list[Tensor], name: str, header: bool, result) -> Handle:
         """One Horovod allgather of each rank's frame (engines.wire), split back into payloads."""
         single = not header and len(tensors) == 1 and tensors[0].dim() > 0

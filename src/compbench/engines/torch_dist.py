@@ -134,6 +134,24 @@ class TorchEngine(EngineBase):
 
         return Handle(finish)
 
+    def allgather_uneven_async(self, payload: list[Tensor], name: str) -> Handle:
+        """The frames' lengths first (one small all_gather), then one all_gather padded to the
+        longest; the padding and the length are booked: they are on the wire."""
+        blob = wire.frame(payload, header=True)
+        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        dist.all_gather(lengths, torch.tensor([blob.numel()], dtype=torch.int64))
+        longest = max(int(n) for n in lengths)
+        padded = torch.cat([blob, blob.new_zeros(longest - blob.numel())]) if longest > blob.numel() else blob
+        out = padded.new_empty(self.size * longest)
+        work = dist.all_gather(list(out.chunk(self.size)), padded, async_op=True)
+
+        def finish() -> tuple[list[list[Tensor]], int]:
+            work.wait()
+            rows = out.view(self.size, longest)
+            return [wire.unframe(rows[r], payload, header=True)[0] for r in range(self.size)], longest + 8
+
+        return Handle(finish)
+
     def _gather_equal(self, payload: list[Tensor]) -> Handle:
         """Every rank's payload has this layout: one all_gather of it (as it is if one tensor)."""
         single = len(payload) == 1 and payload[0].dim() > 0

@@ -32,6 +32,8 @@ class SchedulerTraits:
     plans: decides per gradient whether compressing it pays, from a cost model.
     comms: the communicators it is made for (None: any).
     momentum_memory: works with a memory that owns the momentum (memory=dgc).
+    packs: sends several tensors, each compressed on its own, in one exchange
+      (`GradientPipeline.submit_many`): needs a communicator that packs the compressor.
     """
 
     fuses: bool = False
@@ -39,6 +41,7 @@ class SchedulerTraits:
     plans: bool = False
     comms: tuple[str, ...] | None = None
     momentum_memory: bool = True
+    packs: bool = False
 
 
 @runtime_checkable

@@ -12,6 +12,8 @@ Flat buffers are allocated once per group and reused every step. Zero copy (DDP'
 buffer, so autograd accumulates into it, the buffer is sent as it is, and the averaged result (the
 buffer itself after the in-place dense allreduce, or a decode) lands where the .grads already look.
 A member whose .grad was replaced (a user's own loop that skips `before_backward`) is copied in.
+A packed group (scheduler=bucket) is one `PackedPart` instead: its members compressed one by one,
+their payloads sent in one exchange (`GradientPipeline.submit_many`).
 """
 
 from __future__ import annotations
@@ -111,6 +113,10 @@ class Part:
     def submit(self, pipeline: GradientPipeline, dense: bool) -> None:
         pipeline.submit(self.name, self.gradient(), fused=self.fused, dense=dense or self.dense)
 
+    def write_back_from(self, averaged: dict[str, Tensor]) -> None:
+        """This part's average (`averaged` holds the step's results by name) into the .grads."""
+        self.write_back(averaged[self.name])
+
     def write_back(self, averaged: Tensor) -> None:
         if averaged.is_sparse:  # the averaged sparse payload (pipeline.sparse_names): the optimizer's
             assert not self.fused, "sparse results are asked for single tensors only"
@@ -133,14 +139,50 @@ def land(dst: Tensor, src: Tensor) -> None:
     dst.copy_(src.clone() if same_storage else src)  # a partial overlap must not alias the read
 
 
+class PackedPart:
+    """Several tensors in one exchange: each compressed on its own under its own name (its shape,
+    memory and selection rules as under `layerwise`), their payloads in one collective per stage."""
+
+    fused, dense = False, False
+
+    def __init__(self, name: str, members: list[tuple[str, nn.Parameter]]) -> None:
+        self.name, self.members = name, members
+
+    def bind(self) -> None:
+        pass  # each member sends its own .grad
+
+    def submit(self, pipeline: GradientPipeline, dense: bool) -> None:
+        items = []
+        for name, p in self.members:
+            if p.grad is None:  # unused this step: every rank sends every tensor
+                p.grad = torch.zeros_like(p)
+            items.append((name, p.grad))
+        pipeline.submit_many(self.name, items, dense=dense)
+
+    def write_back_from(self, averaged: dict[str, Tensor]) -> None:
+        """Every member's average (`averaged` holds the step's results by name) into its .grad."""
+        for name, p in self.members:
+            result = averaged[name]
+            if result.is_sparse:  # the averaged sparse payload (pipeline.sparse_names), as Part's
+                p.grad = result
+            else:
+                land(p.grad, result)  # type: ignore[arg-type]  # sent: has one
+
+
 class Group:
     """Consecutive parameters (in ready order) submitted together once the last one is ready."""
 
-    def __init__(self, members: list[tuple[str, nn.Parameter]], min_dims: int, name: str) -> None:
+    def __init__(self, members: list[tuple[str, nn.Parameter]], min_dims: int, name: str,
+                 packed: bool = False) -> None:
         self.members = members
+        self.parts: list[Part | PackedPart] = []
+        if packed:
+            self.parts.append(PackedPart(name, members))
+            return
         sparse = [m for m in members if m[1].dim() >= min_dims]
         dense = [m for m in members if m[1].dim() < min_dims]
-        self.parts = [Part(name, sparse, dense=False)] if sparse else []
+        if sparse:
+            self.parts.append(Part(name, sparse, dense=False))
         if dense:
             self.parts.append(Part(f"{name}.dense", dense, dense=True))
 
@@ -158,15 +200,18 @@ class Group:
 
     def write_back(self, averaged: dict[str, Tensor]) -> None:
         for part in self.parts:
-            part.write_back(averaged[part.name])
+            part.write_back_from(averaged)
 
 
-def build_groups(params: list[tuple[str, nn.Parameter]], runs: list[list[int]], min_dims: int) -> list[Group]:
+def build_groups(params: list[tuple[str, nn.Parameter]], runs: list[list[int]], min_dims: int,
+                 packed: bool = False) -> list[Group]:
     """Groups for `runs` (lists of indices into `params`, in submission order). A fused group is named
-    after the positions it covers, so that error-feedback state is never shared by two groupings."""
+    after the positions it covers, so that error-feedback state is never shared by two groupings
+    (a packed one keeps its members' names: their state is theirs)."""
     out, pos = [], 0
     for run in runs:
-        out.append(Group([params[i] for i in run], min_dims, name=f"fused.{pos}-{pos + len(run) - 1}"))
+        prefix = "bucket" if packed else "fused"
+        out.append(Group([params[i] for i in run], min_dims, f"{prefix}.{pos}-{pos + len(run) - 1}", packed))
         pos += len(run)
     return out
 
@@ -174,7 +219,8 @@ def build_groups(params: list[tuple[str, nn.Parameter]], runs: list[list[int]], 
 def compressible_layout(groups: list[Group]) -> list[tuple[str, torch.Size]]:
     """(name, shape) of every part that may carry error-feedback state, in order: their concatenation
     is the same vector (all compressible gradients in ready order) whatever the grouping."""
-    return [(part.name, part.shape) for g in groups for part in g.parts if not part.dense]
+    return [(part.name, part.shape) for g in groups for part in g.parts
+            if isinstance(part, Part) and not part.dense]
 
 
 def reslice_state(state: dict, old: list[tuple[str, torch.Size]], new: list[tuple[str, torch.Size]]) -> dict:

@@ -32,6 +32,7 @@ class Layerwise:
 
     name = "layerwise"
     traits = SchedulerTraits()
+    packed = False  # scheduler=bucket: a group's tensors in one exchange (schedulers.fusion.PackedPart)
 
     def __init__(self, overlap: bool = True) -> None:
         self.overlap = bool(overlap)
@@ -59,7 +60,7 @@ class Layerwise:
 
     def _build(self, pipeline: GradientPipeline) -> None:
         if self._built_for is not self.runs:
-            self.groups = build_groups(self.params, self.runs, pipeline.selection.min_dims)
+            self.groups = build_groups(self.params, self.runs, pipeline.selection.min_dims, self.packed)
             self._group_of = {i: g for g, run in enumerate(self.runs) for i in run}
             self._built_for = self.runs
 

@@ -1,7 +1,9 @@
 """The compression seam in plain sight: memory -> compressor -> communicator -> averaged gradient.
 
-`submit` starts one tensor (or fused group) on its way as soon as the scheduler hands it over;
-`collect` waits for all of them in submission order and returns the averaged dense gradients, or,
+`submit` starts one tensor (or fused group) on its way as soon as the scheduler hands it over,
+`submit_many` several tensors in one exchange (each compressed on its own, their payloads in one
+collective per stage: scheduler=bucket, DiLoCo's outer gradient); `collect` waits for all of them in
+submission order and returns the averaged dense gradients, or,
 for the `sparse_names` the synchronizer chose, the averaged sparse payload as a coalesced COO tensor
 that the optimizer steps from in one pass (no dense zero-fill, scatter and re-read).
 Every rank submits the same names in the same order (the collectives must match).
@@ -20,9 +22,9 @@ import time
 import torch
 from torch import Tensor
 
-from compbench.comm.base import Communicator
+from compbench.comm.base import Communicator, PackingCommunicator, packs
 from compbench.compressors.base import Compressor
-from compbench.engines.base import Engine, Handle
+from compbench.engines.base import Engine, Handle, flat_average
 from compbench.memory.base import Memory
 from compbench.stats import StepStats
 from compbench.train.selection import Selection
@@ -38,7 +40,8 @@ class GradientPipeline:
         # on_nonfinite=skip with an overlapping scheduler: groups are compressed from backward hooks,
         # before the trainer's finiteness check; a NaN would enter the error-feedback memory for good.
         self.guard_nonfinite = False
-        self._pending: list[tuple[str, Handle]] = []
+        # (names, handle, packed): a packed handle gives a list of results, one per name
+        self._pending: list[tuple[list[str], Handle, bool]] = []
 
     @property
     def sparse_names(self) -> frozenset[str]:
@@ -54,6 +57,12 @@ class GradientPipeline:
     def begin_step(self, step: int, epoch: float) -> None:
         self.step = step
         self.compressor.begin_step(step, epoch)
+
+    @property
+    def can_pack(self) -> bool:
+        """Whether `submit_many` sends its compressed tensors in one exchange (the communicator
+        packs this compressor, `comm.base.packs`); otherwise each goes through `submit`."""
+        return packs(self.comm.traits, self.compressor.caps)
 
     @property
     def can_overlap(self) -> bool:
@@ -75,14 +84,43 @@ class GradientPipeline:
         it uncompressed whatever the rules say (MergeComp's first step)."""
         self.stats.bytes_dense += grad.numel() * 4
         compress = not dense and self.compresses(grad, fused)
-        if compress and self.guard_nonfinite and not bool(torch.isfinite(grad).all()):
-            grad = torch.zeros_like(grad)  # the trainer skips this step anyway; keep the memory finite
-        if compress and self.compressor.caps.random_sample:
-            self.stats.sampled_reads += self.compressor.sampled_reads(grad.numel())  # type: ignore[attr-defined]
+        if compress:
+            grad = self._prepare(grad)
         t0, marks = time.perf_counter(), self._marks()
         handle = self.comm.reduce(grad, name, self.memory) if compress else self._dense(grad, name)
-        self._pending.append((name, handle))
+        self._pending.append(([name], handle, False))
         self._book_comm(t0, marks, exposed=not self.in_backward)
+
+    def submit_many(self, name: str, items: list[tuple[str, Tensor]], *, dense: bool = False) -> None:
+        """Start every (name, tensor) of `items` on its way in one exchange named `name`: each
+        compressed on its own under its own name (memory, compressor state and selection rules as
+        `submit` would), their payloads in one collective per stage (`PackingCommunicator`); the
+        tensors the rules send dense go as one flat allreduce. Needs `can_pack`."""
+        assert self.can_pack, "submit_many needs a communicator that packs this compressor"
+        compressed, plain = [], []
+        for item, grad in items:
+            self.stats.bytes_dense += grad.numel() * 4
+            if not dense and self.compresses(grad):
+                compressed.append((item, self._prepare(grad)))
+            else:
+                plain.append((item, grad))
+        t0, marks = time.perf_counter(), self._marks()
+        if compressed:
+            comm: PackingCommunicator = self.comm  # type: ignore[assignment]  # can_pack
+            handle = comm.reduce_many(name, compressed, self.memory)
+            self._pending.append(([n for n, _ in compressed], handle, True))
+        if plain:
+            self._pending.append(([n for n, _ in plain], self._dense_many(f"{name}.dense", plain), True))
+        self._book_comm(t0, marks, exposed=not self.in_backward)
+
+    def _prepare(self, grad: Tensor) -> Tensor:
+        """Before a tensor is compressed: the sampled reads its encode makes are booked, and a
+        non-finite one is zeroed where the step is going to be dropped (`guard_nonfinite`)."""
+        if self.guard_nonfinite and not bool(torch.isfinite(grad).all()):
+            grad = torch.zeros_like(grad)  # the trainer skips this step anyway; keep the memory finite
+        if self.compressor.caps.random_sample:
+            self.stats.sampled_reads += self.compressor.sampled_reads(grad.numel())  # type: ignore[attr-defined]
+        return grad
 
     def _dense(self, grad: Tensor, name: str) -> Handle:
         """The uncompressed path: the gradient averaged over the ranks in place (it is the .grad or
@@ -90,13 +128,25 @@ class GradientPipeline:
         self.stats.add_dense_allreduce(grad.numel() * grad.element_size(), calls=1)
         return self.engine.allreduce_inplace_async(grad, name)
 
+    def _dense_many(self, name: str, items: list[tuple[str, Tensor]]) -> Handle:
+        """The uncompressed path for several tensors: one flat buffer per dtype averaged in place
+        (a copy in and views out; the scheduler lands them in the .grads)."""
+        grads = [grad for _, grad in items]
+        if len(grads) == 1:
+            handle = self._dense(grads[0], name)
+            return Handle(lambda: [handle.wait()])
+        dtypes = {g.dtype for g in grads}
+        self.stats.add_dense_allreduce(sum(g.numel() * g.element_size() for g in grads), calls=len(dtypes))
+        return flat_average(self.engine, name, grads)
+
     def collect(self) -> list[tuple[str, Tensor]]:
         """Wait for every submitted group (in submission order); call after back-propagation."""
         self.in_backward = False
-        out = []
-        for name, handle in self._pending:
+        out: list[tuple[str, Tensor]] = []
+        for names, handle, packed in self._pending:
             t0, marks = time.perf_counter(), self._marks()
-            out.append((name, handle.wait()))
+            result = handle.wait()
+            out.extend(zip(names, result, strict=True) if packed else [(names[0], result)])
             self._book_comm(t0, marks, exposed=True)
         self._pending.clear()
         return out
