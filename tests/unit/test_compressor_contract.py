@@ -123,10 +123,15 @@ QUALITY: dict[str, tuple[float, float, float]] = {
     # its sign's bin (|v| > scale / 2), decoded to the sign's mean |v| = phi(t) / Q(t) = 2.746 against
     # E[v^2 | tail] = 1 + t phi(t) / Q(t) = 7.64: alignment 0.1193 * 2.746^2 / 7.64 = 0.1178 = 1 - error.
     "sparseloco": (1 - 0.1178 + 0.01, 0.1178 - 0.01, 1.0),
+    # An orthonormal DCT keeps N(0, 1) entries N(0, 1): the top 32 of each 64 x 64 chunk's 4096
+    # coefficients, r = 1/128 (t = 2.660: energy r + 2 t phi(t) = 0.0695), decoded exactly.
+    "dct_topk": (1 - 0.0695 + 0.01, 0.0695 - 0.01, 1.0),
     # sign(x) * mean|x|: error 1 - 2/pi, alignment 2/pi (onebit: the mean |x| of each sign's half).
     "signsgd": (1 - 2 / math.pi + 0.01, 2 / math.pi - 0.01, 1.0),
     "efsignsgd": (1 - 2 / math.pi + 0.01, 2 / math.pi - 0.01, 1.0),
     "onebit": (1 - 2 / math.pi + 0.01, 2 / math.pi - 0.01, 1.0),
+    # sign(x) * RMS(x), RMS = 1: 1 - 2 E|x| + 1 = 2 - 2 sqrt(2/pi), alignment E|x| = sqrt(2/pi).
+    "rms_sign": (2 - 2 * math.sqrt(2 / math.pi) + 0.01, math.sqrt(2 / math.pi) - 0.01, 1.0),
     # Signs of +-1 (a direction; first step: momentum is a multiple of x): 2 - 2 sqrt(2/pi), sqrt(2/pi).
     "signum": (2 - 2 * math.sqrt(2 / math.pi) + 0.01, math.sqrt(2 / math.pi) - 0.01, 1.0),
     # +-tau where |x| > tau, tau = 0.01 = the data's std: 1 - 4 phi(1) + P(|x|>1) = 0.349, 2 phi(1) = 0.484.

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from compbench import registry
 from compbench.comm.base import CommTraits, Communicator, PackingCommunicator
+from compbench.comm.ps import split_bounds
 from compbench.compressors import SELECTION_KEYS, build_compressor
 from compbench.compressors.base import Capabilities, Compressor
 from compbench.engines.base import Engine
@@ -268,6 +269,30 @@ def test_capability_flags_have_the_methods_they_promise(name):
     if caps.shared_indices:
         assert caps.sparse
     assert set(caps.recipe) <= {"memory", "optim.lr", "optim.momentum", "optim.warmup_epochs"}
+
+
+@pytest.mark.parametrize("name", [n for n in COMPRESSORS if _caps(n).shape_layout])
+def test_shape_layout_is_the_same_for_any_data(name):
+    """`shape_layout`: the payload's tensors, dtypes and shapes follow from the shape alone."""
+    comp = build_compressor(name)
+    comp.begin_step(20, 0.5)  # past any warm-up (PowerSGD's start_iter)
+    for shape in ((40, 25), (64, 96), (100,)):
+        a = comp.compress(_data(shape, 1), "a")[0]
+        b = comp.compress(_data(shape, 2) * 1e3, "b")[0]
+        assert [(t.shape, t.dtype) for t in a] == [(t.shape, t.dtype) for t in b], shape
+
+
+@pytest.mark.parametrize("name", [n for n in COMPRESSORS if _caps(n).split_unit])
+def test_split_payloads_decode_to_the_whole(name):
+    """`split_unit`: the parts of a payload (comm=ps's shards) decode to the whole one's pieces."""
+    comp = build_compressor(name)
+    x = _data((37, 11), 5)  # 407 elements: the last part is short
+    payload, ctx = comp.compress(x, "t")
+    bounds = split_bounds(x.numel(), 3, comp.caps.split_unit)
+    parts = comp.split(payload, ctx, bounds, ["t#0", "t#1", "t#2"])
+    assert [c.numel for _, c in parts] == [b - a for a, b in bounds] and bounds[-1][1] == x.numel()
+    decoded = torch.cat([comp.decompress(p, c).reshape(-1) for p, c in parts])
+    assert torch.equal(decoded, comp.decompress(payload, ctx).reshape(-1))
 
 
 def _encode_two_ranks(name: str, shape: tuple[int, ...] = (40, 25)):

@@ -11,7 +11,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from compbench.comm.base import CommBase, CommTraits, encode
-from compbench.compressors.base import Ctx
+from compbench.compressors.base import Ctx, same_layout
 from compbench.compressors.buffers import acc_dtype
 from compbench.engines.base import Handle
 from compbench.memory.base import Memory
@@ -36,11 +36,10 @@ class AllgatherComm(CommBase):
         waits for it and decodes every item's average."""
         encoded = [encode(self.compressor, memory, grad, item, self.stats) for item, grad in items]
         payload = [t for p, _ in encoded for t in p]
-        # A payload whose layout every rank knows (exact wire_bytes) goes as it is, an uneven one
+        # A payload whose layout every rank knows (`same_layout`) goes as it is, an uneven one
         # framed with its sizes (engines.wire) within the compressor's bound.
-        sizes = [grad.numel() for _, grad in items]
-        exact = all(self.compressor.wire_bytes(n) is not None for n in sizes)
-        bound = None if exact else sum(self.compressor.max_wire_bytes(n) for n in sizes)
+        exact = all(same_layout(self.compressor, grad.shape) for _, grad in items)
+        bound = None if exact else sum(self.compressor.max_wire_bytes(grad.numel()) for _, grad in items)
         gathered = self.engine.allgather_payload_async(payload, name, bound)
         caps = self.compressor.caps
         sparse = [caps.sparse_average and item in self.sparse_names for item, _ in items]

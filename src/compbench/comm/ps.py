@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from compbench.comm.base import BlockingComm, CommTraits, encode
-from compbench.compressors.base import Compressor, Ctx
+from compbench.compressors.base import Compressor, Ctx, same_layout
 from compbench.engines import wire
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
@@ -107,7 +107,7 @@ class PSComm(BlockingComm):
         mine = [self._serve([received[i][t] for i in range(n)], shards[t][rank][1],
                             server_ctxs[t][rank].name) for t in range(len(items))]
         # 4. all-gather of the re-compressed shards; everyone decodes every shard of every tensor
-        gathered, sent_back = self._allgather(name, mine, [[c.numel for c in cs] for cs in server_ctxs])
+        gathered, sent_back = self._allgather(name, mine, [[c.shape for c in cs] for cs in server_ctxs])
         out = []
         with self.stats.time("decompress"):
             for t, (_, x) in enumerate(items):
@@ -131,9 +131,9 @@ class PSComm(BlockingComm):
         """Send outgoing[j] (one payload per tensor) to rank j; returns, per source rank, its
         payloads for this rank's shards, and the bytes this rank sent. `like`: this rank's own
         (payload, ctx) of its shards: a peer's payload for the same shard has the same layout
-        where the compressor's sizes are exact (`wire_bytes`), so no counts travel then."""
+        where the compressor says so (`same_layout`), and no counts travel then."""
         n = self.engine.size
-        if all(self.compressor.wire_bytes(ctx.numel) is not None for _, ctx in like):
+        if all(same_layout(self.compressor, ctx.shape) for _, ctx in like):
             specs = [[[(t.numel(), t.dtype) for t in p] for p, _ in like]] * n
         else:  # the element counts of every payload tensor first
             counts = torch.tensor([[t.numel() for p in dest for t in p] for dest in outgoing],
@@ -168,12 +168,12 @@ class PSComm(BlockingComm):
         return self._reencode(averaged, name)
 
     def _allgather(self, name: str, mine: list[Payload],
-                   numels: list[list[int]]) -> tuple[list[list[Payload]], int]:
-        """Every rank's server payloads (one per tensor), as ONE allgather; `numels[t][j]`: the
-        elements of server j's shard of tensor t (a payload's layout follows from it where the
-        compressor's sizes are exact and the shards equal)."""
+                   shapes: list[list[torch.Size]]) -> tuple[list[list[Payload]], int]:
+        """Every rank's server payloads (one per tensor), as ONE allgather; `shapes[t][j]`: the
+        shape of server j's shard of tensor t (every server's payload has this rank's layout where
+        the shards are alike and the compressor's layout follows from the shape, `same_layout`)."""
         flat = [t for p in mine for t in p]
-        exact = all(len(set(ns)) == 1 and self.compressor.wire_bytes(ns[0]) is not None for ns in numels)
+        exact = all(len(set(ss)) == 1 and same_layout(self.compressor, ss[0]) for ss in shapes)
         if exact:
             gathered = self.engine.allgather_payload_async(flat, f"{name}.ps.ag", None)
         else:

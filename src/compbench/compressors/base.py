@@ -73,6 +73,10 @@ class Capabilities:
     random_sample: `sampled_reads(numel)` is how many elements of a tensor of `numel` the encode
       reads at random places besides its pass over the tensor (a threshold's uniform sample): cache
       misses the algorithm itself makes, which the compress phase's floor counts (compbench.floors).
+    shape_layout: the payload's layout (its tensors, dtypes and shapes) follows from the tensor's
+      shape and the step alone, the same on every rank, though `wire_bytes(numel)` cannot say it
+      (chunks and matrices follow the shape: dct_topk, sparseloco, powersgd): comm=allgather and
+      comm=ps then send it without a size header or padding, as they do when `wire_bytes` is exact.
     split_unit: the payload of a whole tensor can be cut at multiples of this many elements
       (`split(payload, ctx, bounds, names)`: one payload per flat element range): comm=ps then
       compresses a tensor once and sends each server its part; 0: it cannot.
@@ -96,6 +100,7 @@ class Capabilities:
     sparse_average: bool = False
     fuses_memory: bool = False
     random_sample: bool = False
+    shape_layout: bool = False
     split_unit: int = 0
     recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention (deep-copyable)
     why_not_summable: str = "sends rank-dependent payloads that cannot be summed element-wise"
@@ -168,6 +173,12 @@ class CompressorBase:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+def same_layout(compressor: Compressor, shape: torch.Size) -> bool:
+    """Whether every rank's payload for a tensor of `shape` has the same layout (tensors, dtypes,
+    shapes), known before it is sent: exact `wire_bytes`, or `Capabilities.shape_layout`."""
+    return compressor.caps.shape_layout or compressor.wire_bytes(math.prod(shape)) is not None
 
 
 def payload_nbytes(payload: list[Tensor]) -> int:

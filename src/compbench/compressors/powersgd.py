@@ -87,7 +87,7 @@ class PowerSGD(CompressorBase):
     # rank 1 on the claims' CNN (lr 0.1, momentum 0.9, seed 0) jumped from loss 1.5 to 3 when
     # compression starts (step 10) and died at chance by step ~110 (docs/results.md, "Recipes that
     # train in every seed").
-    caps = Capabilities(collective=True, min_dims=2,
+    caps = Capabilities(collective=True, min_dims=2, shape_layout=True,
                         recipe={"memory": "residual", "optim.warmup_epochs": 1.0},
                         why_not_summable="sends local low-rank factors that cannot be summed")
 

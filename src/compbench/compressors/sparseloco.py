@@ -181,7 +181,8 @@ class SparseLoCo(CompressorBase):
     """
 
     name = "sparseloco"
-    caps = Capabilities(sparse=True, decodes_into=True, combine="sender_mean", recipe=ERROR_FEEDBACK_RECIPE,
+    caps = Capabilities(sparse=True, decodes_into=True, combine="sender_mean", shape_layout=True,
+                        recipe=ERROR_FEEDBACK_RECIPE,
                         why_not_summable="sends rank-dependent indices and combines by a clipped mean over "
                                          "the ranks that sent each coordinate")
 
