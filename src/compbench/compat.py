@@ -27,14 +27,16 @@ RECIPE_OPTIMIZER = "sgd"
 
 def recipe(caps: Capabilities, comm_traits: CommTraits, optim: str,
            sync: SyncTraits = STEP) -> dict[str, Any]:
-    """The settings a compressor runs with by default over a communicator with these traits,
-    optimizer `optim` and synchronization mode `sync` (key -> value)."""
+    """The compressor's recipe over a communicator with these traits, optimizer `optim` and
+    synchronization mode `sync` (key -> value); the mode's own recipe (`SyncTraits.recipe`) comes
+    first, in `config`."""
     out = dict(caps.recipe)
     if _runs_collective(caps, comm_traits):
         out["memory"] = "none"  # the collective keeps its own error feedback
     if not sync.pipeline:
         return {}  # the mode synchronizes by itself; the compressor is not used
-    if optim != RECIPE_OPTIMIZER or not sync.per_step:  # tuned for per-step SGD on gradients
+    # Optimizer settings were tuned for per-step SGD on gradients, not for an optimizer a mode builds.
+    if optim != RECIPE_OPTIMIZER or not sync.per_step or sync.optimizer_keys is not None:
         out = {k: v for k, v in out.items() if not k.startswith("optim.")}
     return out
 

@@ -40,11 +40,17 @@ def search_path() -> list[str]:
 # Options that moved to another group, with their settings: the old spelling is refused with the
 # new one (a synchronization mode is not a communicator).
 MOVED_OPTIONS = {("comm", "ddp"): "sync", ("comm", "horovod_optimizer"): "sync"}
+# Settings of sync=demo that became its pipeline's (compressor=dct_topk, memory=residual).
+MOVED_KEYS = {"sync.compression_decay": "memory.beta", "sync.compression_topk": "compressor.topk",
+              "sync.compression_chunk": "compressor.chunk"}
 
 
 def moved(override: str) -> str | None:
     """The one-line refusal of an old spelling (`comm=ddp`, `comm.hook=...`), or None."""
     key, _, value = override.lstrip("+~").partition("=")
+    if key in MOVED_KEYS:
+        return (f"{key} is {MOVED_KEYS[key]} now (sync=demo sends through compressor=dct_topk and "
+                f"memory=residual); pass {MOVED_KEYS[key]}={value}")
     group, dot, setting = key.partition(".")
     for (old, option), new in MOVED_OPTIONS.items():
         if group != old:
@@ -86,7 +92,9 @@ def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool =
             raise ValueError(f"{first} (settings are listed by `compbench train --cfg`)") from None
 
     _check_group_choices(overrides)
-    cfg = compose_with([])
+    # The mode's recipe picks groups first, so that the user's keys of them (memory.beta under
+    # sync=demo) exist when Hydra composes.
+    cfg = compose_with(_mode_groups(overrides) if config_name == "train" else [])
     applied = _recipe_to_apply(cfg, overrides) if config_name == "train" else {}
     if applied:
         cfg = compose_with([f"{k}={v}" for k, v in applied.items()])
@@ -101,20 +109,51 @@ def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool =
     return cfg
 
 
+def _user_keys(overrides: list[str]) -> set[str]:
+    """The keys a user set: on the command line, or in the experiment file it names."""
+    user = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    experiment = next((o.partition("=")[2] for o in overrides if o.startswith("experiment=")), None)
+    return user | _experiment_keys(experiment) if experiment else user
+
+
+def _mode_groups(overrides: list[str]) -> list[str]:
+    """The group choices of the synchronization mode's recipe the user did not set, as overrides;
+    the mode read from the command line or the experiment file (before anything is composed)."""
+    mode = next((o.partition("=")[2] for o in overrides if o.startswith("sync=")), None)
+    experiment = next((o.partition("=")[2] for o in overrides if o.startswith("experiment=")), None)
+    if mode is None and experiment:
+        for entry in registry.option_config("experiment", experiment).get("defaults", []):
+            if isinstance(entry, dict) and "override /sync" in entry:
+                mode = entry["override /sync"]
+    recipe = registry.component_class("sync", mode or "step").sync_traits.recipe
+    user = _user_keys(overrides)
+    return [f"{k}={v}" for k, v in recipe.items() if k in GROUPS and k not in user]
+
+
 def _recipe_to_apply(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
-    """The compressor's recipe (compbench.compat.recipe) less every key the user set: on the command
-    line, or in the experiment file (its keys and its `override /GROUP` defaults)."""
+    """The synchronization mode's recipe, then the compressor's (compbench.compat.recipe; of the
+    compressor and communicator the mode's recipe picks), less every key the user set: on the
+    command line, or in the experiment file (its keys and its `override /GROUP` defaults)."""
     from compbench import compat
 
-    choices = cfg.hydra.runtime.choices
+    choices = dict(cfg.hydra.runtime.choices)
+    user = _user_keys(overrides)
+    sync_traits = registry.component_class("sync", choices["sync"]).sync_traits
+    applied = {k: v for k, v in sync_traits.recipe.items() if k not in user}
+    choices.update({k: v for k, v in applied.items() if k in GROUPS})
     caps = registry.component_class("compressor", choices["compressor"]).caps
     comm_traits = registry.component_class("comm", choices["comm"]).traits
-    sync_traits = registry.component_class("sync", choices["sync"]).sync_traits
     wanted = compat.recipe(caps, comm_traits, choices["optim"], sync_traits)
-    user = {o.lstrip("+~").partition("=")[0] for o in overrides}
-    if choices.get("experiment"):
-        user |= _experiment_keys(choices["experiment"])
-    return {k: v for k, v in wanted.items() if k not in user}
+    return applied | {k: v for k, v in wanted.items() if k not in user and k not in applied}
+
+
+def recipe_sources(cfg: DictConfig) -> str:
+    """Whose recipe `cfg.recipe` came from, for the start-up line."""
+    mode = registry.component_class("sync", cfg.choices["sync"]).sync_traits
+    owners = [f"sync={cfg.choices['sync']}"] if any(k in cfg.recipe for k in mode.recipe) else []
+    if any(k not in mode.recipe for k in cfg.recipe):
+        owners.append(f"compressor={cfg.choices['compressor']}")
+    return " and ".join(owners)
 
 
 def _experiment_keys(name: str) -> set[str]:

@@ -39,7 +39,7 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
           flush=True)
     if cfg.recipe:
         settings = " ".join(f"{k}={v}" for k, v in cfg.recipe.items())
-        print(f"compbench: from compressor={cfg.choices['compressor']}'s recipe: {settings} "
+        print(f"compbench: from the recipe of {config.recipe_sources(cfg)}: {settings} "
               "(set a key to choose otherwise)", flush=True)
     code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
     if code != 0:

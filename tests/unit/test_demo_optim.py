@@ -12,8 +12,9 @@ import pytest
 import scipy.fft
 import torch
 
-from compbench.sync.demo_optim import ChunkDCT, DeMo, chunk_size, dct_matrix
+from compbench.compressors.dct_topk import ChunkDCT, chunk_size, dct_matrix
 from compbench.train.metrics import StepStats
+from tests.oracles.demo import DeMo
 from tests.threaded_engine import ThreadWorld
 
 # a matrix cut 64 x 48, a vector cut 50, a conv weight viewed (8, 27), a matrix of fewer than topk

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from compbench.sync.onebit_adam_optim import OnebitAdam, padded_size
 from compbench.train.metrics import StepStats
+from tests.oracles.onebit_adam import OnebitAdam, padded_size
 from tests.threaded_engine import ThreadWorld
 
 SHAPES = [(10,), (33, 7), (64,)]

@@ -17,8 +17,6 @@ from tests.threaded_engine import ThreadWorld
 from tests.unit.test_combinations import ALTERNATIVE, _compose
 
 COMMS = ("allgather", "allreduce")  # the pipeline's two collective shapes; test_combinations has the rest
-# The modes without compbench's pipeline accept compressor=none only: one accepted, one refused suffices.
-PIPELINE_FREE = ("none", "topk")
 OPTIM = {"demo": "sgd", "onebit_adam": "adamw", "diloco": "adamw"}
 
 
@@ -82,5 +80,4 @@ BASELINES = ("ddp", "horovod_optimizer")
 
 @pytest.mark.parametrize("sync", [s for s in registry.options("sync") if s not in ("step", *BASELINES)])
 def test_every_sync_mode_is_refused_or_trains(sync, tmp_path):
-    pipeline = registry.component_class("sync", sync).sync_traits.pipeline
-    _sweep(tmp_path, sync, registry.options("compressor") if pipeline else PIPELINE_FREE)
+    _sweep(tmp_path, sync, registry.options("compressor"))

@@ -1,6 +1,6 @@
 """The optimizer-level modes (sync=demo, sync=onebit_adam) in the trainer: refused where a setting
 would not be used (from their declared `sync_traits`), and exact resume of every rank's own
-optimizer state (1-bit Adam's worker and server errors differ between ranks)."""
+state (1-bit Adam's worker and server errors differ between ranks: the memories')."""
 
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ from tests.integration.test_resume import _assert_equal
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["sync=demo", "compressor=topk", "comm=allgather"],
-     "sync=demo synchronizes by itself, so compressor=topk and comm=allgather would not be "
-     "used; drop compressor= (or use sync=step)"),
+    (["sync=demo", "compressor=topk", "comm=allreduce"],
+     "compressor=topk sends rank-dependent indices; use comm=allgather or comm=ps"),
     (["sync=demo", "optim=adamw"],
      "sync=demo builds its own optimizer from optim=sgd's settings, not optim=adamw's; add optim=sgd"),
     (["sync=demo", "optim.momentum=0.5"],
      "sync=demo takes only optim.lr, optim.weight_decay and the schedule from optim=sgd, so "
      "optim.momentum=0.5 would not be used; drop optim.momentum"),
-    (["sync=onebit_adam", "optim=adamw", "scheduler=mergecomp"],
-     "sync=onebit_adam synchronizes by itself, so scheduler=mergecomp would not be used; drop "
-     "scheduler= (or use sync=step)"),
+    (["sync=onebit_adam", "optim=adamw", "comm=ring"],
+     "scheduler=bucket sends a bucket's tensors in one exchange, which comm=ring cannot (it sends tensor "
+     "by tensor); use scheduler=layerwise (or comm=allgather, ps or allreduce)"),
     (["sync=onebit_adam", "optim=adamw", "sync.freeze_step=-1"],
      "sync.freeze_step=-1 must be an integer >= 0 (dense warm-up steps)"),
     (["sync=demo", "sync.compression_decay=1"],
-     "sync.compression_decay=1 must be in [0, 1); pass e.g. 0.999"),
+     "sync.compression_decay is memory.beta now (sync=demo sends through compressor=dct_topk and "
+     "memory=residual); pass memory.beta=1"),
 ])
 def test_settings_that_would_not_be_used_are_refused(overrides, message):
     with pytest.raises(ValueError) as e:
@@ -46,5 +46,5 @@ def test_onebit_adam_resumes_every_ranks_errors_exactly(tmp_path):
     a, b = (torch.load(run / "checkpoint.pt", weights_only=True) for run in (full, resumed))
     for key in ("model", "optimizer", "per_rank"):
         _assert_equal(a[key], b[key], key)
-    errors = [next(iter(r["optimizer"]["state"].values()))["worker_error"] for r in b["per_rank"]]
+    errors = [next(iter(r["memory"]["residuals"].values())) for r in b["per_rank"]]
     assert not torch.equal(*errors)  # per rank, not rank 0's copied

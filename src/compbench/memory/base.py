@@ -46,6 +46,16 @@ class Memory(Protocol):
     def load_state_dict(self, d: dict) -> None: ...
 
 
+@runtime_checkable
+class ScalesInput(Protocol):
+    """A memory whose input scale follows a schedule set before each step (sync=demo: the learning
+    rate enters DeMo's momentum, delta = decay * delta + lr * g)."""
+
+    def scale_input(self, factor: float) -> None:
+        """Multiply the input by `factor` (as well as by the memory's own setting) from now on."""
+        ...
+
+
 class Deferred:
     """A memory's compensation of one gradient, not applied yet: the compressor runs it inside its
     own selection pass (`Capabilities.fuses_memory`), one compiled pass over the gradient and the

@@ -1,4 +1,5 @@
 """`residual`: classic error feedback, x = beta * residual + gamma * g; residual = x - decode(encode(x)).
+A synchronization mode may scale g by a schedule on top (`scale_input`: sync=demo's learning rate).
 
 MergeComp's published residual memory decays the error by 0.9; compbench defaults to beta = gamma = 1
 (plain error feedback, as in EF-SGD) and lets a user choose otherwise.
@@ -30,25 +31,34 @@ class ResidualMemory:
     def __init__(self, beta: float = 1.0, gamma: float = 1.0) -> None:
         self.beta = float(beta)
         self.gamma = float(gamma)
+        self.factor = 1.0  # `scale_input`'s
         self.residuals: dict[str, Tensor] = {}
+
+    def scale_input(self, factor: float) -> None:
+        """g is scaled by gamma * factor from now on (`memory.base.ScalesInput`)."""
+        self.factor = float(factor)
+
+    @property
+    def scale(self) -> float:
+        return self.gamma * self.factor
 
     def compensate(self, g: Tensor, name: str) -> Tensor:
         r = self.residuals.get(name)
         if r is None or r.shape != g.shape:
             # The memory's own contiguous buffer: g is the user's .grad and is never modified.
             r = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-            self.residuals[name] = torch.mul(g, self.gamma, out=r)
+            self.residuals[name] = torch.mul(g, self.scale, out=r)
             return r
         if self.beta != 1.0:
             r.mul_(self.beta)
-        return r.add_(g, alpha=self.gamma)
+        return r.add_(g, alpha=self.scale)
 
     def defer(self, g: Tensor, name: str) -> Deferred | None:
         """`compensate` as one pass with the compressor's selection (`memory.base.Deferred`)."""
         r = self.residuals.get(name)
         if r is None or r.shape != g.shape or not fusable(r, g):
             return None
-        return Deferred(r.view(-1), NO_STATE, g, RESIDUAL, self.beta, self.gamma, 1.0, out=r)
+        return Deferred(r.view(-1), NO_STATE, g, RESIDUAL, self.beta, self.scale, 1.0, out=r)
 
     def update(self, x: Tensor, name: str, compressor: Compressor, payload: list[Tensor], ctx: Ctx) -> None:
         r = self.residuals[name]

@@ -178,7 +178,7 @@ class MergeComp(Layerwise):
     def after_step(self, pipeline: GradientPipeline, ms: float) -> None:
         if self.search is None or not self.order_recorded or self.steps == 0:
             return
-        if pipeline.step < pipeline.selection.dense_steps:
+        if pipeline.step < pipeline.selection.dense_steps or pipeline.dense_now:
             return  # warm-up steps are not compressed: nothing to learn from their times
         self.trial.append(ms)
         self.search_used += 1

@@ -12,7 +12,10 @@ Whether a step talks, and what it sends, is the synchronizer's:
 - `diloco` (periodic): workers step their own optimizer H times without talking; in `after_step`
   every H steps the outer gradient goes through the same pipeline and an outer optimizer moves the
   global parameters (SparseLoCo and quantized Streaming DiLoCo are compositions of it).
-- `demo`, `onebit_adam` (optimizer level): the optimizer decides what is exchanged, in its `step`.
+- `demo`, `onebit_adam` (optimizer level): per-step modes whose optimizer is DeMo's or 1-bit
+  Adam's update rule; what they exchange (DeMo's momentum is the error-feedback memory, 1-bit Adam's
+  the momentum the optimizer mixes into `p.grad`) goes through the same pipeline, with their
+  recipes' compressor (dct_topk, rms_sign), memory and communicator unless the user picks others.
 
 Every synchronizer saves and loads its per-rank state (memories, compressor and communicator
 state, outer optimizer, local parameters where ranks diverge) through `state_dict`, so that a
@@ -22,7 +25,8 @@ Adding a mode = its file here + `conf/sync/NAME.yaml`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -49,6 +53,8 @@ class SyncTraits:
     engines: the engines it runs on.
     pattern: for a mode without `pipeline`, the collectives of one exchange for the what-if model
       ("allreduce"); with it, the communicator's `traits.pattern` applies.
+    recipe: the settings the mode runs with unless the user sets the key (group choices such as
+      "compressor": "dct_topk", and keys such as "memory.beta"), applied before the compressor's own.
     """
 
     pipeline: bool = True
@@ -58,6 +64,7 @@ class SyncTraits:
     optimizer_keys: tuple[str, ...] | None = None
     engines: tuple[str, ...] = ("horovod", "torch")
     pattern: str | None = None
+    recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention
 
 
 @runtime_checkable

@@ -1,50 +1,84 @@
-"""`sync=demo`: DeMo (Peng, Quesnelle, Kingma, 2024), decoupled momentum exchanged as a chunked DCT
-top-k; the optimizer is `compbench.sync.demo_optim.DeMo` (see there for the algorithm and the
-reference). It takes `optim.lr` and `optim.weight_decay` from optim=sgd (the reference is a torch SGD
-whose step is the sign of the decoded momentum) and the schedule; gradients are never allreduced."""
+"""`sync=demo`: DeMo (Peng, Quesnelle, Kingma, 2024; reference bloc97/DeMo `demo.py`) through
+compbench's pipeline. Every step, each rank's own gradients go through memory -> compressor ->
+communicator (a per-step mode: `step`'s scheduler and pipeline), and the optimizer steps by the sign
+of the average. In DeMo's terms:
+
+    memory=residual (beta = the decay, gamma x the learning rate)   delta = decay * delta + lr * g
+    compressor=dct_topk                                             q = the top-k DCT coefficients of
+                                                                    each chunk of delta
+    the memory's update (what was sent leaves it)                  delta -= IDCT(q)
+    comm=allgather, the compressor's mean over senders              Q = every rank's q, each
+                                                                    coefficient averaged over the
+                                                                    ranks that sent it
+    the optimizer (`DeMoStep`)                                      p *= 1 - lr * weight_decay;
+                                                                    p -= lr * sign(IDCT(Q))
+
+The learning rate enters the memory through `scale_input` before each step, so it follows the
+schedule as the reference's does. The recipe (`RECIPE`, applied unless the user sets the key):
+compressor=dct_topk, memory=residual with memory.beta=0.999 (the reference's decay), comm=allgather,
+scheduler=bucket (the whole model's coefficients in one allgather). Any compressor, memory and
+communicator can take their place (DeMo's DCT against top-k: compressor=topk). The optimizer takes
+`optim.lr` and `optim.weight_decay` from optim=sgd and the schedule.
+
+The former implementation, which exchanged inside its own optimizer step, is the test oracle
+(tests/oracles/demo.py): this mode reproduces its parameters and momenta bit for bit.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from compbench.engines.base import Engine
-from compbench.stats import StepStats
+from compbench.memory.base import ScalesInput
 from compbench.sync import SyncTraits
-from compbench.sync.demo_optim import DeMo
-from compbench.sync.optimizer_sync import OptimizerSync
+from compbench.sync.step import StepSync
+
+RECIPE = {"compressor": "dct_topk", "memory": "residual", "memory.beta": 0.999, "comm": "allgather",
+          "scheduler": "bucket"}
 
 
-def check_options(compression_decay: float = 0.999, compression_topk: int = 32,
-                  compression_chunk: int = 64) -> None:
-    """Config-time check of sync=demo's settings."""
-    if isinstance(compression_decay, bool) or not isinstance(compression_decay, int | float) \
-            or not 0.0 <= compression_decay < 1.0:
-        raise ValueError(f"sync.compression_decay={compression_decay} must be in [0, 1); pass e.g. 0.999")
-    for key, value in (("compression_topk", compression_topk), ("compression_chunk", compression_chunk)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"sync.{key}={value} must be an integer >= 1")
+class DeMoStep(torch.optim.Optimizer):
+    """DeMo's update rule alone (its exchange is the pipeline's): decoupled weight decay, then a step
+    of `lr` along the sign of `p.grad`, which holds the averaged, decoded momentum."""
+
+    def __init__(self, params: Iterable[Any], lr: float, weight_decay: float = 0.0) -> None:
+        if not lr >= 0.0 or not weight_decay >= 0.0:
+            raise ValueError(f"sync=demo: optim.lr={lr} and optim.weight_decay={weight_decay} must be >= 0")
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]  # torch's overloads
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, decay = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if decay != 0.0:
+                    p.mul_(1.0 - lr * decay)
+                p.add_(p.grad.sign(), alpha=-lr)
+        return loss
 
 
-class DeMoSync(OptimizerSync):
+class DeMoSync(StepSync):
     name = "demo"
-    sync_traits: ClassVar[SyncTraits] = SyncTraits(pipeline=False, optimizers=("sgd",),
-                                                   optimizer_keys=("lr", "weight_decay"))
-    check_options = staticmethod(check_options)
+    sync_traits: ClassVar[SyncTraits] = SyncTraits(optimizers=("sgd",), optimizer_keys=("lr", "weight_decay"),
+                                                   recipe=RECIPE)
 
-    def __init__(self, engine: Engine, stats: StepStats, compression_decay: float = 0.999,
-                 compression_topk: int = 32, compression_chunk: int = 64, **_: Any) -> None:
-        check_options(compression_decay, compression_topk, compression_chunk)
-        super().__init__(engine, stats)
-        self.options: dict[str, Any] = {"compression_decay": float(compression_decay),
-                        "compression_topk": int(compression_topk),
-                        "compression_chunk": int(compression_chunk)}
+    def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = DeMoStep(params, lr=float(optim["lr"]),
+                                  weight_decay=float(optim.get("weight_decay", 0.0)))
+        return self.optimizer
 
-    def build(self, params: list[nn.Parameter], optim: dict[str, Any]) -> torch.optim.Optimizer:
-        return DeMo(params, engine=self.engine, stats=self.stats, lr=float(optim["lr"]),
-                    weight_decay=float(optim.get("weight_decay", 0.0)), **self.options)
-
-    def summary(self) -> dict[str, Any]:
-        return {"name": self.name, **self.options}
+    def begin_step(self, step: int, epoch: float) -> None:
+        super().begin_step(step, epoch)
+        memory = self.pipeline.memory
+        if isinstance(memory, ScalesInput):  # DeMo's momentum takes lr * g (the step's scheduled lr)
+            memory.scale_input(self.optimizer.param_groups[0]["lr"])

@@ -1,21 +1,44 @@
-"""`sync=onebit_adam`: 1-bit Adam (Tang et al., ICML 2021), dense Adam for `freeze_step` steps, then
-the momentum exchanged in 1 bit per element with worker and server error feedback; the optimizer is
-`compbench.sync.onebit_adam_optim.OnebitAdam` (see there for the algorithm and the reference). It
-takes `optim.lr`, `optim.betas` and `optim.weight_decay` from optim=adamw (the reference's decay is
-decoupled, as AdamW's) and the schedule; gradients are never allreduced by the trainer."""
+"""`sync=onebit_adam`: 1-bit Adam (Tang et al., ICML 2021; reference DeepSpeed
+`deepspeed/runtime/fp16/onebit/adam.py`) through compbench's pipeline: a per-step mode whose
+optimizer is 1-bit Adam's update rule (`OnebitAdamStep`), its exchange the pipeline's.
+
+- Step 0 only creates the state (the reference's first call: nothing moves, nothing is sent).
+- Warm-up (steps 1 .. max(freeze_step, 2) - 1): the gradients are averaged dense (the pipeline's
+  dense path, overlapping back-propagation); m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2, and the
+  update. At the end of the step whose counter reaches freeze_step, v freezes for good.
+- Compressed (every later step): before the exchange the optimizer mixes each rank's momentum into
+  its gradient, p.grad = b1 m + (1-b1) g (`mix_momentum`); the pipeline averages it (the recipe:
+  compressor=rms_sign with memory=residual, the worker error; comm=ps, the server error and its
+  re-compression: the reference's compressed_allreduce), m takes the average, v stays, the update.
+- Update (both stages): p -= lr * (m / (sqrt(v) + eps) + weight_decay * p). No bias correction: the
+  reference takes a `bias_correction` flag and never reads it.
+
+The recipe (applied unless the user sets the key): compressor=rms_sign, memory=residual, comm=ps,
+scheduler=bucket (the whole model's momentum in one all-to-all and one all-gather). Another
+compressor or communicator can take their place. The optimizer takes `optim.lr`, `optim.betas` and
+`optim.weight_decay` from optim=adamw and the schedule; `sync.eps`, `sync.freeze_step` are the mode's.
+
+The former implementation, which exchanged inside its own optimizer step, is the test oracle
+(tests/oracles/onebit_adam.py): this mode reproduces its parameters and states bit for bit on tensors
+whose size is a multiple of N * lcm(N, 8) (the reference pads every tensor to such a size and its
+padding takes part in the scale and the error feedback; compbench does not pad: rms_sign). Also
+unlike the oracle, with one worker the momentum still goes through the compressor.
+"""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, cast
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from compbench.engines.base import Engine
-from compbench.stats import StepStats
+from compbench.schedulers import Scheduler
 from compbench.sync import SyncTraits
-from compbench.sync.onebit_adam_optim import OnebitAdam
-from compbench.sync.optimizer_sync import OptimizerSync
+from compbench.sync.step import StepSync
+from compbench.train.pipeline import GradientPipeline
+
+RECIPE = {"compressor": "rms_sign", "memory": "residual", "comm": "ps", "scheduler": "bucket"}
 
 
 def check_options(freeze_step: int = 100, eps: float = 1e-8) -> None:
@@ -26,23 +49,124 @@ def check_options(freeze_step: int = 100, eps: float = 1e-8) -> None:
         raise ValueError(f"sync.eps={eps} must be a number > 0; pass e.g. sync.eps=1e-8")
 
 
-class OnebitAdamSync(OptimizerSync):
+class OnebitAdamStep(torch.optim.Optimizer):
+    """1-bit Adam's update rule alone (see the module). State per parameter: `step`, `exp_avg`,
+    `exp_avg_sq`; per group (the same in all groups): `initialized`, `frozen`. The freeze is global,
+    decided with the first group's `freeze_step`."""
+
+    def __init__(self, params: Iterable[Any], *, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, freeze_step: int = 100) -> None:
+        if not lr >= 0.0 or not weight_decay >= 0.0:
+            raise ValueError(f"sync=onebit_adam: optim.lr={lr} and optim.weight_decay={weight_decay} "
+                             "must be >= 0")
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"sync=onebit_adam: optim.betas={list(betas)} must be two numbers in [0, 1)")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        freeze_step=freeze_step, initialized=False, frozen=False)
+        super().__init__(params, defaults)
+
+    @property
+    def initialized(self) -> bool:
+        """Past step 0: the state exists and the steps exchange."""
+        return bool(self.param_groups[0]["initialized"])
+
+    @property
+    def frozen(self) -> bool:
+        """Past the warm-up: v is frozen and the momentum is what the pipeline averages."""
+        return bool(self.param_groups[0]["frozen"])
+
+    def _set_flags(self, **flags: bool) -> None:
+        for group in self.param_groups:
+            group.update(flags)
+
+    def _stepped(self) -> Iterable[tuple[dict[str, Any], Tensor, Tensor]]:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    if p.grad.is_sparse:
+                        raise ValueError("sync=onebit_adam does not take sparse gradients; use a dense "
+                                         "embedding")
+                    yield group, p, p.grad
+
+    @torch.no_grad()
+    def mix_momentum(self) -> None:
+        """Compressed stage, before the exchange: p.grad = b1 m + (1-b1) g, what the pipeline averages."""
+        for group, p, grad in self._stepped():
+            beta1 = group["betas"][0]
+            grad.copy_(self.state[p]["exp_avg"].mul(beta1).add_(grad, alpha=1 - beta1))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]  # torch's overloads
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        initializing, frozen = not self.initialized, self.frozen
+        last_step = None
+        for group, p, grad in self._stepped():
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+                state["exp_avg_sq"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+            state["step"] += 1
+            last_step = state["step"]
+            if initializing:
+                continue  # the reference's first call: state only, nothing moves
+            if frozen:
+                state["exp_avg"].copy_(grad)  # the averaged momentum
+            else:
+                beta1, beta2 = group["betas"]
+                state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            update = state["exp_avg"] / (state["exp_avg_sq"].sqrt() + group["eps"])
+            if group["weight_decay"] > 0.0:
+                update.add_(p, alpha=group["weight_decay"])
+            p.add_(update, alpha=-group["lr"])
+        if initializing:
+            self._set_flags(initialized=True)
+        elif not frozen and last_step is not None and last_step >= self.param_groups[0]["freeze_step"]:
+            self._set_flags(frozen=True)
+        return loss
+
+
+class OnebitAdamSync(StepSync):
     name = "onebit_adam"
-    sync_traits: ClassVar[SyncTraits] = SyncTraits(pipeline=False, optimizers=("adamw",),
-                                                   optimizer_keys=("lr", "betas", "weight_decay"))
+    sync_traits: ClassVar[SyncTraits] = SyncTraits(optimizers=("adamw",),
+                                                   optimizer_keys=("lr", "betas", "weight_decay"),
+                                                   recipe=RECIPE)
     check_options = staticmethod(check_options)
 
-    def __init__(self, engine: Engine, stats: StepStats, freeze_step: int = 100, eps: float = 1e-8,
-                 **_: Any) -> None:
+    def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, freeze_step: int = 100,
+                 eps: float = 1e-8, **_: Any) -> None:
         check_options(freeze_step, eps)
-        super().__init__(engine, stats)
+        super().__init__(pipeline, scheduler)
         self.freeze_step, self.eps = int(freeze_step), float(eps)
 
-    def build(self, params: list[nn.Parameter], optim: dict[str, Any]) -> torch.optim.Optimizer:
-        return OnebitAdam(params, engine=self.engine, stats=self.stats, lr=float(optim["lr"]),
-                          betas=tuple(optim.get("betas", (0.9, 0.999))), eps=self.eps,
-                          weight_decay=float(optim.get("weight_decay", 0.0)), freeze_step=self.freeze_step)
+    def setup(self, model: nn.Module) -> nn.Module:
+        self.numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return super().setup(model)
 
-    def summary(self) -> dict[str, Any]:
-        return {"name": self.name, "freeze_step": self.freeze_step, "eps": self.eps,
-                "frozen": bool(cast(OnebitAdam, self.optimizer).frozen)}
+    def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
+        self.optimizer = OnebitAdamStep(
+            [p for p in model.parameters() if p.requires_grad], lr=float(optim["lr"]),
+            betas=tuple(optim.get("betas", (0.9, 0.999))), eps=self.eps,
+            weight_decay=float(optim.get("weight_decay", 0.0)), freeze_step=self.freeze_step)
+        return self.optimizer
+
+    def begin_step(self, step: int, epoch: float) -> None:
+        super().begin_step(step, epoch)
+        self.pipeline.dense_now = not self.optimizer.frozen  # the warm-up averages the gradients dense
+
+    def before_backward(self) -> None:
+        # The warm-up's dense exchange overlaps back-propagation; the momentum exists only after it.
+        if self.optimizer.initialized and not self.optimizer.frozen:
+            super().before_backward()
+
+    def synchronize(self) -> None:
+        if not self.optimizer.initialized:  # step 0 creates the state: nothing is sent
+            self.pipeline.stats.bytes_dense += 4 * self.numel
+            return
+        if self.optimizer.frozen:
+            self.optimizer.mix_momentum()
+        super().synchronize()

@@ -65,9 +65,6 @@ def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
     return results
 
 
-EXCHANGE_PHASES = ("compress", "comm", "decompress")
-
-
 class Trainer:
     def __init__(self, cfg: DictConfig, engine, run_dir: Path) -> None:
         self.cfg, self.engine, self.run_dir = cfg, engine, run_dir
@@ -164,15 +161,9 @@ class Trainer:
                 self.step += 1  # on_nonfinite=skip: every rank drops this step together
                 continue
             self.sync.synchronize()  # per step: memory -> compress -> communicate -> decompress
-            before = {p: stats.ms[p] for p in EXCHANGE_PHASES}
             with stats.time("optimizer"):
                 self.optimizer.step()
                 self.lr_schedule.step()
-            # An optimizer that exchanges (sync=demo, onebit_adam) books its phases inside its step:
-            # they are not optimizer time, and the step waits for all of it (exposed).
-            inside = {p: stats.ms[p] - before[p] for p in EXCHANGE_PHASES}
-            stats.add_ms("optimizer", -sum(inside.values()))
-            stats.add_ms("comm_exposed", inside["comm"] + inside["decompress"])
             self.sync.after_step()  # a periodic mode ends its round here
             stats.add_ms("step", (time.perf_counter() - t0) * 1e3)
             self.record_step(loss.item(), self.task.count(y) * engine.size)

@@ -40,6 +40,9 @@ class GradientPipeline:
         # on_nonfinite=skip with an overlapping scheduler: groups are compressed from backward hooks,
         # before the trainer's finiteness check; a NaN would enter the error-feedback memory for good.
         self.guard_nonfinite = False
+        # Set by a synchronization mode for the coming step: every tensor takes the dense path
+        # (sync=onebit_adam's warm-up), whatever the selection rules say.
+        self.dense_now = False
         # (names, handle, packed): a packed handle gives a list of results, one per name
         self._pending: list[tuple[list[str], Handle, bool]] = []
 
@@ -75,6 +78,8 @@ class GradientPipeline:
         """The selection rules at this step. A fused group's members passed `min_dims` one by one
         (its flat buffer is 1-D), so only the size threshold and the warm-up apply to the group."""
         sel = self.selection
+        if self.dense_now:
+            return False
         if fused:
             return self.step >= sel.dense_steps and grad.numel() > sel.compress_threshold
         return sel.compresses(grad, self.step)

@@ -1,4 +1,10 @@
-"""1-bit Adam (Tang et al., ICML 2021): dense Adam for a warm-up, then a frozen second moment and the
+"""The test oracle of sync=onebit_adam: compbench's former 1-bit Adam optimizer, which exchanged
+inside its own `step` (three collectives per tensor). sync=onebit_adam now sends through compbench's
+pipeline (compressor=rms_sign, memory=residual, comm=ps: compbench.sync.onebit_adam) and must
+reproduce this, bit for bit where no padding is needed (tests/unit/test_onebit_adam_sync.py); this
+file is checked against a float64 re-implementation of the reference (tests/unit/test_onebit_adam_optim.py).
+
+1-bit Adam (Tang et al., ICML 2021): dense Adam for a warm-up, then a frozen second moment and the
 momentum exchanged in one bit per element with two-level error feedback.
 
 Reference: microsoft/DeepSpeed `deepspeed/runtime/fp16/onebit/adam.py` (the optimizer) and

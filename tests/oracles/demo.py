@@ -1,4 +1,9 @@
-"""DeMo (Peng, Quesnelle, Kingma, 2024): decoupled momentum, exchanged as a chunked DCT top-k.
+"""The test oracle of sync=demo: compbench's former DeMo optimizer, which exchanged inside its own
+`step` (one allgather per tensor). sync=demo now sends through compbench's pipeline
+(compressor=dct_topk, memory=residual, comm=allgather: compbench.sync.demo) and must reproduce this,
+bit for bit (tests/unit/test_demo_sync.py); this file is checked against an independent float64
+re-implementation of the reference (tests/unit/test_demo_optim.py).
+
 
 Reference: bloc97/DeMo `demo.py` (class DeMo, TransformDCT, CompressDCT). Per parameter p with gradient
 g (this rank's own, never allreduced), in the reference's order:
@@ -40,79 +45,15 @@ chunks * k * (index bytes + value bytes); one compressed call; bytes_dense 4 * n
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from compbench.compressors.dct_topk import ChunkDCT, as_chunkable, index_dtype
 from compbench.engines.base import Engine
 from compbench.stats import StepStats
-
-_BASES: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
-
-
-def chunk_size(dim: int, target: int) -> int:
-    """The largest divisor of `dim` that is at most `target` (`dim` itself when dim < target):
-    the reference's `_get_smaller_split`."""
-    return max(d for d in range(1, min(dim, target) + 1) if dim % d == 0)
-
-
-def dct_matrix(n: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Tensor:
-    """The orthonormal DCT-II matrix D (n x n): coefficients = D @ x, and x = D.T @ coefficients
-    (D is orthogonal, so its transpose is the inverse, a DCT-III)."""
-    key = (n, dtype, torch.device(device))
-    if key not in _BASES:
-        k = torch.arange(n, dtype=torch.float64).view(-1, 1)
-        i = torch.arange(n, dtype=torch.float64).view(1, -1)
-        d = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
-        d[0] /= math.sqrt(2.0)
-        _BASES[key] = d.to(dtype=dtype, device=device)
-    return _BASES[key]
-
-
-def as_chunkable(x: Tensor) -> Tensor:
-    """The 1-D or 2-D view DeMo chunks: vectors as they are, a 0-d tensor as one element, anything
-    of more dimensions as (shape[0], prod(shape[1:]))."""
-    if x.dim() == 0:
-        return x.reshape(1)
-    if x.dim() > 2:
-        return x.reshape(x.shape[0], -1)
-    return x
-
-
-def index_dtype(coefficients: int) -> torch.dtype:
-    """The narrowest signed integer type that numbers `coefficients` per chunk."""
-    return torch.int16 if coefficients <= 1 << 15 else torch.int32
-
-
-class ChunkDCT:
-    """Chunked DCT-II of one tensor shape (1-D or 2-D): `encode` -> (chunks..., coefficients per
-    chunk) with the coefficients flattened row-major; `decode` is its exact inverse."""
-
-    def __init__(self, shape: torch.Size, target: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.shape = shape
-        self.sizes = [chunk_size(d, target) for d in shape]
-        self.bases = [dct_matrix(c, dtype, device) for c in self.sizes]
-        self.per_chunk = math.prod(self.sizes)
-        self.chunks = math.prod(d // c for d, c in zip(shape, self.sizes, strict=True))
-
-    def encode(self, x: Tensor) -> Tensor:
-        if x.dim() == 1:
-            (c,), (d,) = self.sizes, self.bases
-            return x.reshape(-1, c) @ d.T  # (chunks, c)
-        (c1, c2), (d1, d2) = self.sizes, self.bases
-        blocks = x.reshape(x.shape[0] // c1, c1, x.shape[1] // c2, c2)
-        coef = torch.einsum("yhxw,ah,bw->yxab", blocks, d1, d2)
-        return coef.reshape(coef.shape[0], coef.shape[1], c1 * c2)  # (row chunks, col chunks, c1*c2)
-
-    def decode(self, coef: Tensor) -> Tensor:
-        if len(self.shape) == 1:
-            return (coef @ self.bases[0]).reshape(self.shape)
-        (c1, c2), (d1, d2) = self.sizes, self.bases
-        blocks = coef.reshape(coef.shape[0], coef.shape[1], c1, c2)
-        return torch.einsum("yxab,ah,bw->yhxw", blocks, d1, d2).reshape(self.shape)
 
 
 class DeMo(torch.optim.Optimizer):
