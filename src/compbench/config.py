@@ -40,7 +40,7 @@ def search_path() -> list[str]:
 # Options that moved to another group, with their settings: the old spelling is refused with the
 # new one (a synchronization mode is not a communicator).
 MOVED_OPTIONS = {("comm", "ddp"): "sync", ("comm", "horovod_optimizer"): "sync"}
-# Settings of sync=demo that became its pipeline's (compressor=dct_topk, memory=residual).
+# Settings of sync=demo that became its pipeline's (compressor=chunk_dct, memory=residual).
 MOVED_KEYS = {"sync.compression_decay": "memory.beta", "sync.compression_topk": "compressor.topk",
               "sync.compression_chunk": "compressor.chunk"}
 
@@ -49,7 +49,7 @@ def moved(override: str) -> str | None:
     """The one-line refusal of an old spelling (`comm=ddp`, `comm.hook=...`), or None."""
     key, _, value = override.lstrip("+~").partition("=")
     if key in MOVED_KEYS:
-        return (f"{key} is {MOVED_KEYS[key]} now (sync=demo sends through compressor=dct_topk and "
+        return (f"{key} is {MOVED_KEYS[key]} now (sync=demo sends through compressor=chunk_dct and "
                 f"memory=residual); pass {MOVED_KEYS[key]}={value}")
     group, dot, setting = key.partition(".")
     for (old, option), new in MOVED_OPTIONS.items():

@@ -1,6 +1,6 @@
 """The test oracle of sync=demo: compbench's former DeMo optimizer, which exchanged inside its own
 `step` (one allgather per tensor). sync=demo now sends through compbench's pipeline
-(compressor=dct_topk, memory=residual, comm=allgather: compbench.sync.demo) and must reproduce this,
+(compressor=chunk_dct, memory=residual, comm=allgather: compbench.sync.demo) and must reproduce this,
 bit for bit (tests/unit/test_demo_sync.py); this file is checked against an independent float64
 re-implementation of the reference (tests/unit/test_demo_optim.py).
 
@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from compbench.compressors.dct_topk import ChunkDCT, as_chunkable, index_dtype
+from compbench.compressors.chunk_dct import ChunkDCT, as_chunkable, index_dtype
 from compbench.engines.base import Engine
 from compbench.stats import StepStats
 

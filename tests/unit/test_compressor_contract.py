@@ -125,7 +125,7 @@ QUALITY: dict[str, tuple[float, float, float]] = {
     "sparseloco": (1 - 0.1178 + 0.01, 0.1178 - 0.01, 1.0),
     # An orthonormal DCT keeps N(0, 1) entries N(0, 1): the top 32 of each 64 x 64 chunk's 4096
     # coefficients, r = 1/128 (t = 2.660: energy r + 2 t phi(t) = 0.0695), decoded exactly.
-    "dct_topk": (1 - 0.0695 + 0.01, 0.0695 - 0.01, 1.0),
+    "chunk_dct": (1 - 0.0695 + 0.01, 0.0695 - 0.01, 1.0),
     # sign(x) * mean|x|: error 1 - 2/pi, alignment 2/pi (onebit: the mean |x| of each sign's half).
     "signsgd": (1 - 2 / math.pi + 0.01, 2 / math.pi - 0.01, 1.0),
     "efsignsgd": (1 - 2 / math.pi + 0.01, 2 / math.pi - 0.01, 1.0),

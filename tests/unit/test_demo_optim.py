@@ -12,7 +12,7 @@ import pytest
 import scipy.fft
 import torch
 
-from compbench.compressors.dct_topk import ChunkDCT, chunk_size, dct_matrix
+from compbench.compressors.chunk_dct import ChunkDCT, chunk_size, dct_matrix
 from compbench.train.metrics import StepStats
 from tests.oracles.demo import DeMo
 from tests.threaded_engine import ThreadWorld

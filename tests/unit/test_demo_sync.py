@@ -1,4 +1,4 @@
-"""sync=demo through compbench's pipeline (dct_topk, memory=residual, allgather) against its oracle,
+"""sync=demo through compbench's pipeline (chunk_dct, memory=residual, allgather) against its oracle,
 the former DeMo optimizer that exchanged inside its own step (tests/oracles/demo.py): parameters
 and momenta bit for bit on fixed gradients of 2 thread ranks, with the recipe's bucket (one
 allgather a step) and per tensor; the same bytes; the learning rate following the schedule."""
@@ -40,7 +40,7 @@ def test_matches_the_oracle_bit_for_bit(scheduler):
 
 def test_recipe_composes_demo_from_the_pipeline():
     cfg = config.compose(["sync=demo"])
-    assert dict(cfg.recipe) == {"compressor": "dct_topk", "memory": "residual", "memory.beta": 0.999,
+    assert dict(cfg.recipe) == {"compressor": "chunk_dct", "memory": "residual", "memory.beta": 0.999,
                                 "comm": "allgather", "scheduler": "bucket"}
     assert config.recipe_sources(cfg) == "sync=demo"
     mine = config.compose(["sync=demo", "compressor=topk", "memory.beta=0.9"])  # a user's setting wins

@@ -26,7 +26,7 @@ from tests.integration.test_resume import _assert_equal
     (["sync=onebit_adam", "optim=adamw", "sync.freeze_step=-1"],
      "sync.freeze_step=-1 must be an integer >= 0 (dense warm-up steps)"),
     (["sync=demo", "sync.compression_decay=1"],
-     "sync.compression_decay is memory.beta now (sync=demo sends through compressor=dct_topk and "
+     "sync.compression_decay is memory.beta now (sync=demo sends through compressor=chunk_dct and "
      "memory=residual); pass memory.beta=1"),
 ])
 def test_settings_that_would_not_be_used_are_refused(overrides, message):

@@ -75,7 +75,7 @@ class Capabilities:
       misses the algorithm itself makes, which the compress phase's floor counts (compbench.floors).
     shape_layout: the payload's layout (its tensors, dtypes and shapes) follows from the tensor's
       shape and the step alone, the same on every rank, though `wire_bytes(numel)` cannot say it
-      (chunks and matrices follow the shape: dct_topk, sparseloco, powersgd): comm=allgather and
+      (chunks and matrices follow the shape: chunk_dct, sparseloco, powersgd): comm=allgather and
       comm=ps then send it without a size header or padding, as they do when `wire_bytes` is exact.
     split_unit: the payload of a whole tensor can be cut at multiples of this many elements
       (`split(payload, ctx, bounds, names)`: one payload per flat element range): comm=ps then

@@ -15,7 +15,7 @@ Whether a step talks, and what it sends, is the synchronizer's:
 - `demo`, `onebit_adam` (optimizer level): per-step modes whose optimizer is DeMo's or 1-bit
   Adam's update rule; what they exchange (DeMo's momentum is the error-feedback memory, 1-bit Adam's
   the momentum the optimizer mixes into `p.grad`) goes through the same pipeline, with their
-  recipes' compressor (dct_topk, rms_sign), memory and communicator unless the user picks others.
+  recipes' compressor (chunk_dct, rms_sign), memory and communicator unless the user picks others.
 
 Every synchronizer saves and loads its per-rank state (memories, compressor and communicator
 state, outer optimizer, local parameters where ranks diverge) through `state_dict`, so that a
@@ -54,7 +54,7 @@ class SyncTraits:
     pattern: for a mode without `pipeline`, the collectives of one exchange for the what-if model
       ("allreduce"); with it, the communicator's `traits.pattern` applies.
     recipe: the settings the mode runs with unless the user sets the key (group choices such as
-      "compressor": "dct_topk", and keys such as "memory.beta"), applied before the compressor's own.
+      "compressor": "chunk_dct", and keys such as "memory.beta"), applied before the compressor's own.
     """
 
     pipeline: bool = True

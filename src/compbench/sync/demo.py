@@ -4,7 +4,7 @@ communicator (a per-step mode: `step`'s scheduler and pipeline), and the optimiz
 of the average. In DeMo's terms:
 
     memory=residual (beta = the decay, gamma x the learning rate)   delta = decay * delta + lr * g
-    compressor=dct_topk                                             q = the top-k DCT coefficients of
+    compressor=chunk_dct                                             q = the top-k DCT coefficients of
                                                                     each chunk of delta
     the memory's update (what was sent leaves it)                  delta -= IDCT(q)
     comm=allgather, the compressor's mean over senders              Q = every rank's q, each
@@ -15,7 +15,7 @@ of the average. In DeMo's terms:
 
 The learning rate enters the memory through `scale_input` before each step, so it follows the
 schedule as the reference's does. The recipe (`RECIPE`, applied unless the user sets the key):
-compressor=dct_topk, memory=residual with memory.beta=0.999 (the reference's decay), comm=allgather,
+compressor=chunk_dct, memory=residual with memory.beta=0.999 (the reference's decay), comm=allgather,
 scheduler=bucket (the whole model's coefficients in one allgather). Any compressor, memory and
 communicator can take their place (DeMo's DCT against top-k: compressor=topk). The optimizer takes
 `optim.lr` and `optim.weight_decay` from optim=sgd and the schedule.
@@ -36,7 +36,7 @@ from compbench.memory.base import ScalesInput
 from compbench.sync import SyncTraits
 from compbench.sync.step import StepSync
 
-RECIPE = {"compressor": "dct_topk", "memory": "residual", "memory.beta": 0.999, "comm": "allgather",
+RECIPE = {"compressor": "chunk_dct", "memory": "residual", "memory.beta": 0.999, "comm": "allgather",
           "scheduler": "bucket"}
 
 

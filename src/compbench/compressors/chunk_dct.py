@@ -1,4 +1,4 @@
-"""`dct_topk`: DeMo's compression (Peng, Quesnelle, Kingma, 2024; reference bloc97/DeMo `demo.py`,
+"""`chunk_dct`: DeMo's compression (Peng, Quesnelle, Kingma, 2024; reference bloc97/DeMo `demo.py`,
 TransformDCT and CompressDCT): a tensor cut into chunks, each chunk's DCT-II coefficients, the `topk`
 largest by magnitude per chunk sent with their indices; every coefficient averaged over the ranks
 that sent it (not over all N; coefficients nobody sent are 0), then transformed back.
@@ -114,11 +114,11 @@ class ChunkDCT:
         return torch.einsum("yxab,ah,bw->yhxw", blocks, d1, d2).reshape(self.shape)
 
 
-class DCTTopK(CompressorBase):
+class ChunkDCTTopK(CompressorBase):
     """The top-`topk` DCT coefficients of every chunk (see the module). Payload: [indices as raw
     bytes (int16 or int32, uint8 view), values]; ctx carries nothing rank-dependent."""
 
-    name = "dct_topk"
+    name = "chunk_dct"
     caps = Capabilities(combine="sender_mean", shape_layout=True, recipe={"memory": "residual"})
 
     def __init__(self, topk: int = 32, chunk: int = 64) -> None:
