@@ -135,10 +135,14 @@ def test_resume_mid_round_is_exact(tmp_path):
                                                          "gradient, which sync=diloco does not send; use "
                                                          "memory=residual"),
     (["sync.inner_steps=0"], "sync.inner_steps=0 must be an integer >= 1 (steps per round)"),
+    (["sync.eager=true", "sync.overlap=1", "sync.inner_steps=4"],
+     "sync.eager=true overlaps each exchange with the whole round; drop sync.overlap and sync.timing"),
+    (["sync.timing=late"], "sync.timing=late is unknown; pass sync.timing=after (the exchange starts at "
+                           "the fragment's step) or sync.timing=before (it ends there, torchft's)"),
     (["sync.nesterov=true", "sync.outer_momentum=0"], "sync.nesterov=true needs sync.outer_momentum > 0; "
                                                       "pass sync.nesterov=false"),
     (["+sync.outer_lrr=1"], "sync.outer_lrr is not a setting of sync=diloco; its settings are: inner_steps, "
-                            "outer_lr, outer_momentum, nesterov, fragments, overlap, mix"),
+                            "outer_lr, outer_momentum, nesterov, fragments, overlap, mix, timing, eager"),
     (["sync.fragments=0"], "sync.fragments=0 must be an integer >= 1; pass sync.fragments=1 (the whole "
                            "model at once, DiLoCo) or more"),
     (["sync.overlap=-1"], "sync.overlap=-1 must be an integer >= 0 (inner steps an exchange overlaps); "

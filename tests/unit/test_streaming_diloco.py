@@ -1,8 +1,9 @@
-"""sync=diloco's Streaming DiLoCo options (fragments, overlap, mix): rounds against a small
-re-implementation (one outer SGD per fragment, the merge θ_local ← α·θ_local + (1−α)·θ_new of
-torchft's `_merge_parameters`), exact bytes per step, exact resume from a checkpoint taken while an
-exchange is in flight, and the build-time refusal. Ranks are threads of this process
-(tests/threaded_engine.py); the config-time refusals are in test_diloco.py."""
+"""sync=diloco's Streaming DiLoCo options (fragments, overlap, mix, timing) and eager updates:
+rounds against a small re-implementation (one outer SGD per fragment, the merge θ_local ←
+α·θ_local + (1−α)·θ_new of torchft's `_merge_parameters`; the eager outer gradient of Kale et al.
+2025), exact bytes per step, exact resume from a checkpoint taken while an exchange is in flight,
+and the build-time refusal. Ranks are threads of this process (tests/threaded_engine.py); the
+config-time refusals are in test_diloco.py."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ from tests.unit.test_sync_combinations import _sweep
 H, STEPS = 6, 18  # three rounds
 
 
-def _reference(fragments: int, overlap: int, mix: float, steps: int = STEPS) -> list[torch.Tensor]:
+def _reference(fragments: int, overlap: int, mix: float, steps: int = STEPS,
+               before: bool = False) -> list[torch.Tensor]:
     """Streaming DiLoCo as the paper and torchft describe it: tensor i in fragment i % P; fragment p
     averages its Δ = θ − θ_local after steps (p+1)·H/P + k·H, applies it `overlap` steps later with
-    its own Nesterov SGD, and every worker merges its fragment with the new θ."""
+    its own Nesterov SGD, and every worker merges its fragment with the new θ. `before`: torchft's
+    timing, Δ taken `overlap` steps before those steps and applied at them."""
     global_model = _model()
     theta = list(global_model.parameters())
     members = [[i for i in range(len(theta)) if i % fragments == p] for p in range(fragments)]
@@ -39,8 +42,9 @@ def _reference(fragments: int, overlap: int, mix: float, steps: int = STEPS) -> 
         _inner_step(workers, inner, step)
         taken = step + 1
         with torch.no_grad():
-            if taken % every == 0:
-                p = (taken // every - 1) % fragments
+            ahead = taken + (overlap if before else 0)
+            if ahead % every == 0:
+                p = (ahead // every - 1) % fragments
                 pending = (p, taken, [sum(theta[i] - list(w.parameters())[i] for w in workers) / WORLD
                                       for i in members[p]])
             if pending is not None and taken == pending[1] + overlap:
@@ -55,6 +59,48 @@ def _reference(fragments: int, overlap: int, mix: float, steps: int = STEPS) -> 
                         local.copy_(mix * local + (1 - mix) * theta[i])
                 pending = None
     return [p.detach().clone() for p in workers[0].parameters()]  # worker 0's local parameters
+
+
+def _eager_reference(fragments: int, mix: float, steps: int = STEPS) -> list[list[torch.Tensor]]:
+    """Eager updates (Kale et al. 2025) as the paper describes them: at its step a fragment's Δ_m of
+    every worker m goes out, and worker m steps its own θ at once with Δ_m/N + (Δ̄' − Δ'_m/N), the
+    others' part of the fragment's previous average (nothing the first time); every worker's θ and
+    outer momentum are its own. Returns every worker's local parameters."""
+    start = _model()
+    thetas = [list(copy.deepcopy(start).parameters()) for _ in range(WORLD)]
+    members = [[i for i in range(len(thetas[0])) if i % fragments == p] for p in range(fragments)]
+    outers = [[torch.optim.SGD([th[i] for i in m], lr=0.7, momentum=0.9, nesterov=True) for m in members]
+              for th in thetas]
+    workers = [copy.deepcopy(start) for _ in range(WORLD)]
+    inner = [torch.optim.AdamW(w.parameters(), lr=0.01, betas=(0.9, 0.999), weight_decay=0.05)
+             for w in workers]
+    every = H // fragments
+    mine = [[torch.zeros_like(t) for t in thetas[0]] for _ in range(WORLD)]
+    others = [[torch.zeros_like(t) for t in thetas[0]] for _ in range(WORLD)]
+    last_average: dict[int, torch.Tensor] = {}
+    for step in range(steps):
+        _inner_step(workers, inner, step)
+        taken = step + 1
+        if taken % every:
+            continue
+        p = (taken // every - 1) % fragments
+        with torch.no_grad():
+            for i in members[p]:
+                if i in last_average:  # the previous exchange of this fragment has arrived
+                    for m in range(WORLD):
+                        others[m][i] = last_average[i] - mine[m][i]
+                deltas = [thetas[m][i] - list(workers[m].parameters())[i] for m in range(WORLD)]
+                last_average[i] = sum(deltas) / WORLD
+                for m in range(WORLD):
+                    mine[m][i] = deltas[m] / WORLD
+                    thetas[m][i].grad = mine[m][i] + others[m][i]
+            for m in range(WORLD):
+                outers[m][p].step()
+                outers[m][p].zero_grad()
+                for i in members[p]:
+                    local = list(workers[m].parameters())[i]
+                    local.copy_(mix * local + (1 - mix) * thetas[m][i])
+    return [[p.detach().clone() for p in w.parameters()] for w in workers]
 
 
 def _nodes(**sync: object) -> dict:
@@ -114,6 +160,60 @@ def test_fragments_match_the_reference_and_book_each_fragment_at_its_start(fragm
     for _, rank_sent, rank_dense in results:
         assert rank_sent == want_sent  # fp32 of the fragment's tensors at its start, 0 otherwise
         assert rank_dense == [4 * numel] * STEPS
+
+
+@pytest.mark.parametrize("fragments, overlap", [(2, 1), (1, 2)])
+def test_torchft_timing_matches_the_reference(fragments, overlap):
+    """timing=before: Δ taken `overlap` steps ahead of the fragment's step, applied at it."""
+    expected = _reference(fragments, overlap, 0.5, before=True)
+
+    def rank(engine):
+        run = _Run(engine, fragments=fragments, overlap=overlap, mix=0.5, timing="before")
+        run.steps(0, STEPS)
+        return run.params(), run.sent
+
+    got, sent = ThreadWorld(WORLD).run(rank)[0]
+    for g, w in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    every = H // fragments
+    assert [s for s, b in enumerate(sent, start=1) if b] == list(range(every - overlap, STEPS, every))
+
+
+@pytest.mark.parametrize("fragments, mix", [(1, 0.0), (2, 0.5)])
+def test_eager_updates_match_the_reference(fragments, mix):
+    expected = _eager_reference(fragments, mix)
+
+    def rank(engine):
+        run = _Run(engine, fragments=fragments, mix=mix, eager=True)
+        run.steps(0, STEPS)
+        return run.params(), run.sent
+
+    results = ThreadWorld(WORLD).run(rank)
+    for r, (got, sent) in enumerate(results):
+        for g, w in zip(got, expected[r], strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        assert sent == results[0][1]
+    assert not torch.equal(results[0][0][0], results[1][0][0])  # each worker's θ is its own
+
+
+def test_eager_resume_is_exact():
+    """A checkpoint between two rounds (the last exchange in flight): resumed, the same parameters."""
+    sync = {"fragments": 2, "eager": True, "mix": 0.5}
+
+    def rank(engine):
+        full = _Run(engine, **sync)
+        full.steps(0, STEPS)
+        saved = _Run(engine, **sync)
+        saved.steps(0, 7)
+        assert saved.sync.eager_pending  # an exchange in flight
+        state = copy.deepcopy(saved.sync.state_dict())
+        resumed = _Run(engine, **sync)
+        resumed.sync.load_state_dict(state)
+        resumed.steps(7, STEPS)
+        return full.params(), resumed.params()
+
+    for full, resumed in ThreadWorld(WORLD).run(rank):
+        assert all(torch.equal(a, b) for a, b in zip(full, resumed, strict=True))
 
 
 def test_defaults_are_diloco_bit_for_bit():

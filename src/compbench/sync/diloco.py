@@ -32,6 +32,20 @@ Streaming DiLoCo (`fragments` P, `overlap` τ, `mix` α; the defaults 1, 0, 0.0 
   average, applied at its scheduled step (saved with the state), so a resumed run is exact.
 - Round counting (`rounds`, the pipeline's step for `dense_steps` and the compressor) stays per H
   steps: fragment p's k-th exchange is the pipeline's step k.
+- Timing (`timing`): "after" (the paper's) starts a fragment's exchange at its step and applies it
+  `overlap` steps later; "before" (torchft's `fragment_sync_delay`) takes Δ `overlap` steps before
+  the fragment's step and applies it at that step.
+- One exchange per fragment: where the communicator packs (allgather, allreduce, ps:
+  `GradientPipeline.submit_many`), the fragment's tensors travel in one collective per stage.
+
+Eager updates (`eager`, Kale, Douillard, Donchev 2025, arXiv 2502.12996), for DiLoCo and Streaming
+DiLoCo alike: at its step a fragment submits its Δ and steps at once, without waiting, with the eager
+outer gradient Δ/N + (Δ̄' − Δ'/N): this worker's fresh contribution and the other workers' ones
+from the fragment's previous exchange (Δ̄' its average, Δ' this worker's part of it; nothing the
+first time). The exchange overlaps everything until the fragment's next step (H steps for DiLoCo,
+at least H/P with P fragments: all exchanges in flight are collected then), where its average is
+folded in. Each worker's θ then differs from the others' by its own last contribution (bounded;
+the sum of the averages is common). `overlap` must stay 0: the exchange overlaps the whole round.
 
 Compositions, not new code paths:
 - DiLoCo: compressor=none comm=allreduce (the dense allreduce of the reference).
@@ -61,9 +75,12 @@ from compbench.train.optim import build_optimizer
 from compbench.train.pipeline import GradientPipeline
 from compbench.values import is_int, is_number
 
+TIMINGS = ("after", "before")
+
 
 def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                  nesterov: bool = True, fragments: int = 1, overlap: int = 0, mix: float = 0.0) -> None:
+                  nesterov: bool = True, fragments: int = 1, overlap: int = 0, mix: float = 0.0,
+                  timing: str = "after", eager: bool = False) -> None:
     """Config-time check of sync=diloco's settings."""
     if not is_int(inner_steps) or inner_steps < 1:
         raise ValueError(f"sync.inner_steps={inner_steps} must be an integer >= 1 (steps per round)")
@@ -91,6 +108,14 @@ def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: 
         raise ValueError(f"sync.inner_steps={inner_steps} is not a multiple of sync.fragments={fragments} "
                          f"(one fragment every inner_steps/fragments steps); pass "
                          f"sync.inner_steps={multiple}")
+    if timing not in TIMINGS:
+        raise ValueError(f"sync.timing={timing} is unknown; pass sync.timing=after (the exchange starts at "
+                         "the fragment's step) or sync.timing=before (it ends there, torchft's)")
+    if not isinstance(eager, bool):
+        raise ValueError(f"sync.eager={eager} must be true or false")
+    if eager and (overlap or timing != "after"):
+        raise ValueError("sync.eager=true overlaps each exchange with the whole round; drop sync.overlap "
+                         "and sync.timing")
     every = inner_steps // fragments
     if overlap >= every:
         raise ValueError(f"sync.overlap={overlap} must be < sync.inner_steps/sync.fragments={every} (one "
@@ -109,13 +134,18 @@ class DiLoCo:
 
     def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, engine: Engine, stats: StepStats,
                  inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 nesterov: bool = True, fragments: int = 1, overlap: int = 0, mix: float = 0.0) -> None:
-        check_options(inner_steps, outer_lr, outer_momentum, nesterov, fragments, overlap, mix)
+                 nesterov: bool = True, fragments: int = 1, overlap: int = 0, mix: float = 0.0,
+                 timing: str = "after", eager: bool = False) -> None:
+        check_options(inner_steps, outer_lr, outer_momentum, nesterov, fragments, overlap, mix, timing,
+                      eager)
         self.pipeline, self.engine, self.stats = pipeline, engine, stats
         self.inner_steps, self.outer_lr = int(inner_steps), float(outer_lr)
         self.outer_momentum, self.nesterov = float(outer_momentum), bool(nesterov)
         self.fragments, self.overlap, self.mix = int(fragments), int(overlap), float(mix)
+        self.timing, self.eager = timing, eager
         self.every = self.inner_steps // self.fragments  # h: steps between two fragments' starts
+        # "before": an exchange starts `overlap` steps ahead of its fragment's step
+        self.lead = self.overlap if timing == "before" else 0
         self.inner = 0  # steps taken in the current round (H steps)
         self.rounds = 0
         # The exchange in flight: its fragment, the step count it started at, and (after a
@@ -123,6 +153,9 @@ class DiLoCo:
         self.inflight: int | None = None
         self.started = 0
         self.averaged: list[Tensor] | None = None
+        # Eager: the fragments whose exchanges are in flight (in submission order), this worker's
+        # part Δ/N of each tensor's last exchange, and the others' part Δ̄ − Δ/N of the one before.
+        self.eager_pending: list[int] = []
 
     def setup(self, model: nn.Module) -> nn.Module:
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -137,6 +170,9 @@ class DiLoCo:
         self.outer = torch.optim.SGD(self.outer_params, lr=self.outer_lr, momentum=self.outer_momentum,
                                      nesterov=self.nesterov)
         self.numel = sum(p.numel() for _, p in self.params)
+        if self.eager:
+            self.mine = [torch.zeros_like(t) for t in self.outer_params]
+            self.others = [torch.zeros_like(t) for t in self.outer_params]
         return model
 
     def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
@@ -158,8 +194,10 @@ class DiLoCo:
         self.inner += 1
         taken = self.rounds * self.inner_steps + self.inner  # s: steps taken so far
         dense = 4 * self.numel  # what a per-step exchange would have sent: the effective ratio compares
-        if taken % self.every == 0:  # fragment (s/h - 1) mod P starts; the pipeline books what it submits
-            dense -= self.start(((taken // self.every) - 1) % self.fragments, taken)
+        ahead = taken + self.lead  # the step the exchange is applied at, for timing=before
+        if ahead % self.every == 0:  # fragment (s/h - 1) mod P starts; the pipeline books what it submits
+            fragment = ((ahead // self.every) - 1) % self.fragments
+            dense -= self.start_eager(fragment) if self.eager else self.start(fragment, taken)
         if self.inflight is not None and taken == self.started + self.overlap:
             self.finish()
         self.stats.bytes_dense += dense
@@ -172,28 +210,67 @@ class DiLoCo:
         """Submit the fragment's outer gradient Δ = θ − θ_local; returns its dense bytes."""
         assert self.inflight is None, "overlap < inner_steps/fragments keeps one exchange in flight"
         self.inflight, self.started = fragment, taken
-        for i in self.members[fragment]:
-            name, p = self.params[i]
-            self.pipeline.submit(f"outer.{name}", self.outer_params[i] - p)  # handed over
-        return 4 * sum(self.params[i][1].numel() for i in self.members[fragment])
+        deltas = [self.outer_params[i] - self.params[i][1] for i in self.members[fragment]]
+        return self.submit(fragment, deltas)
+
+    def submit(self, fragment: int, deltas: list[Tensor]) -> int:
+        """The fragment's Δs into the pipeline (handed over), in one exchange where the communicator
+        packs; returns their dense bytes."""
+        names = [f"outer.{self.params[i][0]}" for i in self.members[fragment]]
+        items = list(zip(names, deltas, strict=True))
+        if self.pipeline.can_pack:
+            self.pipeline.submit_many(f"outer.{fragment}", items)
+        else:
+            for name, delta in items:
+                self.pipeline.submit(name, delta)
+        return 4 * sum(d.numel() for d in deltas)
+
+    @torch.no_grad()
+    def start_eager(self, fragment: int) -> int:
+        """Eager: fold in what arrived, submit the fragment's Δ and step θ at once with the eager
+        outer gradient Δ/N + (Δ̄' − Δ'/N); returns the dense bytes submitted."""
+        self.collect_eager()
+        members = self.members[fragment]
+        deltas = [self.outer_params[i] - self.params[i][1] for i in members]
+        for i, delta in zip(members, deltas, strict=True):
+            self.mine[i] = delta / self.engine.size
+        sent = self.submit(fragment, deltas)
+        self.eager_pending.append(fragment)
+        with self.stats.time("optimizer"):
+            self.step_fragment(members, [self.mine[i] + self.others[i] for i in members])
+        return sent
+
+    def collect_eager(self) -> None:
+        """Wait for every exchange in flight; each average Δ̄ leaves the others' part Δ̄ − Δ/N."""
+        if not self.eager_pending:
+            return
+        averaged = dict(self.pipeline.collect())
+        for fragment in self.eager_pending:
+            for i in self.members[fragment]:
+                average = averaged[f"outer.{self.params[i][0]}"]
+                self.others[i] = average.reshape(self.mine[i].shape) - self.mine[i]
+        self.eager_pending = []
+
+    def step_fragment(self, members: list[int], grads: list[Tensor]) -> None:
+        """θ's fragment takes the outer step on `grads`; the worker's fragment merges with it."""
+        for i, grad in zip(members, grads, strict=True):
+            self.outer_params[i].grad = grad.reshape(self.outer_params[i].shape)
+        self.outer.step()  # only the fragment's tensors have a gradient: the others stay
+        for i in members:
+            theta, p = self.outer_params[i], self.params[i][1]
+            if self.mix == 0.0:
+                p.copy_(theta)
+            else:  # θ_local ← α·θ_local + (1−α)·θ_new
+                p.copy_(torch.lerp(theta, p, self.mix))
+            theta.grad = None
 
     @torch.no_grad()
     def finish(self) -> None:
         """Collect the fragment's average, step its θ and merge it into the local parameters."""
         assert self.inflight is not None
-        members = self.members[self.inflight]
         averaged = self.averaged if self.averaged is not None else self.collect()
         with self.stats.time("optimizer"):
-            for i, delta in zip(members, averaged, strict=True):
-                self.outer_params[i].grad = delta.reshape(self.outer_params[i].shape)
-            self.outer.step()  # only the fragment's tensors have a gradient: the others stay
-            for i in members:
-                theta, p = self.outer_params[i], self.params[i][1]
-                if self.mix == 0.0:
-                    p.copy_(theta)
-                else:  # θ_local ← α·θ_local + (1−α)·θ_new
-                    p.copy_(torch.lerp(theta, p, self.mix))
-                theta.grad = None
+            self.step_fragment(self.members[self.inflight], averaged)
         self.inflight, self.averaged = None, None
 
     def collect(self) -> list[Tensor]:
@@ -205,19 +282,24 @@ class DiLoCo:
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "inner_steps": self.inner_steps, "outer_lr": self.outer_lr,
                 "outer_momentum": self.outer_momentum, "nesterov": self.nesterov, "rounds": self.rounds,
-                "fragments": self.fragments, "overlap": self.overlap, "mix": self.mix}
+                "fragments": self.fragments, "overlap": self.overlap, "mix": self.mix, "timing": self.timing,
+                "eager": self.eager}
 
     def state_dict(self) -> dict[str, Any]:
         # Ranks diverge inside a round: each keeps its own parameters and inner optimizer state.
         if self.inflight is not None and self.averaged is None:
             self.averaged = self.collect()  # kept for its scheduled step, here and in the checkpoint
+        eager = {}
+        if self.eager:
+            self.collect_eager()  # what is folded in is the same now as at the fragment's next step
+            eager = {"mine": [t.clone() for t in self.mine], "others": [t.clone() for t in self.others]}
         return pipeline_state(
             self.pipeline, inner=self.inner, rounds=self.rounds,
             outer_params=[t.clone() for t in self.outer_params], outer=self.outer.state_dict(),
             local_params=[p.detach().clone() for _, p in self.params],
             inner_optimizer=self.inner_optimizer.state_dict(),
             inflight=-1 if self.inflight is None else self.inflight, started=self.started,
-            averaged=[t.clone() for t in self.averaged or []])
+            averaged=[t.clone() for t in self.averaged or []], **eager)
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -234,3 +316,6 @@ class DiLoCo:
         self.inflight = None if inflight < 0 else inflight
         self.started = int(state.get("started", 0))
         self.averaged = [t.clone() for t in state["averaged"]] if self.inflight is not None else None
+        if self.eager:
+            self.mine = [t.clone() for t in state["mine"]]
+            self.others = [t.clone() for t in state["others"]]
