@@ -73,7 +73,18 @@ def _check_finite(cfg: DictConfig) -> None:
 
 
 def _check_run_settings(cfg: DictConfig) -> None:
-    RunSettings.of(cfg)  # the top-level keys, typed (compbench.settings)
+    s = RunSettings.of(cfg)  # the top-level keys, typed (compbench.settings)
+    if s.target_loss is not None and s.target_acc1 is not None:
+        raise ValueError("target_loss and target_acc1 are both set; keep one of them")
+    target = next((k for k in ("target_loss", "target_acc1") if getattr(s, k) is not None), None)
+    if target and not s.eval:
+        raise ValueError(f"{target} is checked at evaluations and eval=false runs none; drop {target} or "
+                         "pass eval=true")
+    if s.stop_at_target and target is None:
+        raise ValueError("stop_at_target=true needs a target; pass target_loss=VALUE or target_acc1=VALUE")
+    if s.target_acc1 is not None and "vocab_size" in cfg.model:
+        raise ValueError(f"target_acc1 is an accuracy and model={cfg.choices['model']} a language model; "
+                         "pass target_loss=VALUE instead")
 
 
 def _check_engine(cfg: DictConfig) -> None:

@@ -16,13 +16,19 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from compbench.values import require_int, show
+from compbench.values import require_int, require_number, show
 
 ON_NONFINITE = ("raise", "skip", "ignore")
 
 
 def _int(low: int, fix: str = "", nullable: bool = False) -> Any:
     return field(metadata={"kind": "int", "low": low, "fix": fix, "nullable": nullable})
+
+
+def _number(low: float, high: float | None = None, strict: bool = False, fix: str = "",
+            nullable: bool = False) -> Any:
+    return field(metadata={"kind": "number", "low": low, "high": high, "strict": strict, "fix": fix,
+                           "nullable": nullable})
 
 
 def _flag() -> Any:
@@ -59,6 +65,14 @@ class RunSettings:
     resume: str | None = _path()
     output_dir: str | None = _path()
     outputs_root: str = _path()
+    eval_every_steps: int = _int(0, "0 leaves the schedule to eval_every_s or eval_points")
+    eval_every_s: float = _number(0, fix="seconds of training between evaluations, 0: off")
+    eval_points: int = _int(0, "0 evaluates at epoch ends and the last step only")
+    target_loss: float | None = _number(0, strict=True, nullable=True,
+                                        fix="a validation loss to reach, e.g. target_loss=1.6")
+    target_acc1: float | None = _number(0, high=100, strict=True, fix="an accuracy in % to reach, e.g. "
+                                        "target_acc1=95", nullable=True)
+    stop_at_target: bool = _flag()
 
     @classmethod
     def of(cls, cfg: DictConfig) -> RunSettings:
@@ -73,6 +87,11 @@ def _checked(f: dataclasses.Field, v: Any) -> Any:
     kind = meta["kind"]
     if kind == "int":
         require_int(f.name, v, meta["low"], meta["fix"])
+    elif kind == "number":
+        require_number(f.name, v, meta["low"], strict=meta["strict"], fix=meta["fix"])
+        if meta["high"] is not None and v > meta["high"]:
+            raise ValueError(f"{f.name}={show(v)} must be at most {meta['high']:g}; {meta['fix']}")
+        return float(v)
     elif kind == "bool" and not isinstance(v, bool):
         raise ValueError(f"{f.name}={show(v)} must be true or false")
     elif kind == "choice" and v not in meta["choices"]:

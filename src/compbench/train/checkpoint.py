@@ -220,6 +220,7 @@ def save_checkpoint(trainer: Any, epoch: int, batch: int) -> None:
         "lr_schedule": trainer.lr_schedule.state_dict(),
         # e.g. SeCoPa's plan, MergeComp's grouping and search: decided again on resume they could differ
         "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else {},
+        "progress": trainer.progress.state_dict(),  # the curve so far, training time, target
         "per_rank": per_rank,
     }
     path = trainer.run_dir / FILE
@@ -247,4 +248,7 @@ def load_checkpoint(trainer: Any, path: Path) -> tuple[int, int]:
     trainer.sync.load_state_dict(mine)  # after the model and optimizer: a rank's own replace rank 0's
     torch.set_rng_state(mine["torch_rng"])
     trainer.step = state["step"]
+    if "progress" in state:  # written by a compbench that records curves
+        trainer.progress.load_state_dict(state["progress"])
+        trainer.final = trainer.progress.last_metrics
     return state["position"]["epoch"], state["position"]["batch"]

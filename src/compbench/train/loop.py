@@ -35,6 +35,7 @@ from compbench.train.metrics import (
     write_json_atomic,
 )
 from compbench.train.optim import build_schedule
+from compbench.train.progress import Progress
 from compbench.train.task import task_of
 
 
@@ -100,29 +101,37 @@ class Trainer:
                                           **registry.plain(cfg.optim))
         self.recorder = Recorder(run_dir, run_hparams(cfg, engine.size)) if self.rank0 else None
         self.step = 0
+        total = len(self.train_loader) * self.epochs
+        self.progress = Progress(s, self.task.units, min(total, s.max_steps or total), self.period())
+        self.final: dict[str, float] = {}  # the metrics of the last evaluation
 
     def fit(self) -> dict[str, Any] | None:
-        s, t_start = self.settings, time.perf_counter()
-        final: dict[str, float] = {}
-        self.not_evaluated = None if s.eval else "eval=false"
+        s = self.settings
+        self.t_start = time.perf_counter()
         max_steps = s.max_steps or math.inf
         epoch, batch = self.resume_position()
         while epoch < self.epochs and self.step < max_steps:
             self.train_loader.epoch = epoch
             batch = self.train_epoch(epoch, batch, max_steps)
-            if batch < len(self.train_loader):  # stopped inside the epoch (max_steps)
-                if s.eval and self.task.eval_when_stopped:
-                    final = self.evaluate(epoch)
-                elif not final:
-                    self.not_evaluated = (f"the run stopped at max_steps={s.max_steps} inside epoch "
-                                          f"{epoch + 1}, and evaluation runs at epoch ends; raise max_steps "
-                                          "or lower epochs")
+            if batch < len(self.train_loader):  # stopped inside the epoch (max_steps, or the target)
+                self.evaluate_once(epoch + batch / len(self.train_loader))  # the last step is evaluated
                 save_checkpoint(self, epoch, batch)
                 break
-            final = self.evaluate(epoch) if s.eval else {}
+            self.evaluate_once(epoch + 1.0)
             epoch, batch = epoch + 1, 0
             save_checkpoint(self, epoch, batch)
-        return self.finish(final, time.perf_counter() - t_start)
+        return self.finish(self.final, time.perf_counter() - self.t_start)
+
+    def evaluate_once(self, epoch: float) -> bool:
+        """Evaluate now unless this step was already evaluated (or eval=false); True when the run
+        reached its target and stops there."""
+        curve = self.progress.curve
+        if not self.settings.eval or (curve and curve[-1]["step"] == self.step):
+            return False
+        self.final = self.evaluate(epoch)
+        stop = self.progress.point(self.step, epoch, self.final)
+        self.model.train()
+        return stop
 
     def resume_position(self) -> tuple[int, int]:
         path = find_checkpoint(self.settings.resume, self.run_dir) if self.settings.resume else None
@@ -166,10 +175,15 @@ class Trainer:
                 self.lr_schedule.step()
             self.sync.after_step()  # a periodic mode ends its round here
             stats.add_ms("step", (time.perf_counter() - t0) * 1e3)
-            self.record_step(loss.item(), self.task.count(y) * engine.size)
+            units = self.task.count(y) * engine.size
+            self.progress.add_step(self.step, stats.ms["step"], units, stats.bytes_sent, engine)
+            self.record_step(loss.item(), units)
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             self.step += 1
+            if self.progress.due(self.step) and i + 1 < steps and self.evaluate_once(epoch + (i + 1) / steps):
+                bar.close()
+                return i + 1  # the target was reached: the run stops here
             if s.checkpoint_every_steps and self.step % s.checkpoint_every_steps == 0 and i + 1 < steps:
                 save_checkpoint(self, epoch, i + 1)
         bar.close()
@@ -216,6 +230,7 @@ class Trainer:
         if self.recorder is None:
             return
         r, s, st = self.recorder, self.stats, self.step
+        r.train_s = self.progress.train_s
         r.scalar("train/loss", loss, st)
         r.scalar(self.task.throughput_tag, global_count / (s.ms["step"] / 1e3), st)  # samples or tokens/s
         r.scalar("train/lr", self.optimizer.param_groups[0]["lr"], st)
@@ -231,7 +246,7 @@ class Trainer:
         r.scalar("compress/sampled_reads", s.sampled_reads, st)
 
     @torch.no_grad()
-    def evaluate(self, epoch: int) -> dict[str, float]:
+    def evaluate(self, epoch: float) -> dict[str, float]:
         # BatchNorm running statistics differ per rank: use rank 0's, as DDP does.
         for name, b in self.model.named_buffers():
             self.engine.broadcast_(b.data, 0, f"bn.{name}")
@@ -241,8 +256,8 @@ class Trainer:
         if self.recorder:
             for tag, value in metrics.items():
                 self.recorder.scalar(tag, value, self.step)
-            print(f"epoch {epoch + 1}/{self.epochs}: {self.task.describe(metrics)}  step {self.step}",
-                  flush=True)
+            print(f"epoch {epoch:.2f}/{self.epochs}: {self.task.describe(metrics)}  step {self.step}  "
+                  f"{self.progress.train_s:.1f} s", flush=True)
         return metrics
 
     def period(self) -> int:
@@ -264,6 +279,7 @@ class Trainer:
             return r.round_mean(tag, skip, period, per_second=tag in RATE_TAGS)
 
         sent, dense = per_step("comm/bytes_sent"), per_step("comm/bytes_dense")
+        compute, step = per_step("time/compute_ms"), per_step("time/step_ms")
         summary = {
             "status": "completed",
             "steps": self.step,
@@ -278,9 +294,11 @@ class Trainer:
             "compressed_calls_per_step": per_step("comm/calls_compressed"),
             "dense_calls_per_step": per_step("comm/calls_dense"),
             "sampled_reads_per_step": per_step("compress/sampled_reads"),
+            "utilization": compute / step if compute is not None and step else None,
+            "target": self.progress.summary(),
         }
-        if self.not_evaluated and not final:
-            summary["not_evaluated"] = self.not_evaluated
+        if not self.settings.eval:
+            summary["not_evaluated"] = "eval=false"
         split = split_ms(summary)
         summary["other_ms"] = split["other"] if split else None
         r.finish()
@@ -289,7 +307,7 @@ class Trainer:
                    "hparams": run_hparams(self.cfg, self.engine.size), "summary": summary,
                    "summary_method": {k: SUMMARY[k] for k in summary if k in SUMMARY}
                    | ({"per_step": ROUND_MEAN} if period > 1 else {}),
-                   "scheduler": self.sync.summary()}
+                   "scheduler": self.sync.summary(), "curve": self.progress.curve}
         if self.data_info is not None:
             results["data"] = self.data_info  # language models: tokenizer, vocabulary size, split
         results["floors"] = self.floors(summary)

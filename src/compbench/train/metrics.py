@@ -32,7 +32,8 @@ TAGS: dict[str, tuple[str, str]] = {
     "train/loss": ("nats", "cross-entropy of rank 0's batch at this step"),
     "train/throughput": ("samples/s", "samples trained per second, all workers: global batch / step time"),
     "train/lr": ("lr", "learning rate of the first parameter group, as scheduled for the next step"),
-    "eval/acc1": ("%", "top-1 accuracy on the whole test set (all workers) at the end of each epoch"),
+    "eval/acc1": ("%", "top-1 accuracy on the whole test set (all workers) at each evaluation"),
+    "eval/loss": ("nats", "cross-entropy per sample on the whole test set (all workers) at each evaluation"),
     "time/compute_ms": ("ms", "forward and backward, less compression and communication run inside backward"),
     "time/compress_ms": ("ms", "error-feedback memory and encoding of the compressed tensors"),
     "time/comm_ms": ("ms", "starting and waiting for collectives, less encoding and decoding inside them"),
@@ -57,7 +58,7 @@ LM_TAGS: dict[str, tuple[str, str]] = {
     "train/loss": ("nats", "cross-entropy per token of rank 0's batch at this step"),
     "train/tokens_per_s": ("tokens/s", "tokens predicted per second, all workers: global batch x context / "
                                        "step time"),
-    "eval/loss": ("nats", "cross-entropy per token on the validation works (all workers) after each epoch"),
+    "eval/loss": ("nats", "cross-entropy per token on the validation works (all workers) at each evaluation"),
     "eval/ppl": ("x", "perplexity on the validation works: exp(eval/loss)"),
     "eval/ood_loss": ("nats", "cross-entropy per token on the out-of-domain text (dataset.ood)"),
     "eval/ood_ppl": ("x", "perplexity on the out-of-domain text: exp(eval/ood_loss)"),
@@ -73,9 +74,13 @@ ROUND_MEAN = (f"mean of each per-step figure over the whole rounds after {WARMUP
 SUMMARY: dict[str, str] = {
     "steps": "optimizer steps taken (skipped non-finite steps included)",
     "train_time_s": "wall time of the training loop on rank 0, evaluation included (s)",
-    "final_acc1": "eval/acc1 after the last epoch (%)",
-    "not_evaluated": "why the run has no evaluation (eval=false, or it stopped inside its first epoch)",
-    "best_acc1": "highest eval/acc1 of any epoch (%)",
+    "final_acc1": "eval/acc1 at the last evaluation (the run's last step) (%)",
+    "final_test_loss": "eval/loss at the last evaluation (nats per sample)",
+    "not_evaluated": "why the run has no evaluation (eval=false)",
+    "best_acc1": "highest eval/acc1 of any evaluation (%)",
+    "utilization": "compute_ms / step_ms: the part of a step spent computing (forward and backward)",
+    "target": "the target (metric, value) and, where it was reached, the first evaluation that did: "
+              "step, training seconds, wall seconds, samples or tokens, bytes sent",
     "final_loss": "train/loss at the last step (nats)",
     "throughput": _MEDIAN.format(tag="train/throughput", unit="samples/s"),
     **{f"{p}_ms": _MEDIAN.format(tag=f"time/{p}_ms", unit="ms") for p in PHASES},
@@ -104,7 +109,11 @@ class Recorder:
     One event file per run, in `run_dir/tb`: the scalars and the HParams session records (start
     now, end at `finish`) together, so TensorBoard shows one run per job and the HParams
     dashboard's "Show metrics" draws that run's own curves. No experiment summary is written:
-    TensorBoard then finds which hyperparameters differ between runs and shows those first."""
+    TensorBoard then finds which hyperparameters differ between runs and shows those first.
+
+    Every scalar is written at its training time (`train_s`, set by the trainer: the steps' wall
+    times, evaluation and checkpoints left out) after the run's start: TensorBoard's "Relative" x
+    axis is then the time a method trained, the axis of time to quality."""
 
     def __init__(self, run_dir: Path, hparams: Mapping[str, Any]) -> None:
         from tensorboardX import SummaryWriter
@@ -113,13 +122,16 @@ class Recorder:
         self.writer = SummaryWriter(str(run_dir / "tb"))
         self.history: dict[str, list[float]] = defaultdict(list)
         self._described: set[str] = set()
+        self.start = time.time()
+        self.train_s = 0.0
         self._add(session_start(hparams))
 
     def scalar(self, tag: str, value: float, step: int, keep: bool = True) -> None:
+        walltime = self.start + self.train_s
         if tag in self._described:
-            self.writer.add_scalar(tag, value, step)
+            self.writer.add_scalar(tag, value, step, walltime=walltime)
         else:  # TensorBoard keeps a tag's metadata from its first value: describe it once
-            self._add(described_scalar(tag, value), step)
+            self._add(described_scalar(tag, value), step, walltime)
             self._described.add(tag)
         if keep:
             self.history[tag].append(float(value))
@@ -129,12 +141,12 @@ class Recorder:
         self._add(session_end())
         self.writer.close()
 
-    def _add(self, summary_bytes: bytes, step: int | None = None) -> None:
+    def _add(self, summary_bytes: bytes, step: int | None = None, walltime: float | None = None) -> None:
         from tensorboardX.proto.summary_pb2 import Summary
 
         # tensorboard builds the records, tensorboardX writes them: the two packages share the
         # wire format, not the Python classes.
-        self.writer.file_writer.add_summary(Summary.FromString(summary_bytes), step)
+        self.writer.file_writer.add_summary(Summary.FromString(summary_bytes), step, walltime)
 
     def median(self, tag: str, skip: int = 0) -> float | None:
         values = self.history.get(tag, [])
@@ -273,6 +285,10 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
     if split is not None:
         parts = " + ".join(f"{p} {v:.1f}" for p, v in split.items())
         lines.append(f"  step time    {s['step_ms']:.1f} ms = {parts}")
+    if s.get("utilization") is not None:
+        lines.append(f"  utilization  {100 * s['utilization']:.1f}% of the step computing")
+    if s.get("target"):
+        lines.append(f"  target       {_target_line(s['target'])}")
     if results.get("floors"):
         from compbench.floors import format_floors
 
@@ -283,6 +299,15 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def _target_line(t: Mapping[str, Any]) -> str:
+    goal = f"{t['metric']} {'>=' if t['metric'] == 'eval/acc1' else '<='} {t['value']:g}"
+    if not t["reached"]:
+        return f"{goal} not reached"
+    units = "tokens" if "tokens" in t else "samples"
+    return (f"{goal} reached at step {t['step']}: {t['train_s']:.1f} s of training, {t[units]:,} {units}, "
+            f"{_bytes(t['bytes_sent'])} sent per worker")
+
+
 def _result_lines(s: Mapping[str, Any], num: Callable[[float | None, str], str]) -> list[str]:
     """The result and throughput lines: accuracy and samples/s, or (a language model, known by its
     summary's final_eval_loss) validation loss, perplexity and tokens/s."""
@@ -291,7 +316,8 @@ def _result_lines(s: Mapping[str, Any], num: Callable[[float | None, str], str])
         return [f"  accuracy     not evaluated: {s['not_evaluated']}",
                 f"  throughput   {num(s['throughput'], ',.0f')} samples/s {median}"]
     if "final_eval_loss" not in s:
-        return [f"  accuracy     final {num(s['final_acc1'], '.2f')} %   best {num(s['best_acc1'], '.2f')} %",
+        return [f"  accuracy     final {num(s['final_acc1'], '.2f')} %   best {num(s['best_acc1'], '.2f')} "
+                f"%   test loss {num(s.get('final_test_loss'), '.4f')}",
                 f"  throughput   {num(s['throughput'], ',.0f')} samples/s {median}"]
     return [f"  val loss     final {num(s['final_eval_loss'], '.4f')} nats/token "
             f"(ppl {num(s['final_ppl'], '.2f')})   best {num(s['best_eval_loss'], '.4f')}",

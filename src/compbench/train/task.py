@@ -21,11 +21,11 @@ Median = Callable[[str], "float | None"]
 
 
 class Classification:
-    """(x, label) samples: cross-entropy, top-1 accuracy, samples/s."""
+    """(x, label) samples: cross-entropy, top-1 accuracy and loss on the test set, samples/s."""
 
     name = "classification"
     throughput_tag = "train/throughput"
-    eval_when_stopped = False  # as before: a run stopped by max_steps inside an epoch is not evaluated
+    units = "samples"
 
     def loss(self, output: Tensor, target: Tensor) -> Tensor:
         return F.cross_entropy(output, target)
@@ -35,23 +35,27 @@ class Classification:
         return len(target)
 
     def eval_sums(self, model: nn.Module, loaders: list) -> Tensor:
-        """This rank's sums over the evaluation set (allreduced by the trainer): correct, samples."""
-        sums = torch.zeros(2, dtype=torch.float64)
+        """This rank's sums over the evaluation set (allreduced by the trainer): correct, samples,
+        summed cross-entropy."""
+        sums = torch.zeros(3, dtype=torch.float64)
         for x, y in loaders[0]:
-            sums[0] += (model(x).argmax(1) == y).sum()
+            out = model(x)
+            sums[0] += (out.argmax(1) == y).sum()
             sums[1] += len(y)
+            sums[2] += F.cross_entropy(out, y, reduction="sum").double()
         return sums
 
     def metrics(self, total: Tensor) -> dict[str, float]:
-        return {"eval/acc1": float(100 * total[0] / total[1])}
+        return {"eval/acc1": float(100 * total[0] / total[1]), "eval/loss": float(total[2] / total[1])}
 
     def describe(self, m: Mapping[str, float]) -> str:
-        return f"eval/acc1 {m['eval/acc1']:.2f}%"
+        return f"eval/acc1 {m['eval/acc1']:.2f}%  eval/loss {m['eval/loss']:.4f}"
 
     def summary(self, final: Mapping[str, float], history: Mapping[str, list[float]],
                 median: Median) -> dict[str, Any]:
         return {"final_acc1": final.get("eval/acc1", float("nan")),
                 "best_acc1": max(history["eval/acc1"], default=float("nan")),
+                "final_test_loss": final.get("eval/loss", float("nan")),
                 "final_loss": _last(history, "train/loss"),
                 "throughput": median("train/throughput")}
 
@@ -65,8 +69,7 @@ class LanguageModel:
 
     name = "language_model"
     throughput_tag = "train/tokens_per_s"
-    # An LM run is usually a number of steps, not of epochs: its last validation loss is the result.
-    eval_when_stopped = True
+    units = "tokens"
     PREFIXES = ("eval/", "eval/ood_")
 
     def loss(self, output: Tensor, target: Tensor) -> Tensor:

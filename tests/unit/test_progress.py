@@ -1,0 +1,88 @@
+"""The curve's bookkeeping (compbench.train.progress): the evaluation schedule (steps, points,
+seconds, rounded to rounds), the target's record, and the state a checkpoint carries; and the
+refusal of bad settings (one line naming the key)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from compbench import config
+from compbench.settings import RunSettings
+from compbench.train.progress import Progress, Target
+from tests.helpers import TINY
+
+
+def _settings(**kw) -> RunSettings:
+    cfg = config.compose([*TINY, *(f"{k}={v}" for k, v in kw.items())])
+    return RunSettings.of(cfg)
+
+
+class _Engine:
+    rank = 0
+
+    def __init__(self) -> None:
+        self.broadcasts = 0
+
+    def broadcast_object(self, obj, root=0):
+        self.broadcasts += 1
+        return obj
+
+
+def test_schedules():
+    assert Progress(_settings(eval_points=8), "samples", 100, 1).every == 12
+    assert Progress(_settings(eval_points=0), "samples", 100, 1).every == 0
+    assert Progress(_settings(eval_every_steps=7), "samples", 100, 1).every == 7
+    assert Progress(_settings(eval_every_steps=7), "samples", 100, 5).every == 10  # whole rounds of 5
+    # seconds: the median time of steps 5-14 (10 ms) turns 0.25 s into 25 steps, once
+    progress, engine = Progress(_settings(eval_every_s=0.25), "tokens", 1000, 1), _Engine()
+    for step in range(20):
+        progress.add_step(step, 10.0 if step >= 5 else 99.0, 64, 100, engine)
+    assert progress.every == 25 and engine.broadcasts == 1
+    assert progress.due(25) and not progress.due(24)
+    assert (progress.train_s, progress.units, progress.bytes_sent) == (pytest.approx(0.645), 1280, 2000)
+
+
+def test_target_record_and_state():
+    progress = Progress(_settings(target_loss=1.0, stop_at_target=True), "tokens", 10, 1)
+    progress.add_step(0, 100.0, 64, 10, _Engine())
+    assert not progress.point(1, 0.1, {"eval/loss": 1.5})
+    progress.add_step(1, 100.0, 64, 10, _Engine())
+    assert progress.point(2, 0.2, {"eval/loss": 0.9})  # reached: stop here
+    assert not progress.point(3, 0.3, {"eval/loss": 0.8})  # recorded once
+    summary = progress.summary()
+    assert summary == {"metric": "eval/loss", "value": 1.0, "reached": True, "step": 2, "train_s": 0.2,
+                       "wall_s": summary["wall_s"], "tokens": 128, "bytes_sent": 20}
+    copy = Progress(_settings(target_loss=1.0), "tokens", 10, 1)
+    copy.load_state_dict(progress.state_dict())
+    assert copy.curve == progress.curve and copy.summary() == summary
+    assert copy.last_metrics == {"eval/loss": 0.8}
+
+
+def test_accuracy_targets_are_reached_from_below():
+    target = Target.of(dataclasses.replace(_settings(), target_acc1=90.0))
+    assert target is not None and target.met({"eval/acc1": 90.0}) and not target.met({"eval/acc1": 89.9})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["eval_every_steps=-1"], "eval_every_steps=-1 must be an integer >= 0"),
+    (["eval_every_s=abc"], "eval_every_s=abc must be a finite number >= 0"),
+    (["eval_points=1.5"], "eval_points=1.5 must be an integer >= 0"),
+    (["target_loss=0"], "target_loss=0 must be a finite number > 0"),
+    (["target_acc1=101"], "target_acc1=101 must be at most 100"),
+    (["target_loss=1", "target_acc1=50"], "target_loss and target_acc1 are both set; keep one of them"),
+    (["stop_at_target=true"], "stop_at_target=true needs a target; pass target_loss=VALUE or "
+                              "target_acc1=VALUE"),
+    (["stop_at_target=yes"], "stop_at_target=yes must be true or false"),
+    (["target_loss=1", "eval=false"], "target_loss is checked at evaluations and eval=false runs none; drop "
+                                      "target_loss or pass eval=true"),
+    (["model=gpt", "dataset=shakespeare", "target_acc1=50"],
+     "target_acc1 is an accuracy and model=gpt a language model; pass target_loss=VALUE instead"),
+])
+def test_bad_settings_are_refused(overrides, message):
+    lm = any(o.startswith("model=") for o in overrides)
+    base = [o for o in TINY if not (lm and o.startswith(("model", "dataset")))]
+    with pytest.raises(ValueError) as e:
+        config.check(config.compose([*base, *overrides]))
+    assert str(e.value).startswith(message), str(e.value)
