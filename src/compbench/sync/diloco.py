@@ -274,7 +274,11 @@ class DiLoCo:
         self.inflight, self.averaged = None, None
 
     def collect(self) -> list[Tensor]:
-        return [delta for _, delta in self.pipeline.collect()]
+        """The averaged Δs of the exchange in flight, in its fragment's order (a packed exchange
+        returns the tensors it sent dense after the compressed ones)."""
+        assert self.inflight is not None
+        averaged = dict(self.pipeline.collect())
+        return [averaged[f"outer.{self.params[i][0]}"] for i in self.members[self.inflight]]
 
     def drain(self) -> None:
         pass  # an exchange in flight belongs to its scheduled step (and state_dict collects it)

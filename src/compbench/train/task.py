@@ -46,7 +46,10 @@ class Classification:
         return sums
 
     def metrics(self, total: Tensor) -> dict[str, float]:
-        return {"eval/acc1": float(100 * total[0] / total[1]), "eval/loss": float(total[2] / total[1])}
+        out = {"eval/acc1": float(100 * total[0] / total[1])}
+        if len(total) > 2:  # with the summed loss
+            out["eval/loss"] = float(total[2] / total[1])
+        return out
 
     def describe(self, m: Mapping[str, float]) -> str:
         return f"eval/acc1 {m['eval/acc1']:.2f}%  eval/loss {m['eval/loss']:.4f}"
