@@ -70,7 +70,8 @@ class ThreadEngine(EngineBase):
     def allgather_async(self, tensors: list[Tensor], name: str) -> Handle:
         return Handle.done(self._all([t.detach().clone() for t in tensors]))
 
-    def alltoall(self, t: Tensor, splits: list[int], name: str) -> tuple[Tensor, list[int]]:
+    def alltoall(self, t: Tensor, splits: list[int], name: str,
+                 received: list[int] | None = None) -> tuple[Tensor, list[int]]:
         chunks = self._all([c.clone() for c in t.split(splits)])
         mine = [chunks[src][self.rank] for src in range(self.size)]
         return torch.cat(mine), [len(c) for c in mine]

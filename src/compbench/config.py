@@ -139,7 +139,9 @@ def _recipe_to_apply(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     choices = dict(cfg.hydra.runtime.choices)
     user = _user_keys(overrides)
     sync_traits = registry.component_class("sync", choices["sync"]).sync_traits
-    applied = {k: v for k, v in sync_traits.recipe.items() if k not in user}
+    # a setting of a group whose option the user picked belongs to the recipe's option, not theirs
+    applied = {k: v for k, v in sync_traits.recipe.items()
+               if k not in user and k.partition(".")[0] not in user - {k}}
     choices.update({k: v for k, v in applied.items() if k in GROUPS})
     caps = registry.component_class("compressor", choices["compressor"]).caps
     comm_traits = registry.component_class("comm", choices["comm"]).traits

@@ -31,7 +31,8 @@ def _state(engine, sync, optimizer):
             {name.split("#")[0]: t for name, t in server.items()}, optimizer.frozen)
 
 
-@pytest.mark.parametrize("scheduler", [[], ["scheduler=layerwise"]], ids=["bucket", "layerwise"])
+@pytest.mark.parametrize("scheduler", [["scheduler=bucket"], ["scheduler=layerwise"]],
+                         ids=["bucket", "layerwise"])
 def test_matches_the_oracle_bit_for_bit(scheduler):
     start = init_params(SHAPES)
     ref = run_oracle(functools.partial(OnebitAdam, **HP), start, grad, STEPS)
@@ -51,11 +52,31 @@ def test_matches_the_oracle_bit_for_bit(scheduler):
         assert sent[3:] == [b + 4 * len(SHAPES) for b in ref_sent[3:]]
 
 
+def test_the_recipes_flat_buffer_is_the_oracle_on_one_flat_parameter():
+    """DeepSpeed's layout: the whole model's momentum as one flat tensor, in the order the scheduler
+    fuses it (reverse registration order), compressed with one scale."""
+    start = init_params(SHAPES)
+
+    def flat(tensors):
+        return torch.cat([t.reshape(-1) for t in reversed(tensors)])
+
+    def flat_grad(r, step, j, shape):
+        return flat([grad(r, step, i, s) for i, s in enumerate(SHAPES)])
+
+    ref = run_oracle(functools.partial(OnebitAdam, **HP), [flat(start)], flat_grad, STEPS)
+    out = run_mode(MODE, start, grad, STEPS, inspect=_state)
+    for r in range(2):
+        assert torch.equal(flat(out[r][0]), ref[r][0][0]), r
+        (ref_state,) = ref[r][2]
+        assert torch.equal(flat([s["exp_avg"] for s in out[r][2][0]]), ref_state["exp_avg"])
+        assert torch.equal(next(iter(out[r][2][1].values())), ref_state["worker_error"])
+
+
 def test_only_the_padded_tensors_depart_from_the_oracle():
     shapes = [(10,), (33, 7), (64,)]  # 10 and 231 elements: the oracle pads them to 16 and 240
     start = init_params(shapes)
     ref = run_oracle(functools.partial(OnebitAdam, **HP), start, grad, STEPS)
-    out = run_mode(MODE, start, grad, STEPS)
+    out = run_mode([*MODE, "scheduler=bucket"], start, grad, STEPS)
     same = [torch.equal(a, b) for a, b in zip(out[0][0], ref[0][0], strict=True)]
     assert same == [False, False, True]
 
@@ -63,7 +84,7 @@ def test_only_the_padded_tensors_depart_from_the_oracle():
 def test_recipe_composes_onebit_adam_from_the_pipeline():
     cfg = config.compose(["sync=onebit_adam", "optim=adamw"])
     assert dict(cfg.recipe) == {"compressor": "rms_sign", "memory": "residual", "comm": "ps",
-                                "scheduler": "bucket"}
+                                "scheduler": "mergecomp", "scheduler.groups": 1}
     swapped = config.check(config.compose(["sync=onebit_adam", "optim=adamw", "compressor=qsgd",
                                            "memory=none"]))
     assert swapped.choices.compressor == "qsgd" and swapped.choices.comm == "ps"

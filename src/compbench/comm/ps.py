@@ -133,8 +133,10 @@ class PSComm(BlockingComm):
         (payload, ctx) of its shards: a peer's payload for the same shard has the same layout
         where the compressor says so (`same_layout`), and no counts travel then."""
         n = self.engine.size
+        known = None
         if all(same_layout(self.compressor, ctx.shape) for _, ctx in like):
             specs = [[[(t.numel(), t.dtype) for t in p] for p, _ in like]] * n
+            known = [sum(wire.nbytes(spec) for spec in specs[0])] * n
         else:  # the element counts of every payload tensor first
             counts = torch.tensor([[t.numel() for p in dest for t in p] for dest in outgoing],
                                   dtype=torch.int64)
@@ -144,7 +146,8 @@ class PSComm(BlockingComm):
                 it = iter(row)
                 specs.append([[(next(it), t.dtype) for t in p] for p, _ in like])
         blobs = [wire.to_bytes([t for p in dest for t in p]) for dest in outgoing]
-        recv, _ = self.engine.alltoall(torch.cat(blobs), [len(b) for b in blobs], f"{name}.ps.a2a")
+        recv, _ = self.engine.alltoall(torch.cat(blobs), [len(b) for b in blobs], f"{name}.ps.a2a",
+                                       known)
         received, pos = [], 0
         for source in specs:
             payloads = []

@@ -71,9 +71,11 @@ class HorovodEngine(EngineBase):
 
         return Handle(finish)
 
-    def alltoall(self, t: Tensor, splits: list[int], name: str) -> tuple[Tensor, list[int]]:
-        out, received = self.hvd.alltoall(t, splits=torch.tensor(splits, dtype=torch.int32), name=name)
-        return out, received.tolist()
+    def alltoall(self, t: Tensor, splits: list[int], name: str,
+                 received: list[int] | None = None) -> tuple[Tensor, list[int]]:
+        # Horovod's all-to-all negotiates the sizes itself: `received` (known sizes) saves nothing
+        out, sizes = self.hvd.alltoall(t, splits=torch.tensor(splits, dtype=torch.int32), name=name)
+        return out, sizes.tolist()
 
     def broadcast_(self, t: Tensor, root: int = 0, name: str = "bcast") -> Tensor:
         return self.hvd.broadcast_(t, root_rank=root, name=name)

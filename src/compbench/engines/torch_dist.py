@@ -168,11 +168,13 @@ class TorchEngine(EngineBase):
 
         return Handle(finish)
 
-    def alltoall(self, t: Tensor, splits: list[int], name: str) -> tuple[Tensor, list[int]]:
-        send = torch.tensor(splits, dtype=torch.int64)
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send)
-        received = recv.tolist()
+    def alltoall(self, t: Tensor, splits: list[int], name: str,
+                 received: list[int] | None = None) -> tuple[Tensor, list[int]]:
+        if received is None:  # the sizes first, unless the caller knows them
+            send = torch.tensor(splits, dtype=torch.int64)
+            recv = torch.empty_like(send)
+            dist.all_to_all_single(recv, send)
+            received = recv.tolist()
         out = t.new_empty((sum(received), *t.shape[1:]))
         dist.all_to_all_single(out, t.contiguous(), output_split_sizes=received, input_split_sizes=splits)
         return out, received

@@ -14,15 +14,20 @@ optimizer is 1-bit Adam's update rule (`OnebitAdamStep`), its exchange the pipel
   reference takes a `bias_correction` flag and never reads it.
 
 The recipe (applied unless the user sets the key): compressor=rms_sign, memory=residual, comm=ps,
-scheduler=bucket (the whole model's momentum in one all-to-all and one all-gather). Another
-compressor or communicator can take their place. The optimizer takes `optim.lr`, `optim.betas` and
-`optim.weight_decay` from optim=adamw and the schedule; `sync.eps`, `sync.freeze_step` are the mode's.
+scheduler=mergecomp with scheduler.groups=1: the whole model's momentum as one flat buffer, as
+DeepSpeed's engine hands it to the reference (one scale; one all-to-all and one all-gather a step).
+scheduler=bucket keeps one scale per tensor, as the reference has for tensors it sees one by one,
+in the same two collectives. Another compressor or communicator can take their place. The
+optimizer takes `optim.lr`, `optim.betas` and `optim.weight_decay` from optim=adamw and the
+schedule; `sync.eps`, `sync.freeze_step` are the mode's.
 
 The former implementation, which exchanged inside its own optimizer step, is the test oracle
-(tests/oracles/onebit_adam.py): this mode reproduces its parameters and states bit for bit on tensors
-whose size is a multiple of N * lcm(N, 8) (the reference pads every tensor to such a size and its
-padding takes part in the scale and the error feedback; compbench does not pad: rms_sign). Also
-unlike the oracle, with one worker the momentum still goes through the compressor.
+(tests/oracles/onebit_adam.py): this mode reproduces its parameters and states bit for bit (per
+tensor with scheduler=bucket or layerwise; with the recipe's flat buffer, the oracle given the
+model as one flat parameter) on tensors whose size is a multiple of N * lcm(N, 8) (the reference
+pads every tensor to such a size and its padding takes part in the scale and the error feedback;
+compbench does not pad: rms_sign). Also unlike the oracle, with one worker the momentum still goes
+through the compressor.
 """
 
 from __future__ import annotations
@@ -38,7 +43,10 @@ from compbench.sync import SyncTraits
 from compbench.sync.step import StepSync
 from compbench.train.pipeline import GradientPipeline
 
-RECIPE = {"compressor": "rms_sign", "memory": "residual", "comm": "ps", "scheduler": "bucket"}
+# DeepSpeed's engine hands 1-bit Adam one flat fp32 buffer per parameter group: the whole model's
+# momentum in one flat buffer here too (one scale, one all-to-all and one all-gather per step).
+RECIPE = {"compressor": "rms_sign", "memory": "residual", "comm": "ps", "scheduler": "mergecomp",
+          "scheduler.groups": 1}
 
 
 def check_options(freeze_step: int = 100, eps: float = 1e-8) -> None:
