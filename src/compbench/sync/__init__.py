@@ -95,7 +95,8 @@ class Synchronizer(Protocol):
         ...
 
     def drain(self) -> None:
-        """Drop a step (non-finite gradients): finish what was already started."""
+        """Finish what was already started: when a step is dropped (non-finite gradients) and at the
+        end of training (an exchange in flight must end before the engine does)."""
         ...
 
     def summary(self) -> dict[str, Any]: ...

@@ -281,7 +281,11 @@ class DiLoCo:
         return [averaged[f"outer.{self.params[i][0]}"] for i in self.members[self.inflight]]
 
     def drain(self) -> None:
-        pass  # an exchange in flight belongs to its scheduled step (and state_dict collects it)
+        """Wait for the exchange in flight; its average is kept for its scheduled step."""
+        if self.inflight is not None and self.averaged is None:
+            self.averaged = self.collect()
+        if self.eager:
+            self.collect_eager()
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "inner_steps": self.inner_steps, "outer_lr": self.outer_lr,
@@ -291,11 +295,9 @@ class DiLoCo:
 
     def state_dict(self) -> dict[str, Any]:
         # Ranks diverge inside a round: each keeps its own parameters and inner optimizer state.
-        if self.inflight is not None and self.averaged is None:
-            self.averaged = self.collect()  # kept for its scheduled step, here and in the checkpoint
+        self.drain()  # the average kept for its scheduled step, here and in the checkpoint
         eager = {}
-        if self.eager:
-            self.collect_eager()  # what is folded in is the same now as at the fragment's next step
+        if self.eager:  # what is folded in is the same now as at the fragment's next step
             eager = {"mine": [t.clone() for t in self.mine], "others": [t.clone() for t in self.others]}
         return pipeline_state(
             self.pipeline, inner=self.inner, rounds=self.rounds,

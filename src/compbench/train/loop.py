@@ -120,6 +120,7 @@ class Trainer:
             self.evaluate_once(epoch + 1.0)
             epoch, batch = epoch + 1, 0
             save_checkpoint(self, epoch, batch)
+        self.sync.drain()  # an exchange still in flight (diloco's overlap) ends before the engine does
         return self.finish(self.final, time.perf_counter() - self.t_start)
 
     def evaluate_once(self, epoch: float) -> bool:
