@@ -80,6 +80,9 @@ def _check_run_settings(cfg: DictConfig) -> None:
     if target and not s.eval:
         raise ValueError(f"{target} is checked at evaluations and eval=false runs none; drop {target} or "
                          "pass eval=true")
+    if s.max_train_s is not None and not s.eval:
+        raise ValueError("max_train_s is checked at evaluations and eval=false runs none; drop max_train_s "
+                         "or pass eval=true")
     if s.stop_at_target and target is None:
         raise ValueError("stop_at_target=true needs a target; pass target_loss=VALUE or target_acc1=VALUE")
     if s.target_acc1 is not None and "vocab_size" in cfg.model:

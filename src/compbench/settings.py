@@ -73,6 +73,8 @@ class RunSettings:
     target_acc1: float | None = _number(0, high=100, strict=True, fix="an accuracy in % to reach, e.g. "
                                         "target_acc1=95", nullable=True)
     stop_at_target: bool = _flag()
+    max_train_s: float | None = _number(0, strict=True, nullable=True,
+                                        fix="seconds of training, e.g. max_train_s=90")
 
     @classmethod
     def of(cls, cfg: DictConfig) -> RunSettings:

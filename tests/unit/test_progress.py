@@ -47,10 +47,10 @@ def test_schedules():
 def test_target_record_and_state():
     progress = Progress(_settings(target_loss=1.0, stop_at_target=True), "tokens", 10, 1)
     progress.add_step(0, 100.0, 64, 10, _Engine())
-    assert not progress.point(1, 0.1, {"eval/loss": 1.5})
+    assert not progress.point(1, 0.1, {"eval/loss": 1.5}, _Engine())
     progress.add_step(1, 100.0, 64, 10, _Engine())
-    assert progress.point(2, 0.2, {"eval/loss": 0.9})  # reached: stop here
-    assert not progress.point(3, 0.3, {"eval/loss": 0.8})  # recorded once
+    assert progress.point(2, 0.2, {"eval/loss": 0.9}, _Engine())  # reached: stop here
+    assert not progress.point(3, 0.3, {"eval/loss": 0.8}, _Engine())  # recorded once
     summary = progress.summary()
     assert summary == {"metric": "eval/loss", "value": 1.0, "reached": True, "step": 2, "train_s": 0.2,
                        "wall_s": summary["wall_s"], "tokens": 128, "bytes_sent": 20}
@@ -58,6 +58,15 @@ def test_target_record_and_state():
     copy.load_state_dict(progress.state_dict())
     assert copy.curve == progress.curve and copy.summary() == summary
     assert copy.last_metrics == {"eval/loss": 0.8}
+
+
+def test_a_budget_ends_the_run_at_the_evaluation_after_it():
+    progress, engine = Progress(_settings(max_train_s=0.25), "samples", 10_000, 1), _Engine()
+    assert progress.every_s == pytest.approx(0.25 / 8)  # eval_points over the budget
+    progress.add_step(0, 200.0, 32, 10, engine)
+    assert not progress.point(1, 0.0, {"eval/acc1": 10.0}, engine)
+    progress.add_step(1, 100.0, 32, 10, engine)
+    assert progress.point(2, 0.0, {"eval/acc1": 20.0}, engine) and progress.stopped == "max_train_s"
 
 
 def test_accuracy_targets_are_reached_from_below():
@@ -75,6 +84,8 @@ def test_accuracy_targets_are_reached_from_below():
     (["stop_at_target=true"], "stop_at_target=true needs a target; pass target_loss=VALUE or "
                               "target_acc1=VALUE"),
     (["stop_at_target=yes"], "stop_at_target=yes must be true or false"),
+    (["max_train_s=0"], "max_train_s=0 must be a finite number > 0"),
+    (["max_train_s=10", "eval=false"], "max_train_s is checked at evaluations and eval=false runs none"),
     (["target_loss=1", "eval=false"], "target_loss is checked at evaluations and eval=false runs none; drop "
                                       "target_loss or pass eval=true"),
     (["model=gpt", "dataset=shakespeare", "target_acc1=50"],

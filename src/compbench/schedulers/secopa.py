@@ -70,6 +70,8 @@ class SeCoPa:
     def setup(self, model: nn.Module) -> None:
         self.params = [(n, p) for n, p in reversed(list(model.named_parameters())) if p.requires_grad]
 
+    overlapping = False  # ps and ring block for the whole exchange: everything goes after backward
+
     def before_backward(self, pipeline: GradientPipeline) -> None:
         pass  # ps and ring block for the whole exchange: nothing to overlap
 

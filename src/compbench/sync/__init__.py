@@ -67,6 +67,20 @@ class SyncTraits:
     recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention
 
 
+@dataclass(frozen=True)
+class ExchangePlan:
+    """How a mode's exchanges fall in time, for the what-if model (compbench.race.model) and
+    results.json's `exchange`: one exchange every `every` steps, in the collectives of `pattern`
+    (compbench.report.cluster_model), hidden behind `hidden_steps` steps of compute that run while
+    it travels (diloco's overlap, its eager update) or behind back-propagation
+    (`overlaps_backward`: a per-step exchange started from backward hooks)."""
+
+    every: int = 1
+    pattern: str = "allreduce"
+    hidden_steps: int = 0
+    overlaps_backward: bool = False
+
+
 @runtime_checkable
 class Synchronizer(Protocol):
     sync_traits: ClassVar[SyncTraits]
@@ -100,5 +114,6 @@ class Synchronizer(Protocol):
         ...
 
     def summary(self) -> dict[str, Any]: ...
+    def exchange_plan(self) -> ExchangePlan: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...

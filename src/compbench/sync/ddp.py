@@ -33,7 +33,7 @@ from torch import nn
 
 from compbench.engines.base import Engine
 from compbench.stats import StepStats
-from compbench.sync import SyncTraits
+from compbench.sync import ExchangePlan, SyncTraits
 from compbench.sync.ddp_topk_hook import TopKHookState, topk_hook
 from compbench.train.optim import plain_optimizer
 
@@ -202,6 +202,9 @@ class DDPSync:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+    def exchange_plan(self) -> ExchangePlan:
+        return ExchangePlan(pattern="allreduce", overlaps_backward=True)  # bucketed, from backward hooks
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": "ddp", "hook": self.hook, "bucket_cap_mb": self.bucket_cap_mb,

@@ -69,7 +69,7 @@ from torch import Tensor, nn
 from compbench.engines.base import Engine
 from compbench.schedulers import Scheduler
 from compbench.stats import StepStats
-from compbench.sync import SyncTraits
+from compbench.sync import ExchangePlan, SyncTraits
 from compbench.sync.step import load_pipeline_state, pipeline_state
 from compbench.train.optim import build_optimizer
 from compbench.train.pipeline import GradientPipeline
@@ -292,6 +292,12 @@ class DiLoCo:
                 "outer_momentum": self.outer_momentum, "nesterov": self.nesterov, "rounds": self.rounds,
                 "fragments": self.fragments, "overlap": self.overlap, "mix": self.mix, "timing": self.timing,
                 "eager": self.eager}
+
+    def exchange_plan(self) -> ExchangePlan:
+        """One fragment's exchange every H/P steps, hidden behind `overlap` steps, or with the
+        eager update behind the H/P steps until the next fragment's."""
+        return ExchangePlan(every=self.every, pattern=self.pipeline.comm.traits.pattern,
+                            hidden_steps=self.every if self.eager else self.overlap)
 
     def state_dict(self) -> dict[str, Any]:
         # Ranks diverge inside a round: each keeps its own parameters and inner optimizer state.

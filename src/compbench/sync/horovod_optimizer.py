@@ -33,7 +33,7 @@ from torch import nn
 
 from compbench.engines.base import Engine
 from compbench.stats import StepStats
-from compbench.sync import SyncTraits
+from compbench.sync import ExchangePlan, SyncTraits
 from compbench.train.optim import plain_optimizer
 
 COMPRESSIONS = ("none", "fp16")
@@ -128,6 +128,9 @@ class HorovodOptimizerSync:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+    def exchange_plan(self) -> ExchangePlan:
+        return ExchangePlan(pattern="allreduce", overlaps_backward=True)  # bucketed, from backward hooks
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "compression": self.compression, "overlap": True}

@@ -33,13 +33,14 @@ through the compressor.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from compbench.schedulers import Scheduler
-from compbench.sync import SyncTraits
+from compbench.sync import ExchangePlan, SyncTraits
 from compbench.sync.step import StepSync
 from compbench.train.pipeline import GradientPipeline
 
@@ -170,6 +171,10 @@ class OnebitAdamSync(StepSync):
         # The warm-up's dense exchange overlaps back-propagation; the momentum exists only after it.
         if self.optimizer.initialized and not self.optimizer.frozen:
             super().before_backward()
+
+    def exchange_plan(self) -> ExchangePlan:
+        # after the warm-up the momentum exists only after back-propagation: nothing overlaps it
+        return replace(super().exchange_plan(), overlaps_backward=False)
 
     def synchronize(self) -> None:
         if not self.optimizer.initialized:  # step 0 creates the state: nothing is sent

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from compbench.schedulers import Scheduler
-from compbench.sync import SyncTraits
+from compbench.sync import ExchangePlan, SyncTraits
 from compbench.train.optim import ONE_PASS, build_optimizer, param_groups
 from compbench.train.pipeline import GradientPipeline
 
@@ -62,6 +62,10 @@ class StepSync:
 
     def summary(self) -> dict[str, Any]:
         return self.scheduler.summary()
+
+    def exchange_plan(self) -> ExchangePlan:
+        return ExchangePlan(pattern=self.pipeline.comm.traits.pattern,
+                            overlaps_backward=self.scheduler.overlapping)
 
     def state_dict(self) -> dict[str, Any]:
         """Per rank; the scheduler's decisions are the same on every rank and the checkpoint keeps

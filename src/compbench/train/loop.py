@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ class Trainer:
         if not self.settings.eval or (curve and curve[-1]["step"] == self.step):
             return False
         self.final = self.evaluate(epoch)
-        stop = self.progress.point(self.step, epoch, self.final)
+        stop = self.progress.point(self.step, epoch, self.final, self.engine)
         self.model.train()
         return stop
 
@@ -184,7 +185,7 @@ class Trainer:
             self.step += 1
             if self.progress.due(self.step) and i + 1 < steps and self.evaluate_once(epoch + (i + 1) / steps):
                 bar.close()
-                return i + 1  # the target was reached: the run stops here
+                return i + 1  # the target was reached, or the time budget spent: the run stops here
             if s.checkpoint_every_steps and self.step % s.checkpoint_every_steps == 0 and i + 1 < steps:
                 save_checkpoint(self, epoch, i + 1)
         bar.close()
@@ -295,8 +296,10 @@ class Trainer:
             "compressed_calls_per_step": per_step("comm/calls_compressed"),
             "dense_calls_per_step": per_step("comm/calls_dense"),
             "sampled_reads_per_step": per_step("compress/sampled_reads"),
+            "peak_bytes_per_step": max(r.history["comm/bytes_sent"], default=None),
             "utilization": compute / step if compute is not None and step else None,
             "target": self.progress.summary(),
+            "stopped_by": self.progress.stopped,
         }
         if not self.settings.eval:
             summary["not_evaluated"] = "eval=false"
@@ -308,7 +311,8 @@ class Trainer:
                    "hparams": run_hparams(self.cfg, self.engine.size), "summary": summary,
                    "summary_method": {k: SUMMARY[k] for k in summary if k in SUMMARY}
                    | ({"per_step": ROUND_MEAN} if period > 1 else {}),
-                   "scheduler": self.sync.summary(), "curve": self.progress.curve}
+                   "scheduler": self.sync.summary(), "exchange": asdict(self.sync.exchange_plan()),
+                   "curve": self.progress.curve}
         if self.data_info is not None:
             results["data"] = self.data_info  # language models: tokenizer, vocabulary size, split
         results["floors"] = self.floors(summary)

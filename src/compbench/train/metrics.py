@@ -78,6 +78,8 @@ SUMMARY: dict[str, str] = {
     "final_test_loss": "eval/loss at the last evaluation (nats per sample)",
     "not_evaluated": "why the run has no evaluation (eval=false)",
     "best_acc1": "highest eval/acc1 of any evaluation (%)",
+    "stopped_by": "what ended the run early: target (stop_at_target) or max_train_s; null otherwise",
+    "peak_bytes_per_step": "the most bytes one worker sent in one step (a round's exchange) (bytes)",
     "utilization": "compute_ms / step_ms: the part of a step spent computing (forward and backward)",
     "target": "the target (metric, value) and, where it was reached, the first evaluation that did: "
               "step, training seconds, wall seconds, samples or tokens, bytes sent",

@@ -14,7 +14,9 @@ workers hold the global parameters there.
 
 A target (`target_loss`: eval/loss at or below, or `target_acc1`: eval/acc1 at or above) records
 the first point that reaches it (`summary.target`, and the time to it in the run's summary);
-`stop_at_target` ends the run there.
+`stop_at_target` ends the run there. A budget (`max_train_s`) ends the run at the first evaluation
+after that many seconds of training (rank 0's clock decides, for every rank); with a budget and no
+schedule of steps or seconds, the `eval_points` evaluations are spread over the budget's seconds.
 """
 
 from __future__ import annotations
@@ -68,7 +70,11 @@ class Progress:
         self.bytes_sent = 0
         self.curve: list[dict[str, Any]] = []
         self.reached: dict[str, Any] | None = None
+        self.stopped: str | None = None  # "target" or "max_train_s" when one of them ended the run
+        self.budget_s = settings.max_train_s
         self.every_s = float(settings.eval_every_s)
+        if self.budget_s and not self.every_s and not settings.eval_every_steps and settings.eval_points:
+            self.every_s = self.budget_s / settings.eval_points
         self.every = 0
         if settings.eval_every_steps:
             self.every = self._snap(settings.eval_every_steps)
@@ -100,15 +106,23 @@ class Progress:
         """Whether the schedule evaluates after this many steps."""
         return self.every > 0 and steps_taken % self.every == 0
 
-    def point(self, steps_taken: int, epoch: float, metrics: dict[str, float]) -> bool:
-        """Record an evaluation; returns whether the run stops here (its target reached)."""
+    def point(self, steps_taken: int, epoch: float, metrics: dict[str, float], engine: Engine) -> bool:
+        """Record an evaluation; returns whether the run stops here: its target reached, or its
+        budget spent (rank 0's clock, broadcast: every rank stops together)."""
         point = {"step": steps_taken, "epoch": round(epoch, 4), "train_s": round(self.train_s, 3),
                  "wall_s": round(self.wall_s(), 3), self.units_key: self.units,
                  "bytes_sent": self.bytes_sent, **metrics}
         self.curve.append(point)
         if self.target is not None and self.reached is None and self.target.met(metrics):
             self.reached = point
-            return self.stop_at_target
+            if self.stop_at_target:
+                self.stopped = "target"
+                return True
+        if self.budget_s is not None:
+            spent = engine.broadcast_object(self.train_s >= self.budget_s if engine.rank == 0 else None, 0)
+            if spent:
+                self.stopped = "max_train_s"
+                return True
         return False
 
     def summary(self) -> dict[str, Any] | None:
