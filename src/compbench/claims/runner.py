@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
-import shutil
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -33,6 +30,7 @@ from compbench.args import ArgumentParser
 from compbench.claims.findings import CNN, Claim, Results, Stat, Suite, measured
 from compbench.claims.text import TEXT
 from compbench.errors import INTERRUPTED_EXIT
+from compbench.matrix import Job, check_jobs, run_jobs, summary_of
 
 HEADER = ("claim", "source", "setting", "expected", "measured (mean +- spread over seeds)", "holds?")
 METHOD_HEADER = ("method", "overrides", "final val loss (mean +- spread)", "kB sent/step", "effective ratio",
@@ -91,64 +89,18 @@ def _select(only: str | None, claims: tuple[Claim, ...] = CNN.claims) -> list[Cl
 
 
 def _plan(claims: list[Claim], seeds: int, base: list[str], out: Path,
-          runs: Mapping[str, tuple[str, ...]] = CNN.runs) -> list[tuple[Path, list[str]]]:
-    """Every (run folder, overrides) of the selection, checked before any run starts (a typo in the
-    last run should not cost a suite); finished runs are kept, stale or half-written ones handled."""
-    from compbench import config
-
+          runs: Mapping[str, tuple[str, ...]] = CNN.runs) -> list[Job]:
+    """Every (run folder, overrides) of the selection, checked before any run starts
+    (compbench.matrix: finished runs are kept, stale or half-written ones handled)."""
     names = list(dict.fromkeys(n for c in claims for n in c.runs))
-    jobs = []
-    for name in names:
-        for seed in range(seeds):
-            run_dir = out / "runs" / f"{name}-s{seed}"
-            overrides = [*base, *runs[name], f"seed={seed}"]
-            if _completed(run_dir):
-                done_with = _overrides_of(run_dir)
-                if done_with != [*overrides, f"output_dir={run_dir}"]:
-                    raise ValueError(f"{run_dir} holds a finished run made with other settings; "
-                                     f"pass --out NEW_DIR (or remove {run_dir})")
-            else:
-                config.check(config.compose([*overrides, f"output_dir={out / 'runs' / '_check'}"]))
-            jobs.append((run_dir, overrides))
+    jobs = [(out / "runs" / f"{name}-s{seed}", [*base, *runs[name], f"seed={seed}"])
+            for name in names for seed in range(seeds)]
+    check_jobs(jobs, out / "runs" / "_check")
     return jobs
 
 
-def _completed(run_dir: Path) -> bool:
-    try:
-        return json.loads((run_dir / "results.json").read_text())["summary"]["status"] == "completed"
-    except (OSError, ValueError, KeyError):
-        return False
-
-
-def _overrides_of(run_dir: Path) -> list[str]:
-    from omegaconf import OmegaConf
-
-    try:
-        return [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
-    except (OSError, ValueError):
-        return []
-
-
-def _run(jobs: list[tuple[Path, list[str]]]) -> int:
-    from compbench.run import train
-
-    todo = [(d, o) for d, o in jobs if not _completed(d)]
-    print(f"claims: {len(jobs)} runs, {len(jobs) - len(todo)} already finished, {len(todo)} to run",
-          flush=True)
-    failed = 0
-    for i, (run_dir, overrides) in enumerate(todo):
-        if run_dir.exists():  # a run stopped half-way: start it again from scratch
-            shutil.rmtree(run_dir)
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        print(f"[{i + 1}/{len(todo)}] {run_dir.name}: {' '.join(overrides)}", flush=True)
-        start = time.monotonic()
-        code = train([*overrides, f"output_dir={run_dir}"])
-        if code == INTERRUPTED_EXIT:
-            print(f"claims: interrupted; run again to continue ({len(todo) - i - 1} runs left)", flush=True)
-            return code
-        failed += code != 0
-        (run_dir / "wall_s.txt").write_text(f"{time.monotonic() - start:.1f}\n")
-    return 1 if failed else 0
+def _run(jobs: list[Job]) -> int:
+    return run_jobs(jobs, "claims")
 
 
 def _collect(claims: list[Claim], seeds: int, out: Path,
@@ -157,7 +109,7 @@ def _collect(claims: list[Claim], seeds: int, out: Path,
     diverged run, for instance, is a finding the table must show, not hide)."""
     stats, errors = {}, {}
     for name in dict.fromkeys(n for c in claims for n in c.runs):
-        summaries = [_summary(out / "runs" / f"{name}-s{s}") for s in range(seeds)]
+        summaries = [summary_of(out / "runs" / f"{name}-s{s}") for s in range(seeds)]
         done = [s for s in summaries
                 if s and s.get("status") == "completed" and s.get(metric) is not None]
         if len(done) == seeds:
@@ -174,13 +126,6 @@ def _mean_of(summaries: list[dict], key: str) -> float | None:
     """The mean over the seeds that recorded `key` (None when none did, or recorded 0)."""
     values = [s[key] for s in summaries if s.get(key)]
     return sum(values) / len(values) if values else None
-
-
-def _summary(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((run_dir / "results.json").read_text())["summary"]
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def _row(claim: Claim, results: Results, errors: dict[str, str] | None = None) -> tuple[str, ...]:
@@ -290,7 +235,7 @@ def _estimate(jobs: list[tuple[Path, list[str]]], suite: Suite = CNN) -> str:
     steps = suite.full_steps()
     total, seen = 0.0, 0
     for run_dir, _ in jobs:
-        s = _summary(run_dir)
+        s = summary_of(run_dir)
         try:
             wall = float((run_dir / "wall_s.txt").read_text())
         except (OSError, ValueError):
