@@ -11,6 +11,7 @@
   compbench plan key=value ...                  SeCoPa compression plan for a model and cluster
   compbench report DIR [--fit F] [--per-node L] tables, plots and what-if scaling of a run or sweep
   compbench claims [--suite cnn|text] [--quick]  published findings re-run as experiments, with a verdict each
+  compbench race [--suite text|cnn] [--quick]   which method reaches a target first over which link
   compbench cluster up|down|status|run          K emulated machines (namespaces, shaped links, sshd)
 """
 
@@ -25,14 +26,15 @@ from compbench.args import ArgumentParser
 from compbench.errors import report_user_error
 from compbench.run import train
 
-_COMMANDS = ("train", "list", "launch", "bench", "gen", "plan", "report", "claims", "cluster")
-_USAGE = ("usage: compbench {train,list,launch,bench,gen,plan,report,claims,cluster} [-m] [--cfg] "
+_COMMANDS = ("train", "list", "launch", "bench", "gen", "plan", "report", "claims", "race", "cluster")
+_USAGE = ("usage: compbench {train,list,launch,bench,gen,plan,report,claims,race,cluster} [-m] [--cfg] "
           "[key=value ...]  (compbench --help)")
 # Subcommands with their own argument handling: module with `main(argv) -> int`.
 _DELEGATED = {"launch": "compbench.commands:launch", "bench": "compbench.bench.main:main",
               "gen": "compbench.compll.main:main",
               "plan": "compbench.plan.main:main", "report": "compbench.report.main:main",
-              "claims": "compbench.claims.runner:main", "cluster": "compbench.cluster.main:main"}
+              "claims": "compbench.claims.runner:main", "race": "compbench.race.main:main",
+              "cluster": "compbench.cluster.main:main"}
 
 
 def run_command(argv: list[str]) -> int:

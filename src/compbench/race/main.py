@@ -1,0 +1,88 @@
+"""`compbench race [--suite text|cnn] [--quick] [--out DIR] [--only M,...] [--links MBPS,...]
+[--seeds N] [key=value ...]`: which method reaches a target quality first over a given link.
+
+Runs every method of the race (compbench.race.suites) on every link (net.emulate_gbps: a shaped
+network namespace, root) for every seed, each to the race's target (stop_at_target) within its
+budget of training seconds (max_train_s), through `compbench train`, into DIR/runs/METHOD-LINKmbps-sSEED/
+(compbench.matrix: resumable; a finished run is kept). Then DIR/race.md, race.csv and plots/
+(compbench.race.report): time to target with its spread, throughput against the baseline,
+utilization, bytes per token, peak bytes per exchange, exposed communication against the wire time,
+the what-if model's step times beside the measured ones and the bandwidth below which each method
+beats the baseline; for the text race, its throughput targets as met or not.
+
+Default output: outputs/race-SUITE[-quick]. Extra key=value overrides apply to every run.
+Exit status: 0 when every run completed, 1 when a run failed, 2 for a usage error, 130 for Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from compbench.args import ArgumentParser
+from compbench.errors import INTERRUPTED_EXIT
+from compbench.matrix import Job, check_jobs, run_jobs
+from compbench.race.report import load, write
+from compbench.race.suites import RACES, Race
+from compbench.race.targets import TARGETS
+
+
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="compbench race", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=tuple(RACES), default="text",
+                        help="text (default): model=gpt on Shakespeare; cnn: the seeds' compressors on "
+                             "Fashion-MNIST")
+    parser.add_argument("--quick", action="store_true", help="one seed, a nearer target, a shorter budget "
+                                                             "(~10 minutes; not evidence)")
+    parser.add_argument("--out", default=None, help="output folder (default outputs/race-SUITE[-quick])")
+    parser.add_argument("--only", default=None, help="comma-separated methods (default: all)")
+    parser.add_argument("--links", default=None, help="comma-separated links in Mbit/s (default 10,100,1000)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default 2; --quick 1)")
+    parser.add_argument("overrides", nargs="*", help="key=value applied to every run")
+    args = parser.parse_args(argv)
+    race = RACES[args.suite]
+    methods = _select(args.only, race)
+    links = _links(args.links) if args.links is not None else race.links_mbps
+    seeds = args.seeds if args.seeds is not None else (1 if args.quick else race.seeds)
+    if seeds < 1:
+        raise ValueError(f"--seeds {seeds} must be >= 1")
+    out = Path(args.out or f"outputs/race-{race.name}{'-quick' if args.quick else ''}")
+    target = race.quick_target if args.quick else race.target
+    budget = race.quick_budget_s if args.quick else race.budget_s
+    entries = [(m, mbps, seed, out / "runs" / f"{m}-{mbps:g}mbps-s{seed}") for m in methods for mbps in links
+               for seed in range(seeds)]
+    race_keys = [target, "stop_at_target=true", f"max_train_s={budget:g}"]
+    jobs: list[Job] = [(run_dir, [*race.base, *race.methods[m], f"net.emulate_gbps={mbps / 1e3:g}",
+                                  *race_keys, *args.overrides, f"seed={seed}"])
+                       for m, mbps, seed, run_dir in entries]
+    check_jobs(jobs, out / "runs" / "_check")
+    code = run_jobs(jobs, "race")
+    if code == INTERRUPTED_EXIT:
+        return code
+    text = write(out, race, load(entries), args.quick, TARGETS.get(race.name))
+    print(text)
+    print(f"race: {out / 'race.md'}, {out / 'race.csv'}, plots in {out / 'plots'}", flush=True)
+    return code
+
+
+def _select(only: str | None, race: Race) -> list[str]:
+    if only is None:
+        return list(race.methods)
+    wanted = [s.strip() for s in only.split(",") if s.strip()]
+    unknown = [w for w in wanted if w not in race.methods]
+    if unknown or not wanted:
+        raise ValueError(f"--only {only}: unknown method {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(race.methods)}")
+    return wanted
+
+
+def _links(text: str) -> tuple[float, ...]:
+    try:
+        links = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        links = ()
+    if not links or not all(x > 0 for x in links):
+        raise ValueError(f"--links {text} must be a comma-separated list of link rates in Mbit/s > 0, e.g. "
+                         "--links 10,100,1000")
+    return links

@@ -1,0 +1,121 @@
+"""The what-if model of every synchronization mode: a run's step time at another bandwidth, latency
+or worker count, from what the run measured and what its mode declares.
+
+A run gives, per step, the time that does not depend on the network, `fixed` = step - comm (compute,
+encode, decode, optimizer, other: `split_ms`), and what it sends: bytes and collectives per step
+(means over whole rounds for periodic modes). Its mode declares (results.json `exchange`,
+`compbench.sync.ExchangePlan`) one exchange every `every` steps, in the collectives of `pattern`,
+hidden behind `hidden_steps` steps of compute while it travels, or behind back-propagation
+(`overlaps_backward`). Then, at G Gbit/s with N workers and a latency L per message round:
+
+    comm(G, N, L) = the node-aware alpha-beta cost of one exchange's collectives
+                    (compbench.report.cluster_model: per collective, per round, per byte on the
+                    busiest link), plus L for each of its rounds
+    hidden        = hidden_steps * fixed  (+ 2/3 of the compute for an exchange that overlaps
+                    back-propagation: backward's usual share of forward + backward)
+    step(G, N, L) = fixed + max(0, comm - hidden) / every
+
+The alpha-beta coefficients are fitted (non-negative least squares on relative errors) on the race's
+own runs: each row's measured step time against its prediction with the row's own `fixed`.
+Assumptions: `fixed` and the payload per worker do not change with N or G; every worker is its own
+machine on a link of G each way (compbench's shaped loopback: 2 workers, 2 x G on one device).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from compbench.report.cluster_model import TERMS, Fit, Shape, features
+
+BACKWARD_SHARE = 2 / 3  # of forward + backward: what a per-step exchange from backward hooks can hide behind
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the model needs of one run (per worker, per step unless said otherwise)."""
+
+    fixed_ms: float
+    compute_ms: float
+    row: dict                  # cluster_model's row for ONE exchange (bytes and calls per exchange, comm)
+    every: int
+    hidden_steps: int
+    overlaps_backward: bool
+    workers: int
+
+    @classmethod
+    def of(cls, results: dict) -> Profile:
+        s, plan = results["summary"], results.get("exchange") or {}
+        every = int(plan.get("every", 1))
+        row = {"comm": results["config"]["choices"]["comm"],
+               **{k: float(s.get(k) or 0.0) * every for k in (
+                   "bytes_sent_per_step", "bytes_allreduce_per_step", "bytes_dense_per_step",
+                   "compressed_calls_per_step", "dense_calls_per_step")}}
+        return cls(fixed_ms=float(s["step_ms"]) - float(s.get("comm_ms") or 0.0),
+                   compute_ms=float(s.get("compute_ms") or 0.0), row=row, every=every,
+                   hidden_steps=int(plan.get("hidden_steps", 0)),
+                   overlaps_backward=bool(plan.get("overlaps_backward", False)),
+                   workers=int(results["environment"]["world_size"]))
+
+    def terms(self, gbps: float, workers: int | None = None) -> dict[str, float]:
+        n = workers or self.workers
+        return features(self.row, Shape(nodes=n, workers=n, gbps=gbps))
+
+    def hidden_ms(self) -> float:
+        return self.hidden_steps * self.fixed_ms + (BACKWARD_SHARE * self.compute_ms if self.overlaps_backward
+                                                    else 0.0)
+
+    def step_ms(self, fit: Fit, gbps: float, workers: int | None = None, latency_ms: float = 0.0) -> float:
+        terms = self.terms(gbps, workers)
+        comm = fit.comm_ms(terms) + latency_ms * terms["rounds"]
+        return self.fixed_ms + max(0.0, comm - self.hidden_ms()) / self.every
+
+    def utilization(self, fit: Fit, gbps: float, workers: int | None = None,
+                    latency_ms: float = 0.0) -> float:
+        return self.compute_ms / self.step_ms(fit, gbps, workers, latency_ms)
+
+
+def fit_model(rows: list[tuple[Profile, float, float]]) -> Fit:
+    """Fit the alpha-beta coefficients on (profile, Gbit/s, measured step ms) rows: non-negative
+    least squares on relative errors of the exposed communication, iterated so that only the rows
+    whose exchange is not fully hidden (the max(0, .) is active) constrain it."""
+    from scipy.optimize import nnls
+
+    scale = np.array([1.0, 1.0, 1.0, 1e3, 1.0])
+    active = list(rows)
+    model = Fit(0.0, 0.0, 0.0, 1.0, math.inf)
+    for _ in range(4):
+        x, y, w = [], [], []
+        for p, gbps, step in active:
+            terms = p.terms(gbps)
+            # step = fixed + (comm - hidden) / every  =>  comm = (step - fixed) * every + hidden
+            x.append(np.array([terms[k] for k in TERMS]) * scale)
+            y.append((step - p.fixed_ms) * p.every + p.hidden_ms())
+            w.append(1.0 / max(step * p.every, 1e-3))
+        if len(x) < len(TERMS):
+            break
+        coef, _ = nnls(np.array(x) * np.array(w)[:, None], np.array(y) * np.array(w))
+        waited, queued, rounds, link, per_byte = (float(c) for c in coef)
+        model = Fit(waited, queued, rounds, link, math.inf if per_byte == 0 else 1e3 / per_byte / 1e9)
+        active = [(p, g, s) for p, g, s in rows if model.comm_ms(p.terms(g)) > p.hidden_ms()]
+    return model
+
+
+def crossover_gbps(method: Profile, steps: float, baseline: Profile, baseline_steps: float, fit: Fit,
+                   workers: int | None = None, latency_ms: float = 0.0) -> tuple[float | None, str]:
+    """The bandwidth below which `method` reaches the target before `baseline` (times to target:
+    steps x predicted step time), searched from 0.1 Mbit/s to 100 Gbit/s; (None, why) where it
+    beats it everywhere or nowhere in that range."""
+    grid = np.logspace(-4, 2, 121)  # Gbit/s
+    wins = [steps * method.step_ms(fit, g, workers, latency_ms)
+            < baseline_steps * baseline.step_ms(fit, g, workers, latency_ms) for g in grid]
+    if all(wins):
+        return None, "everywhere"
+    if not any(wins):
+        return None, "nowhere"
+    last = max(i for i, w in enumerate(wins) if w)
+    if all(wins[: last + 1]):
+        return float(grid[last]), "below"
+    return float(grid[last]), "mixed"

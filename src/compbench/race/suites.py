@@ -1,0 +1,83 @@
+"""The races as data: a workload (BASE overrides), the methods (name -> overrides), the links
+(Mbit/s, shaped with net.emulate_gbps), the target and the training-time budget of every run.
+
+text (default): the text workload of `compbench claims --suite text` (model=gpt on Shakespeare, 2
+workers x batch 32 x 64 tokens, constant lr after a 5% warm-up), engine=torch, validation on 256
+windows of the held-out works (no out-of-domain text: the race needs one loss). Methods at their
+wire floor: DDP-AdamW (dense allreduce of the gradients, overlapping back-propagation), DiLoCo
+(H=30) and Streaming DiLoCo (3 fragments, 4-bit QSGD outer gradients) with the eager update,
+SparseLoCo (experiment=sparseloco, eager), DeMo and 1-bit Adam (their recipes: one collective set per
+step). Target: validation loss 2.3 (DDP-AdamW gets there in ~225 steps, ~40 s on an idle 2-core
+machine); budget 90 s of training per run.
+
+cnn: the seeds' compressors on Fashion-MNIST (model=cnn, 2 workers x batch 64, the claims suite's
+setting): fp32, DGC and DRAGONN at 0.1%, top-k at 1%, QSGD (8 bits) and PowerSGD (rank 1), each with
+its recipe. Target: test accuracy 85%; budget 60 s.
+
+--quick: one seed, the same links, a nearer target and a shorter budget (a smoke test of the
+machinery and a first look; not evidence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Race:
+    name: str
+    base: tuple[str, ...]
+    methods: Mapping[str, tuple[str, ...]]
+    baseline: str              # the method every other is compared with (DDP)
+    links_mbps: tuple[float, ...]
+    target: str                # "target_loss=V" or "target_acc1=V"
+    budget_s: float            # max_train_s of every run
+    seeds: int
+    quick_target: str
+    quick_budget_s: float
+    units: str                 # "tokens" or "samples"
+
+    @property
+    def metric(self) -> str:
+        return "eval/loss" if self.target.startswith("target_loss") else "eval/acc1"
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric == "eval/acc1"
+
+
+H = 30  # DiLoCo-family inner steps per round
+TEXT = Race(
+    name="text",
+    base=("model=gpt", "dataset=shakespeare", "dataset.ood=null", "dataset.eval_windows=256",
+          "engine=torch", "engine.np=2", "batch_size=32", "epochs=1", "optim.lr_schedule=constant",
+          "optim.warmup_epochs=0.05", "progress=false", "checkpoint=false", "on_nonfinite=ignore"),
+    methods={
+        "ddp-adamw": ("optim=adamw", "compressor=none", "comm=allreduce"),
+        "diloco": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.eager=true"),
+        "streaming": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.fragments=3",
+                      "sync.eager=true", "compressor=qsgd", "compressor.levels=7", "comm=allgather"),
+        "sparseloco": ("experiment=sparseloco", "optim=adamw", f"sync.inner_steps={H}", "sync.eager=true"),
+        "demo": ("sync=demo", "optim=sgd", "optim.lr=1e-3", "optim.weight_decay=0"),
+        "onebit-adam": ("optim=adamw", "sync=onebit_adam", "sync.freeze_step=40"),
+    },
+    baseline="ddp-adamw", links_mbps=(10, 100, 1000), target="target_loss=2.3", budget_s=90, seeds=2,
+    quick_target="target_loss=2.7", quick_budget_s=20, units="tokens")
+
+CNN = Race(
+    name="cnn",
+    base=("model=cnn", "dataset=fashion_mnist", "engine=torch", "engine.np=2", "batch_size=64", "epochs=3",
+          "progress=false", "checkpoint=false", "on_nonfinite=ignore"),
+    methods={
+        "fp32": ("compressor=none", "comm=allreduce"),
+        "dgc": ("compressor=dgc", "ratio=0.001", "comm=allgather"),
+        "dragonn": ("compressor=dragonn", "ratio=0.001", "comm=allgather"),
+        "topk": ("compressor=topk", "ratio=0.01", "comm=allgather"),
+        "qsgd": ("compressor=qsgd", "comm=allgather"),
+        "powersgd": ("compressor=powersgd", "comm=allreduce"),
+    },
+    baseline="fp32", links_mbps=(10, 100, 1000), target="target_acc1=85", budget_s=60, seeds=2,
+    quick_target="target_acc1=75", quick_budget_s=20, units="samples")
+
+RACES = {r.name: r for r in (TEXT, CNN)}

@@ -1,0 +1,40 @@
+"""The text race's throughput targets, checked on its runs (each line: what, met or not, figures):
+1-bit Adam and DeMo at >= 1.0x DDP-AdamW's tokens/s at 1 Gbit/s and >= 1.4x at 100 Mbit/s; the
+communication a step waits for per exchange at most its wire time + 2 ms, for every method and link;
+DiLoCo with the eager update at 10 Mbit/s computing >= 95% of its step; Streaming DiLoCo (eager,
+4-bit outer gradients) at 1 Mbit/s >= 90% (a 1 Mbit/s link is not in the default race: `--links
+1,10,100,1000`)."""
+
+from __future__ import annotations
+
+from compbench.race.report import Cell
+
+Check = tuple[str, bool | None, str]
+
+
+def text_targets(table: dict[tuple[str, float], Cell]) -> list[Check]:
+    out: list[Check] = []
+    for method in ("onebit-adam", "demo"):
+        for mbps, bound in ((1000.0, 1.0), (100.0, 1.4)):
+            c, base = table.get((method, mbps)), table.get(("ddp-adamw", mbps))
+            rate = c.mean("tokens_per_s") if c else None
+            base_rate = base.mean("tokens_per_s") if base else None
+            ratio = rate / base_rate if rate and base_rate else None
+            out.append((f"{method} tokens/s >= {bound:g}x ddp-adamw's at {mbps:g} Mbit/s",
+                        None if ratio is None else ratio >= bound, "-" if ratio is None else f"{ratio:.2f}x"))
+    over = []
+    for (method, mbps), c in sorted(table.items()):
+        exposed, wire = c.exposed_per_exchange_ms(), c.wire_per_exchange_ms(mbps)
+        if exposed is not None and wire is not None and exposed > wire + 2.0:
+            over.append(f"{method} at {mbps:g}: {exposed:.1f} > {wire:.1f} + 2")
+    out.append(("exposed communication per exchange <= its wire time + 2 ms (every method and link)",
+                not over if table else None, "; ".join(over) or "all within"))
+    for method, mbps, bound in (("diloco", 10.0, 0.95), ("streaming", 1.0, 0.90)):
+        c = table.get((method, mbps))
+        util = c.mean("utilization") if c else None
+        out.append((f"{method} (eager) at {mbps:g} Mbit/s computes >= {bound:.0%} of its step",
+                    None if util is None else util >= bound, "-" if util is None else f"{util:.1%}"))
+    return out
+
+
+TARGETS = {"text": text_targets}
