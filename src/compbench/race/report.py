@@ -241,6 +241,9 @@ def _model_lines(race: Race, table: dict[tuple[str, float], Cell], methods: list
     for m in methods:
         link = fastest.get(m)
         steps = _steps(table, m, links)
+        if m == race.baseline:
+            lines.append(f"| {m} | - (the baseline) | - |")
+            continue
         if link is None or steps is None or base_steps is None or base_link is None:
             lines.append(f"| {m} | - (the target was not reached) | - |")
             continue
