@@ -105,6 +105,7 @@ class Trainer:
         total = len(self.train_loader) * self.epochs
         self.progress = Progress(s, self.task.units, min(total, s.max_steps or total), self.period())
         self.final: dict[str, float] = {}  # the metrics of the last evaluation
+        self.dense_since = 0  # dense bytes of the steps since the last one that sent anything
 
     def fit(self) -> dict[str, Any] | None:
         s = self.settings
@@ -241,7 +242,10 @@ class Trainer:
         r.scalar("time/other_ms", s.ms["step"] - sum(s.ms[p] for p in SPLIT), st)
         r.scalar("comm/bytes_sent", s.bytes_sent, st)
         r.scalar("comm/bytes_dense", s.bytes_dense, st)
-        r.scalar("comm/ratio_effective", s.bytes_dense / max(1, s.bytes_sent), st)
+        self.dense_since += s.bytes_dense
+        if s.bytes_sent:  # a round's ratio where a periodic mode talks once a round (not 4n / 1 byte)
+            r.scalar("comm/ratio_effective", self.dense_since / s.bytes_sent, st)
+            self.dense_since = 0
         r.scalar("comm/bytes_allreduce", s.bytes_allreduce, st)
         r.scalar("comm/calls_compressed", s.calls_compressed, st)
         r.scalar("comm/calls_dense", s.calls_dense, st)

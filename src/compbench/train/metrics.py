@@ -44,7 +44,8 @@ TAGS: dict[str, tuple[str, str]] = {
     "time/step_ms": ("ms", "wall time of the whole training step on rank 0"),
     "comm/bytes_sent": ("bytes", "bytes one worker put on the wire this step (payloads, headers, padding)"),
     "comm/bytes_dense": ("bytes", "fp32 bytes of the same gradients uncompressed, per worker and step"),
-    "comm/ratio_effective": ("x", "bytes_dense / bytes_sent: how many times smaller the step's traffic is"),
+    "comm/ratio_effective": ("x", "at each step that sends: the dense bytes of the steps since the last one "
+                                  "that sent over this step's bytes (a round's, for a periodic mode)"),
     "comm/bytes_allreduce": ("bytes", "part of bytes_sent that went uncompressed through the fp32 allreduce"),
     "comm/calls_compressed": ("calls", "collectives started per step for compressed tensors"),
     "comm/calls_dense": ("calls", "collectives started per step for tensors sent dense"),
