@@ -36,3 +36,13 @@ def test_split_ms_of_a_summary():
     parts = split_ms({**PHASES_MS, "step_ms": 20.0})
     assert list(parts) == [*SPLIT, "other"] and parts["other"] == pytest.approx(0.5)
     assert "comm_exposed" not in parts  # a part of comm + decompress, not a separate slice
+
+
+def test_runs_that_differ_only_by_seed_get_bars_of_their_own():
+    from compbench.report.main import bar_labels
+
+    rows = [{"compressor": "topk", "ratio": 0.01, "job": "seed=0"}, {"compressor": "topk", "ratio": 0.01,
+                                                                    "job": "seed=1"},
+            {"compressor": "none", "ratio": None, "job": "none"}]
+    labels = bar_labels(rows)
+    assert len(set(labels)) == 3 and labels[0].endswith("seed=0") and "\n" in labels[2]

@@ -137,6 +137,14 @@ def breakdown(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     return parts
 
 
+def bar_labels(rows: list[dict[str, Any]]) -> list[str]:
+    """One label per run, "compressor\nratio", with its job (the run's folder) where two runs would
+    share one: runs that differ only by seed (or any other setting) get bars of their own, never one
+    bar stacked over another."""
+    base = [f"{r['compressor']}\n{_fmt(r['ratio'])}" for r in rows]
+    return [f"{b}\n{r['job']}" if base.count(b) > 1 else b for b, r in zip(base, rows, strict=True)]
+
+
 def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -171,7 +179,7 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         by_compressor("throughput", "throughput (samples/s, all workers)", "throughput_vs_ratio.png")
         by_compressor("final_acc1", "final test accuracy (%)", "accuracy_vs_ratio.png")
 
-    labels = [f"{r['compressor']}\n{_fmt(r['ratio'])}" for r in done]
+    labels = bar_labels(done)
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(done)), 4))
     bottom = [0.0] * len(done)
     for phase, vals in breakdown(done).items():
