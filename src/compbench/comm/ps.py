@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from compbench.comm.base import BlockingComm, CommTraits, encode
-from compbench.compressors.base import Compressor, Ctx, same_layout
+from compbench.compressors.base import Compressor, Ctx, SplitsPayload, same_layout
 from compbench.engines import wire
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
@@ -120,9 +120,9 @@ class PSComm(BlockingComm):
         n, unit = self.engine.size, self.compressor.caps.split_unit
         names = [f"{name}#ps{j}" for j in range(n)]
         if unit:  # compressed once, error feedback over the whole tensor, the payload cut in N
+            assert isinstance(self.compressor, SplitsPayload)  # Capabilities.split_unit
             payload, ctx = encode(self.compressor, memory, x, name, self.stats)
-            bounds = split_bounds(x.numel(), n, unit)
-            return self.compressor.split(payload, ctx, bounds, names)  # type: ignore[attr-defined]
+            return self.compressor.split(payload, ctx, split_bounds(x.numel(), n, unit), names)
         return [encode(self.compressor, memory, part, sname, self.stats)
                 for part, sname in zip(shards_of(x, n), names, strict=True)]
 

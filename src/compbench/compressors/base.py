@@ -175,6 +175,17 @@ class CompressorBase:
         pass
 
 
+@runtime_checkable
+class SplitsPayload(Protocol):
+    """A compressor with `Capabilities.split_unit`."""
+
+    def split(self, payload: list[Tensor], ctx: Ctx, bounds: list[tuple[int, int]],
+              names: list[str]) -> list[tuple[list[Tensor], Ctx]]:
+        """The payload of each flat element range of `bounds` (each starting at a multiple of
+        `split_unit`, or empty) of the whole tensor's `payload`, with its ctx named `names[i]`."""
+        ...
+
+
 def same_layout(compressor: Compressor, shape: torch.Size) -> bool:
     """Whether every rank's payload for a tensor of `shape` has the same layout (tensors, dtypes,
     shapes), known before it is sent: exact `wire_bytes`, or `Capabilities.shape_layout`."""

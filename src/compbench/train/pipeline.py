@@ -111,8 +111,8 @@ class GradientPipeline:
                 plain.append((item, grad))
         t0, marks = time.perf_counter(), self._marks()
         if compressed:
-            comm: PackingCommunicator = self.comm  # type: ignore[assignment]  # can_pack
-            handle = comm.reduce_many(name, compressed, self.memory)
+            assert isinstance(self.comm, PackingCommunicator)  # can_pack: CommTraits.packs
+            handle = self.comm.reduce_many(name, compressed, self.memory)
             self._pending.append(([n for n, _ in compressed], handle, True))
         if plain:
             self._pending.append(([n for n, _ in plain], self._dense_many(f"{name}.dense", plain), True))
