@@ -16,7 +16,8 @@ of the whole tensor (allgather). Works with every compressor.
 
 `reduce_many` (scheduler=bucket, DiLoCo's outer exchange) runs the same exchange for several tensors
 at once: one all-to-all and one all-gather for all of them. Where the payloads' sizes are not known
-in advance (a compressor without exact `wire_bytes`), an all-to-all of their element counts goes first.
+in advance (neither exact `wire_bytes` nor `Capabilities.shape_layout`), an all-to-all of their
+element counts goes first.
 """
 
 from __future__ import annotations
