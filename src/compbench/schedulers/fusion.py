@@ -143,8 +143,6 @@ class PackedPart:
     """Several tensors in one exchange: each compressed on its own under its own name (its shape,
     memory and selection rules as under `layerwise`), their payloads in one collective per stage."""
 
-    fused, dense = False, False
-
     def __init__(self, name: str, members: list[tuple[str, nn.Parameter]]) -> None:
         self.name, self.members = name, members
 
