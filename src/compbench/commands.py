@@ -13,6 +13,7 @@
   compbench claims [--suite cnn|text] [--quick]  published findings re-run as experiments, with a verdict each
   compbench race [--suite text|cnn] [--quick]   which method reaches a target first over which link
   compbench cluster up|down|status|run          K emulated machines (namespaces, shaped links, sshd)
+  compbench completion bash                     shell completion: eval "$(compbench completion bash)"
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from compbench.args import ArgumentParser
 from compbench.errors import report_user_error
 from compbench.run import train
 
-_COMMANDS = ("train", "list", "launch", "bench", "gen", "plan", "report", "claims", "race", "cluster")
-_USAGE = ("usage: compbench {train,list,launch,bench,gen,plan,report,claims,race,cluster} [-m] [--cfg] "
-          "[key=value ...]  (compbench --help)")
+_COMMANDS = ("train", "list", "launch", "bench", "gen", "plan", "report", "claims", "race", "cluster",
+             "completion", "_complete")
+_USAGE = ("usage: compbench {train,list,launch,bench,gen,plan,report,claims,race,cluster,completion} [-m] "
+          "[--cfg] [key=value ...]  (compbench --help)")
 # Subcommands with their own argument handling: module with `main(argv) -> int`.
 _DELEGATED = {"launch": "compbench.commands:launch", "bench": "compbench.bench.main:main",
               "gen": "compbench.compll.main:main",
@@ -54,7 +56,20 @@ def run_command(argv: list[str]) -> int:
         print(f"error: unknown command {argv[0]!r}; {_USAGE}" if argv else _USAGE, file=sys.stderr)
         return 2
     warnings.formatwarning = lambda msg, cat, *_: f"warning: {msg}\n"
+    if argv[0] == "_complete":  # the shell's question: candidates, one a line, never an error
+        from compbench.completion import candidates
+
+        try:
+            print("\n".join(candidates(argv[1:] or [""])))
+        except Exception:  # noqa: BLE001 - a completion that fails offers nothing
+            pass
+        return 0
     with report_user_error():
+        if argv[0] == "completion":
+            from compbench.completion import script
+
+            print(script(argv[1] if len(argv) > 1 else "bash"), end="")
+            return 0
         if argv[0] == "list":
             parser = ArgumentParser(prog="compbench list", description="options of every config group")
             parser.add_argument("groups", nargs="*", help="config groups (default: all)")
