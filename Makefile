@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.setup-done
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 APT_FASHION_MNIST := apt-get update && apt-get install -y dataset-fashion-mnist
 
-.PHONY: setup dataset corpus sshd kernels train test test-fast test-slow lint docs clean
+.PHONY: setup dataset corpus sshd kernels train test test-fast test-slow lint docs gpu-wheels gpu-check clean
 
 # Re-run the installs only when the package definition changes (second run: no installs).
 $(STAMP): pyproject.toml scripts/build_horovod.sh
@@ -80,6 +80,14 @@ lint: setup
 # that does not render fails the build; offline (no fonts or plugins that fetch anything).
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The GPU proof: `make gpu-wheels` here (the registry is reachable), then on a lent GPU machine
+# `bash scripts/gpu_check.sh` with .gpu-wheels/ carried along (docs/guide/benchmarks.md, "The GPU check").
+gpu-wheels: $(STAMP)
+	PYTHON=$(PY) bash scripts/gpu_wheels.sh
+
+gpu-check:
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
