@@ -189,6 +189,10 @@ def _check_model_fits_dataset(cfg: DictConfig) -> None:
         raise ValueError(f"model={picked['model']} is a language model and dataset={picked['dataset']} is "
                          f"classification; use a text dataset, e.g. dataset=shakespeare")
     if lm_data:
+        vocab, tokens = cfg.model.get("vocab_size"), cfg.dataset.get("vocab_size")
+        if vocab != tokens:
+            raise ValueError(f"model.vocab_size={vocab} differs from the dataset's vocab_size={tokens} (its "
+                             "tokens); drop model.vocab_size: it follows dataset.vocab_size")
         block, context = cfg.model.get("block_size"), cfg.dataset.get("block_size")
         if is_int(block) and is_int(context) and block < context:
             raise ValueError(f"model.block_size={block} is shorter than the dataset's windows "

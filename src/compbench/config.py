@@ -19,6 +19,7 @@ from compbench.compressors.base import check_ratio
 
 if TYPE_CHECKING:
     from compbench.comm.base import CommTraits
+    from compbench.sync import SyncTraits
 
 GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "engine", "optim", "net")
 # The config groups a plugin's conf folder may add options to (compbench.plugins).
@@ -214,11 +215,26 @@ def check(cfg: DictConfig) -> DictConfig:
     registry.build(cfg.scheduler)  # e.g. scheduler.groups=foo stops here, before any output exists
     _check_dataset(cfg)
     if cfg.model.get("pretrained"):
-        build_model(cfg)  # loads the file: a missing or mismatched checkpoint fails here, not in a worker
+        model = build_model(cfg)  # loads the file: a missing or mismatched one fails here, not in a worker
+    else:  # the model's own checks (model=gpt's heads, dropout, ...) here, not in a worker; nothing allocated
+        import torch
+
+        with torch.device("meta"):
+            model = build_model(cfg)
+    sync_cls.check_model(model, **{k: v for k, v in registry.plain(cfg.sync).items() if k != "_target_"})
+    _check_rounds_fit(cfg, sync_cls.sync_traits)
     from compbench.train.checkpoint import check_resume
 
     check_resume(cfg)  # last: the checkpoint's run is compared with this one as normalized above
     return cfg
+
+
+def _check_rounds_fit(cfg: DictConfig, sync: SyncTraits) -> None:
+    """A periodic mode whose round is longer than the run would never exchange all it holds."""
+    key, steps = sync.period_key, cfg.get("max_steps")
+    if key and steps is not None and cfg.sync[key] > steps:
+        raise ValueError(f"sync.{key}={cfg.sync[key]} is more than max_steps={steps}: the run would end "
+                         f"before its first round does; lower sync.{key} or raise max_steps")
 
 
 def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:

@@ -173,3 +173,18 @@ def test_every_sync_option_is_a_synchronizer():
         assert isinstance(cls.sync_traits, SyncTraits), name
         settings = registry.option_config("sync", name)
         cls.check_options(**{k: v for k, v in settings.items() if k != "_target_"})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["sync.nesterov=no"], "sync.nesterov=no must be true or false"),
+    (["sync.inner_steps=50", "max_steps=30"],
+     "sync.inner_steps=50 is more than max_steps=30: the run would end before its first round does; lower "
+     "sync.inner_steps or raise max_steps"),
+    (["sync.inner_steps=10", "sync.fragments=5"],
+     "sync.fragments=5 is more than the model's 4 trainable tensors (a fragment is whole tensors); pass "
+     "sync.fragments=4 or less"),
+])
+def test_settings_that_would_do_nothing_are_refused_in_the_parent(overrides, message):
+    with pytest.raises(ValueError) as e:
+        config.check(config.compose([*COMMON, *overrides]))
+    assert str(e.value) == message

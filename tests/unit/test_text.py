@@ -166,3 +166,21 @@ def test_model_and_dataset_must_be_the_same_task(overrides, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         config.check(config.compose([*overrides, f"output_dir={tmp_path / 'run'}"]))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.n_layer=0"], "model.n_layer=0 must be an integer >= 1"),
+    (["model.n_head=3"], "model.n_embd=128 must be a multiple of model.n_head=3"),
+    (["model.dropout=1"], "model.dropout=1 must be in [0, 1)"),
+    (["model.vocab_size=10"], "model.vocab_size=10 differs from the dataset's vocab_size=85 (its tokens); "
+                              "drop model.vocab_size: it follows dataset.vocab_size"),
+    (["sync=demo", "compressor.topk=3000"],
+     "compressor.topk=3000 of a 64x64 chunk's 4096 coefficients would send more than the chunk dense (6 "
+     "bytes each against 4); pass compressor.topk=2730 or less"),
+])
+def test_model_and_mode_settings_are_checked_in_the_parent(overrides, message):
+    from compbench import config
+
+    with pytest.raises(ValueError) as e:
+        config.check(config.compose(["model=gpt", "dataset=shakespeare", *overrides]))
+    assert str(e.value) == message

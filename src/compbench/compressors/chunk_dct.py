@@ -126,6 +126,11 @@ class ChunkDCTTopK(CompressorBase):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"compressor.{key}={value} must be an integer >= 1; pass e.g. "
                                  f"compressor.{key}={32 if key == 'topk' else 64}")
+        most = 2 * chunk * chunk // 3  # an index and a value (6 bytes) per coefficient, against 4 dense
+        if topk > most:
+            raise ValueError(f"compressor.topk={topk} of a {chunk}x{chunk} chunk's {chunk * chunk} "
+                             "coefficients would send more than the chunk dense (6 bytes each against 4); "
+                             f"pass compressor.topk={most} or less")
         self.topk, self.chunk = topk, chunk
         self._transforms: dict[tuple[torch.Size, torch.dtype, torch.device], ChunkDCT] = {}
 

@@ -81,6 +81,10 @@ class ExchangePlan:
     overlaps_backward: bool = False
 
 
+def fits_any_model(model: nn.Module, **options: Any) -> None:
+    """`Synchronizer.check_model` of a mode whose settings fit every model."""
+
+
 @runtime_checkable
 class Synchronizer(Protocol):
     sync_traits: ClassVar[SyncTraits]
@@ -88,6 +92,12 @@ class Synchronizer(Protocol):
     # (the baselines; diloco sends without a scheduler).
     pipeline: GradientPipeline | None
     scheduler: Scheduler | None
+
+    @staticmethod
+    def check_model(model: nn.Module, **options: Any) -> None:
+        """Config-time check of the mode's `options` (its config keys) against the model, built on
+        the meta device in the parent: a ValueError of one line naming the fix."""
+        ...
 
     def setup(self, model: nn.Module) -> nn.Module:
         """Once, before training; returns the module the trainer trains (a baseline wraps it)."""

@@ -33,7 +33,7 @@ from torch import nn
 
 from compbench.engines.base import Engine
 from compbench.stats import StepStats
-from compbench.sync import ExchangePlan, SyncTraits
+from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.sync.ddp_topk_hook import TopKHookState, topk_hook
 from compbench.train.optim import plain_optimizer
 
@@ -87,6 +87,7 @@ class DDPSync:
     pipeline = None
     scheduler = None
     check_options = staticmethod(check_options)
+    check_model = staticmethod(fits_any_model)
 
     def __init__(self, engine: Engine, stats: StepStats, hook: str = "allreduce",
                  bucket_cap_mb: float = 25.0, broadcast_buffers: bool = True, powersgd_rank: int = 1,

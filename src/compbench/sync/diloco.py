@@ -94,6 +94,8 @@ def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: 
         raise ValueError(f"sync.outer_momentum={outer_momentum} must be < 1")
     if nesterov and float(outer_momentum) == 0.0:
         raise ValueError("sync.nesterov=true needs sync.outer_momentum > 0; pass sync.nesterov=false")
+    if not isinstance(nesterov, bool):
+        raise ValueError(f"sync.nesterov={nesterov} must be true or false")
     if not is_int(fragments) or fragments < 1:
         raise ValueError(f"sync.fragments={fragments} must be an integer >= 1; pass sync.fragments=1 "
                          "(the whole model at once, DiLoCo) or more")
@@ -123,6 +125,12 @@ def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: 
                          + (" or less" if every > 1 else "") + " or a larger sync.inner_steps")
 
 
+def check_fragments(fragments: int, tensors: int) -> None:
+    if fragments > tensors:
+        raise ValueError(f"sync.fragments={fragments} is more than the model's {tensors} trainable tensors "
+                         f"(a fragment is whole tensors); pass sync.fragments={tensors} or less")
+
+
 class DiLoCo:
     """Local steps, then an outer step on the averaged outer gradient, whole or per fragment (see
     the module)."""
@@ -130,7 +138,12 @@ class DiLoCo:
     name = "diloco"
     sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps")
     check_options = staticmethod(check_options)
-    scheduler = None  # the outer gradient goes tensor by tensor, once per round
+    scheduler = None
+
+    @staticmethod
+    def check_model(model: nn.Module, fragments: int = 1, **_: Any) -> None:
+        check_fragments(int(fragments), sum(1 for p in model.parameters() if p.requires_grad))
+  # the outer gradient goes tensor by tensor, once per round
 
     def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, engine: Engine, stats: StepStats,
                  inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
@@ -159,10 +172,7 @@ class DiLoCo:
 
     def setup(self, model: nn.Module) -> nn.Module:
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        if self.fragments > len(self.params):
-            raise ValueError(f"sync.fragments={self.fragments} is more than the model's {len(self.params)} "
-                             f"trainable tensors (a fragment is whole tensors); pass "
-                             f"sync.fragments={len(self.params)} or less")
+        check_fragments(self.fragments, len(self.params))
         # Strided: tensor i belongs to fragment i % P.
         self.members = [list(range(p, len(self.params), self.fragments)) for p in range(self.fragments)]
         # θ, the global parameters: every rank holds the same copy (the trainer broadcast rank 0's).

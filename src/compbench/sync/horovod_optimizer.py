@@ -33,7 +33,7 @@ from torch import nn
 
 from compbench.engines.base import Engine
 from compbench.stats import StepStats
-from compbench.sync import ExchangePlan, SyncTraits
+from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.train.optim import plain_optimizer
 
 COMPRESSIONS = ("none", "fp16")
@@ -54,6 +54,7 @@ class HorovodOptimizerSync:
     pipeline = None
     scheduler = None
     check_options = staticmethod(check_options)
+    check_model = staticmethod(fits_any_model)
 
     def __init__(self, engine: Engine, stats: StepStats, compression: str = "none") -> None:
         check_options(compression=compression)

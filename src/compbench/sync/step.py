@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from compbench.schedulers import Scheduler
-from compbench.sync import ExchangePlan, SyncTraits
+from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.train.optim import ONE_PASS, build_optimizer, param_groups
 from compbench.train.pipeline import GradientPipeline
 
@@ -26,6 +26,8 @@ class StepSync:
     @staticmethod
     def check_options() -> None:
         """Config-time check of the mode's own settings: it has none."""
+
+    check_model = staticmethod(fits_any_model)
 
     def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, **_: Any) -> None:
         self.pipeline, self.scheduler = pipeline, scheduler
