@@ -80,6 +80,7 @@ def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool =
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError  # type: ignore[import-untyped]  # PyYAML ships no stubs
 
     searched = search_path()
 
@@ -91,6 +92,10 @@ def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool =
         except (HydraException, OmegaConfBaseException) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(f"{first} (settings are listed by `compbench train --cfg`)") from None
+        except YAMLError as e:  # a plugin's (or an edited) conf file that is not YAML
+            where, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+            raise ValueError(f"{where.name if where else 'a conf file'} is not a readable YAML config "
+                             f"({problem or type(e).__name__}); fix it or remove it") from None
 
     _check_group_choices(overrides)
     # The mode's recipe picks groups first, so that the user's keys of them (memory.beta under
@@ -126,7 +131,7 @@ def _mode_groups(overrides: list[str]) -> list[str]:
         for entry in registry.option_config("experiment", experiment).get("defaults", []):
             if isinstance(entry, dict) and "override /sync" in entry:
                 mode = entry["override /sync"]
-    recipe = registry.component_class("sync", mode or "step").sync_traits.recipe
+    recipe = registry.declared("sync", mode or "step").recipe
     user = _user_keys(overrides)
     return [f"{k}={v}" for k, v in recipe.items() if k in GROUPS and k not in user]
 
@@ -139,20 +144,20 @@ def _recipe_to_apply(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
 
     choices = dict(cfg.hydra.runtime.choices)
     user = _user_keys(overrides)
-    sync_traits = registry.component_class("sync", choices["sync"]).sync_traits
+    sync_traits = registry.declared("sync", choices["sync"])
     # a setting of a group whose option the user picked belongs to the recipe's option, not theirs
     applied = {k: v for k, v in sync_traits.recipe.items()
                if k not in user and k.partition(".")[0] not in user - {k}}
     choices.update({k: v for k, v in applied.items() if k in GROUPS})
-    caps = registry.component_class("compressor", choices["compressor"]).caps
-    comm_traits = registry.component_class("comm", choices["comm"]).traits
+    caps = registry.declared("compressor", choices["compressor"])
+    comm_traits = registry.declared("comm", choices["comm"])
     wanted = compat.recipe(caps, comm_traits, choices["optim"], sync_traits)
     return applied | {k: v for k, v in wanted.items() if k not in user and k not in applied}
 
 
 def recipe_sources(cfg: DictConfig) -> str:
     """Whose recipe `cfg.recipe` came from, for the start-up line."""
-    mode = registry.component_class("sync", cfg.choices["sync"]).sync_traits
+    mode = registry.declared("sync", cfg.choices["sync"])
     owners = [f"sync={cfg.choices['sync']}"] if any(k in cfg.recipe for k in mode.recipe) else []
     if any(k not in mode.recipe for k in cfg.recipe):
         owners.append(f"compressor={cfg.choices['compressor']}")

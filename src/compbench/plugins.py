@@ -77,9 +77,9 @@ def _package_conf(ep: EntryPoint) -> Path:
                          f"write `{ep.name} = {ep.module}`")
     try:
         spec = importlib.util.find_spec(ep.module)
-    except (ImportError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - finding a.b imports a, whose __init__ may raise anything
         spec = None
-        reason = f" ({e})"
+        reason = f" ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})"
     else:
         reason = ""
     if spec is None:

@@ -95,16 +95,50 @@ def option_config(group: str, name: str) -> dict[str, Any]:
 
 @cache  # by file, not by name: a plugin installed or removed later in the process is seen
 def _load(path: Path) -> dict[str, Any]:
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)  # type: ignore[return-value]
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError  # type: ignore[import-untyped]  # PyYAML ships no stubs
+
+    try:
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except (YAMLError, OmegaConfBaseException, UnicodeDecodeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is not a readable YAML config ({first}); fix it or remove it") from None
+    if not isinstance(node, dict):
+        raise ValueError(f"{path} is not a YAML mapping of settings; fix it or remove it")
+    return {str(k): v for k, v in node.items()}
 
 
 def locate(target: str) -> Any:
+    """The object `target` ("package.module.Name") names; ValueError (one line) where it cannot be
+    imported: a missing module, a plugin package that raises on import, a name it does not have."""
     module, _, attr = target.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except Exception as e:  # noqa: BLE001 - whatever a plugin's import raises is reported in one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"_target_ {target} cannot be loaded ({type(e).__name__}: {first}); install what "
+                         "provides it or fix the _target_ of its conf file") from None
 
 
 def component_class(group: str, name: str) -> Any:  # a located class: its `traits`/`caps` are read
     return locate(option_config(group, name)["_target_"])
+
+
+# What a component of each group declares on its class (the config check reads only these).
+DECLARATIONS = {"compressor": "caps", "memory": "traits", "comm": "traits", "scheduler": "traits",
+                "sync": "sync_traits"}
+
+
+def declared(group: str, name: str) -> Any:
+    """The record option `name` of `group` declares (a compressor's `caps`, a synchronization
+    mode's `sync_traits`, the others' `traits`); ValueError naming the option where it has none
+    (a plugin's class written without it)."""
+    cls, attr = component_class(group, name), DECLARATIONS[group]
+    record = getattr(cls, attr, None)
+    if record is None:
+        raise ValueError(f"{group}={name} ({cls.__module__}.{cls.__qualname__}) declares no `{attr}`; "
+                         f"a {group} declares what it is there (docs: Your own components and plugins)")
+    return record
 
 
 def plain(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:

@@ -81,13 +81,13 @@ def wrap_compress_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, 
     })
     comm_cls = registry.component_class("comm", comm)
     caps = build_compressor_and_selection(cfg)[0].caps  # the built one's: a setting may change them
-    memory_traits = registry.component_class("memory", memory).traits
+    memory_traits = registry.declared("memory", memory)
     optim_name = type(optimizer).__name__.lower()
     momentum = optimizer.param_groups[0].get("momentum", 0.0)
     choices = {"compressor": compressor, "memory": memory, "comm": comm, "scheduler": scheduler,
                "engine": engine, "optim": optim_name}
     compat.check(choices, caps, memory_traits, comm_cls.traits,
-                 registry.component_class("scheduler", scheduler).traits, {"momentum": momentum})
+                 registry.declared("scheduler", scheduler), {"momentum": momentum})
     if memory_traits.owns_momentum and momentum:
         raise ValueError(f"memory={memory} applies momentum itself: build your optimizer with momentum=0")
     eng = registry.build(registry.option_config("engine", engine), drop=("np",))

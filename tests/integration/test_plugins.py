@@ -222,3 +222,26 @@ def test_the_contract_tests_run_on_the_plugin_without_new_test_code(site, monkey
     config.check(combos._compose("int8", "gather"))  # accepted, hence trained above
     # The what-if model reads the plugin communicator's declared pattern: no table names it.
     assert cluster_model.pattern("gather") == "allgather"
+
+
+@pytest.mark.parametrize("yaml_text, module, expected", [
+    ("_target_: [unclosed\n", None, "is not a readable YAML config"),
+    ("_target_: nosuchmodule_xyz.Foo\n", None, "_target_ nosuchmodule_xyz.Foo cannot be loaded "
+                                               "(ModuleNotFoundError: No module named 'nosuchmodule_xyz')"),
+    ("_target_: raisingplugin.Foo\n", "raise RuntimeError('broken on import')\n",
+     "_target_ raisingplugin.Foo cannot be loaded (RuntimeError: broken on import)"),
+    ("_target_: nocaps.NoCaps\n", "class NoCaps:\n    pass\n",
+     "compressor=broken (nocaps.NoCaps) declares no `caps`"),
+])
+def test_a_broken_plugin_is_one_line(tmp_path, yaml_text, module, expected):
+    conf = tmp_path / "conf" / "compressor"
+    conf.mkdir(parents=True)
+    (conf / "broken.yaml").write_text(yaml_text)
+    env = {"COMPBENCH_CONF_PATH": str(tmp_path / "conf")}
+    if module is not None:
+        name = yaml_text.split()[1].split(".")[0]
+        (tmp_path / f"{name}.py").write_text(module)
+        env["PYTHONPATH"] = f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"
+    proc = compbench("train", "compressor=broken", cwd=tmp_path, env=env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr[-2000:]

@@ -58,7 +58,7 @@ def main(overrides: list[str]) -> int:
     from compbench import compat
 
     compat.check_comm(picked["compressor"], topology, compressor.caps,
-                      registry.component_class("comm", topology).traits)
+                      registry.declared("comm", topology))
     gbps, latency_us = cfg.net.get("gbps"), cfg.net.get("latency_us", 0.0)
     net = None
     if gbps is None and world > 1:

@@ -146,7 +146,7 @@ def pattern(comm: str) -> str:
     """The communicator's declared `traits.pattern`: the collectives of one compressed exchange."""
     from compbench import registry
 
-    return registry.component_class("comm", comm).traits.pattern
+    return registry.declared("comm", comm).pattern
 
 
 @cache  # the registry reads the communicator's YAML file: once per name, not once per row
@@ -154,7 +154,7 @@ def blocking(comm: str) -> bool:
     """The communicator's declared `traits.blocking` (it finishes each exchange inside `reduce`)."""
     from compbench import registry
 
-    return bool(registry.component_class("comm", comm).traits.blocking)
+    return bool(registry.declared("comm", comm).blocking)
 
 
 @dataclass

@@ -336,7 +336,7 @@ class Trainer:
         read_gbps = measure_read_gbps(nbytes, device)
         sampled = int(summary.get("sampled_reads_per_step") or 0)
         sampled_ns = measure_sampled_read_ns(nbytes, sampled, device) if sampled else 0.0
-        memory_passes = registry.component_class("memory", self.cfg.choices.memory).traits.state_passes
+        memory_passes = registry.declared("memory", self.cfg.choices.memory).state_passes
         sparse = self.pipeline.sparse_names if self.pipeline is not None else frozenset()
         handed = sum(p.numel() * 4 for n, p in self.model.named_parameters() if n in sparse)
         return phase_floors(summary, world_size=self.engine.size, read_gbps=read_gbps,
