@@ -20,9 +20,10 @@ Job = tuple[Path, list[str]]
 def summary_of(run_dir: Path) -> dict | None:
     """The run's results.json summary (None: no readable results)."""
     try:
-        return json.loads((run_dir / "results.json").read_text())["summary"]
-    except (OSError, ValueError, KeyError):
+        summary = json.loads((run_dir / "results.json").read_text())["summary"]
+    except (OSError, ValueError, KeyError, TypeError):  # missing, half-written or damaged
         return None
+    return summary if isinstance(summary, dict) else None
 
 
 def completed(run_dir: Path) -> bool:
@@ -32,10 +33,12 @@ def completed(run_dir: Path) -> bool:
 
 def overrides_of(run_dir: Path) -> list[str]:
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError  # type: ignore[import-untyped]  # PyYAML ships no stubs
 
     try:
         return [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError, YAMLError, OmegaConfBaseException):  # missing or damaged
         return []
 
 

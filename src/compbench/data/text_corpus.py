@@ -66,15 +66,16 @@ def read_manifest(root: Path, what: str) -> dict:
     try:
         manifest = json.loads(path.read_text())
         files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        sums = {rel: entry["sha256"] for rel, entry in files.items()}  # a damaged entry is a damaged manifest
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise ValueError(f"{what}: no text corpus in {root} (missing or unreadable {MANIFEST}); "
                          f"{SETUP}") from None
-    for rel, entry in files.items():
+    for rel, expected in sums.items():
         try:
             digest = hashlib.sha256((root / rel).read_bytes()).hexdigest()
         except OSError:
             raise ValueError(f"{what}: {root / rel} is missing; {SETUP}") from None
-        if digest != entry["sha256"]:
+        if digest != expected:
             raise ValueError(f"{what}: {root / rel} is corrupt (sha256 differs from {MANIFEST}); {SETUP}")
     return manifest
 
