@@ -36,6 +36,7 @@ def check_settings(cfg: DictConfig) -> None:
     """Refuse bad values with a ValueError (one line: key, value, fix); warn where a value only hurts."""
     _check_model_fits_dataset(cfg)  # first: a mismatch leaves ${dataset.*} interpolations unresolved
     _check_finite(cfg)
+    _check_booleans(cfg)
     _check_run_settings(cfg)
     _check_engine(cfg)
     _check_optim(cfg)
@@ -70,6 +71,22 @@ def _check_finite(cfg: DictConfig) -> None:
     for key, v in _leaves(plain):
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"{key}={v} must be a finite number; pass a real value")
+
+
+def _check_booleans(cfg: DictConfig) -> None:
+    """A group's setting whose default (in its option's YAML file) is true or false takes only true
+    or false: `scheduler.overlap=no` or `sync.nesterov=0` must not read as a truthy string."""
+    from compbench import registry
+    from compbench.config import GROUPS
+
+    for group in GROUPS:
+        option = cfg.choices.get(group)
+        if option is None or option not in registry.options(group):
+            continue
+        for key, default in registry.option_config(group, option).items():
+            value = cfg[group].get(key)
+            if isinstance(default, bool) and not isinstance(value, bool):
+                raise ValueError(f"{group}.{key}={show(value)} must be true or false")
 
 
 def _check_run_settings(cfg: DictConfig) -> None:

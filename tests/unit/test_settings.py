@@ -39,3 +39,18 @@ def test_a_bad_setting_is_one_line_naming_the_key(override, message):
 
 def test_a_folder_named_like_a_number_is_a_path():
     assert RunSettings.of(config.compose(["model=mlp", "output_dir=3"])).output_dir == "3"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["scheduler.overlap=no"], "scheduler.overlap=no must be true or false"),
+    (["optim.fused=1"], "optim.fused=1 must be true or false"),
+    (["compressor=randk", "compressor.scale=yes"], "compressor.scale=yes must be true or false"),
+    (["sync=diloco", "optim=adamw", "sync.eager=0"], "sync.eager=0 must be true or false"),
+])
+def test_a_groups_booleans_take_only_booleans(overrides, message):
+    from compbench import config
+    from tests.helpers import TINY
+
+    with pytest.raises(ValueError) as e:
+        config.check(config.compose([*TINY, *overrides]))
+    assert str(e.value) == message
