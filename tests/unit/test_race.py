@@ -48,12 +48,24 @@ def test_a_mode_hides_its_exchange_behind_what_it_declares():
     assert eager.step_ms(FIT, 0.1) == 100.0 and eager.step_ms(FIT, 0.0001) > 100.0  # hidden unless slow
 
 
+def test_a_warm_up_is_dense():
+    """1-bit Adam's first steps exchange the gradients' fp32 bytes: time to S steps counts them."""
+    results = _results(110.0, 10.0, 1.5e5, bytes_dense_per_step=4e6)
+    results["exchange"]["warmup_steps"] = 40
+    p = Profile.of(results)
+    dense, light = p.step_ms(FIT, 0.01, dense=True), p.step_ms(FIT, 0.01)
+    assert dense == pytest.approx(100.0 + FIT.comm_ms(p.terms(0.01, dense=True)))
+    assert dense > 10 * light  # 4 MB against 150 kB at 10 Mbit/s
+    assert p.time_ms(100, FIT, 0.01) == pytest.approx(40 * dense + 60 * light)
+    assert p.time_ms(30, FIT, 0.01) == pytest.approx(30 * dense)
+
+
 def test_the_fit_recovers_the_network_and_finds_the_crossover():
     profiles = [Profile.of(_results(110.0, 10.0, sent, every=every))
                 for sent, every in ((4e6, 1), (2e5, 1), (1e6, 1), (3e6 / 30, 30), (5e5, 1), (8e6, 1))]
-    rows = [(p, g, p.step_ms(FIT, g)) for p in profiles for g in (0.01, 0.1, 1.0)]
+    rows = [(p, g, p.step_ms(FIT, g), False) for p in profiles for g in (0.01, 0.1, 1.0)]
     fit = fit_model(rows)
-    for p, g, step in rows:
+    for p, g, step, _ in rows:
         assert p.step_ms(fit, g) == pytest.approx(step, rel=1e-6)
     dense, small = profiles[0], profiles[1]
     gbps, where = crossover_gbps(small, 120, dense, 100, FIT)  # more steps, far fewer bytes

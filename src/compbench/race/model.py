@@ -6,7 +6,8 @@ encode, decode, optimizer, other: `split_ms`), and what it sends: bytes and coll
 (means over whole rounds for periodic modes). Its mode declares (results.json `exchange`,
 `compbench.sync.ExchangePlan`) one exchange every `every` steps, in the collectives of `pattern`,
 hidden behind `hidden_steps` steps of compute while it travels, or behind back-propagation
-(`overlaps_backward`). Then, at G Gbit/s with N workers and a latency L per message round:
+(`overlaps_backward`), after `warmup_steps` steps that exchange the gradients dense (one allreduce
+of them: 1-bit Adam's warm-up). Then, at G Gbit/s with N workers and a latency L per message round:
 
     comm(G, N, L) = the node-aware alpha-beta cost of one exchange's collectives
                     (compbench.report.cluster_model: per collective, per round, per byte on the
@@ -14,6 +15,7 @@ hidden behind `hidden_steps` steps of compute while it travels, or behind back-p
     hidden        = hidden_steps * fixed  (+ 2/3 of the compute for an exchange that overlaps
                     back-propagation: backward's usual share of forward + backward)
     step(G, N, L) = fixed + max(0, comm - hidden) / every
+    time to S steps = min(S, warmup) x the warm-up's step + the rest x step(G, N, L)
 
 The alpha-beta coefficients are fitted (non-negative least squares on relative errors) on the race's
 own runs: each row's measured step time against its prediction with the row's own `fixed`.
@@ -44,6 +46,7 @@ class Profile:
     hidden_steps: int
     overlaps_backward: bool
     workers: int
+    warmup_steps: int = 0
 
     @classmethod
     def of(cls, results: dict) -> Profile:
@@ -57,30 +60,47 @@ class Profile:
                    compute_ms=float(s.get("compute_ms") or 0.0), row=row, every=every,
                    hidden_steps=int(plan.get("hidden_steps", 0)),
                    overlaps_backward=bool(plan.get("overlaps_backward", False)),
-                   workers=int(results["environment"]["world_size"]))
+                   workers=int(results["environment"]["world_size"]),
+                   warmup_steps=int(plan.get("warmup_steps", 0)))
 
-    def terms(self, gbps: float, workers: int | None = None) -> dict[str, float]:
+    def terms(self, gbps: float, workers: int | None = None, dense: bool = False) -> dict[str, float]:
         n = workers or self.workers
-        return features(self.row, Shape(nodes=n, workers=n, gbps=gbps))
+        row = self.row
+        if dense:  # the warm-up: the gradients' fp32 bytes in one allreduce a step
+            fp32 = self.row["bytes_dense_per_step"] / self.every
+            row = {"comm": "allreduce", "bytes_sent_per_step": fp32, "bytes_allreduce_per_step": fp32,
+                   "bytes_dense_per_step": fp32, "compressed_calls_per_step": 0, "dense_calls_per_step": 1}
+        return features(row, Shape(nodes=n, workers=n, gbps=gbps))
 
-    def hidden_ms(self) -> float:
-        return self.hidden_steps * self.fixed_ms + (BACKWARD_SHARE * self.compute_ms if self.overlaps_backward
-                                                    else 0.0)
+    def hidden_ms(self, dense: bool = False) -> float:
+        """What an exchange hides behind: backward (a per-step one from backward hooks), or the
+        steps it overlaps; a warm-up's dense exchange, backward at most."""
+        backward = BACKWARD_SHARE * self.compute_ms if self.overlaps_backward else 0.0
+        return backward if dense else self.hidden_steps * self.fixed_ms + backward
 
-    def step_ms(self, fit: Fit, gbps: float, workers: int | None = None, latency_ms: float = 0.0) -> float:
-        terms = self.terms(gbps, workers)
+    def step_ms(self, fit: Fit, gbps: float, workers: int | None = None, latency_ms: float = 0.0,
+                dense: bool = False) -> float:
+        """A step's time; `dense`: a warm-up step's (every step exchanges, nothing hidden but backward)."""
+        terms = self.terms(gbps, workers, dense)
         comm = fit.comm_ms(terms) + latency_ms * terms["rounds"]
-        return self.fixed_ms + max(0.0, comm - self.hidden_ms()) / self.every
+        return self.fixed_ms + max(0.0, comm - self.hidden_ms(dense)) / (1 if dense else self.every)
+
+    def time_ms(self, steps: float, fit: Fit, gbps: float, workers: int | None = None,
+                latency_ms: float = 0.0) -> float:
+        """Time to `steps` steps: the warm-up's dense steps, then the mode's own."""
+        warm = min(steps, self.warmup_steps)
+        return (warm * self.step_ms(fit, gbps, workers, latency_ms, dense=True)
+                + (steps - warm) * self.step_ms(fit, gbps, workers, latency_ms))
 
     def utilization(self, fit: Fit, gbps: float, workers: int | None = None,
                     latency_ms: float = 0.0) -> float:
         return self.compute_ms / self.step_ms(fit, gbps, workers, latency_ms)
 
 
-def fit_model(rows: list[tuple[Profile, float, float]]) -> Fit:
-    """Fit the alpha-beta coefficients on (profile, Gbit/s, measured step ms) rows: non-negative
-    least squares on relative errors of the exposed communication, iterated so that only the rows
-    whose exchange is not fully hidden (the max(0, .) is active) constrain it."""
+def fit_model(rows: list[tuple[Profile, float, float, bool]]) -> Fit:
+    """Fit the alpha-beta coefficients on (profile, Gbit/s, measured step ms, a warm-up step) rows:
+    non-negative least squares on relative errors of the exposed communication, iterated so that
+    only the rows whose exchange is not fully hidden (the max(0, .) is active) constrain it."""
     from scipy.optimize import nnls
 
     scale = np.array([1.0, 1.0, 1.0, 1e3, 1.0])
@@ -88,18 +108,20 @@ def fit_model(rows: list[tuple[Profile, float, float]]) -> Fit:
     model = Fit(0.0, 0.0, 0.0, 1.0, math.inf)
     for _ in range(4):
         x, y, w = [], [], []
-        for p, gbps, step in active:
-            terms = p.terms(gbps)
+        for p, gbps, step, dense in active:
+            terms = p.terms(gbps, dense=dense)
+            every, hidden = (1, p.hidden_ms(dense=True)) if dense else (p.every, p.hidden_ms())
             # step = fixed + (comm - hidden) / every  =>  comm = (step - fixed) * every + hidden
             x.append(np.array([terms[k] for k in TERMS]) * scale)
-            y.append((step - p.fixed_ms) * p.every + p.hidden_ms())
-            w.append(1.0 / max(step * p.every, 1e-3))
+            y.append((step - p.fixed_ms) * every + hidden)
+            w.append(1.0 / max(step * every, 1e-3))
         if len(x) < len(TERMS):
             break
         coef, _ = nnls(np.array(x) * np.array(w)[:, None], np.array(y) * np.array(w))
         waited, queued, rounds, link, per_byte = (float(c) for c in coef)
         model = Fit(waited, queued, rounds, link, math.inf if per_byte == 0 else 1e3 / per_byte / 1e9)
-        active = [(p, g, s) for p, g, s in rows if model.comm_ms(p.terms(g)) > p.hidden_ms()]
+        active = [(p, g, s, d) for p, g, s, d in rows
+                  if model.comm_ms(p.terms(g, dense=d)) > p.hidden_ms(dense=d)]
     return model
 
 
@@ -109,8 +131,8 @@ def crossover_gbps(method: Profile, steps: float, baseline: Profile, baseline_st
     steps x predicted step time), searched from 0.1 Mbit/s to 100 Gbit/s; (None, why) where it
     beats it everywhere or nowhere in that range."""
     grid = np.logspace(-4, 2, 121)  # Gbit/s
-    wins = [steps * method.step_ms(fit, g, workers, latency_ms)
-            < baseline_steps * baseline.step_ms(fit, g, workers, latency_ms) for g in grid]
+    wins = [method.time_ms(steps, fit, g, workers, latency_ms)
+            < baseline.time_ms(baseline_steps, fit, g, workers, latency_ms) for g in grid]
     if all(wins):
         return None, "everywhere"
     if not any(wins):

@@ -146,7 +146,12 @@ def fitted(runs: list[Run]) -> tuple[Fit, list[tuple[Run, Profile]]] | None:
     rows = [(r, Profile.of(r.results or {})) for r in runs if r.ok and r.summary.get("step_ms")]
     if len(rows) < 5:
         return None
-    return fit_model([(p, r.mbps / 1e3, float(r.summary["step_ms"])) for r, p in rows]), rows
+    return fit_model([(p, r.mbps / 1e3, float(r.summary["step_ms"]), in_warmup(r, p)) for r, p in rows]), rows
+
+
+def in_warmup(run: Run, profile: Profile) -> bool:
+    """Whether the run's median step is a warm-up's (dense) one: the warm-up took most of its steps."""
+    return int(run.summary.get("steps", 0)) < 2 * profile.warmup_steps
 
 
 def predictions(fit: Fit, rows: list[tuple[Run, Profile]]) -> list[tuple[Run, float, float]]:
@@ -155,8 +160,10 @@ def predictions(fit: Fit, rows: list[tuple[Run, Profile]]) -> list[tuple[Run, fl
     for r, p in rows:
         if r.mbps > fastest.get((r.method, r.seed), (-1.0, p))[0]:
             fastest[(r.method, r.seed)] = (r.mbps, p)
-    return [(r, p.step_ms(fit, r.mbps / 1e3), fastest[(r.method, r.seed)][1].step_ms(fit, r.mbps / 1e3))
-            for r, p in rows]
+    def predict(r: Run, p: Profile) -> float:
+        return p.step_ms(fit, r.mbps / 1e3, dense=in_warmup(r, p))
+
+    return [(r, predict(r, p), predict(r, fastest[(r.method, r.seed)][1])) for r, p in rows]
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -253,8 +260,7 @@ def _model_lines(race: Race, table: dict[tuple[str, float], Cell], methods: list
                    "nowhere": "at no bandwidth from 0.1 Mbit/s to 100 Gbit/s",
                    "below": f"below {gbps * 1e3:.3g} Mbit/s" if gbps else "",
                    "mixed": f"up to {gbps * 1e3:.3g} Mbit/s, not everywhere below" if gbps else ""}[where]
-        whatif = " / ".join(f"{steps * p.step_ms(fit, g / 1e3, 8, 10.0) / 1e3:.0f} s"
-                            for g in (10, 100, 1000))
+        whatif = " / ".join(f"{p.time_ms(steps, fit, g / 1e3, 8, 10.0) / 1e3:.0f} s" for g in (10, 100, 1000))
         lines.append(f"| {m} | {verdict} | {whatif} |")
     return [*lines, ""]
 

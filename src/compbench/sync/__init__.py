@@ -73,12 +73,15 @@ class ExchangePlan:
     results.json's `exchange`: one exchange every `every` steps, in the collectives of `pattern`
     (compbench.report.cluster_model), hidden behind `hidden_steps` steps of compute that run while
     it travels (diloco's overlap, its eager update) or behind back-propagation
-    (`overlaps_backward`: a per-step exchange started from backward hooks)."""
+    (`overlaps_backward`: a per-step exchange started from backward hooks); the first
+    `warmup_steps` steps exchange the gradients dense instead (1-bit Adam's warm-up, a compressor's
+    `dense_steps`)."""
 
     every: int = 1
     pattern: str = "allreduce"
     hidden_steps: int = 0
     overlaps_backward: bool = False
+    warmup_steps: int = 0
 
 
 def fits_any_model(model: nn.Module, **options: Any) -> None:

@@ -174,7 +174,9 @@ class OnebitAdamSync(StepSync):
 
     def exchange_plan(self) -> ExchangePlan:
         # after the warm-up the momentum exists only after back-propagation: nothing overlaps it
-        return replace(super().exchange_plan(), overlaps_backward=False)
+        plan = super().exchange_plan()
+        warmup = max(plan.warmup_steps, self.freeze_step, 2)  # step 0 and the reference's call 2 at least
+        return replace(plan, overlaps_backward=False, warmup_steps=warmup)
 
     def synchronize(self) -> None:
         if not self.optimizer.initialized:  # step 0 creates the state: nothing is sent

@@ -67,7 +67,8 @@ class StepSync:
 
     def exchange_plan(self) -> ExchangePlan:
         return ExchangePlan(pattern=self.pipeline.comm.traits.pattern,
-                            overlaps_backward=self.scheduler.overlapping)
+                            overlaps_backward=self.scheduler.overlapping,
+                            warmup_steps=self.pipeline.selection.dense_steps)
 
     def state_dict(self) -> dict[str, Any]:
         """Per rank; the scheduler's decisions are the same on every rank and the checkpoint keeps
