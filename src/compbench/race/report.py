@@ -324,13 +324,21 @@ def _plots(folder: Path, race: Race, runs: list[Run], table: dict[tuple[str, flo
         for j, m in enumerate(methods):
             c = table.get((m, mbps))
             x = i * (len(methods) + 1) + j
-            if c is None or not c.reached:
+            if c is None or not c.done:
+                continue
+            if len(c.reached) < len(c.done):  # a partial mean must not pass for everyone's
+                top = max(c.reached, default=0.0)
+                ax.annotate(f"{len(c.reached)}/{len(c.done)}", (x, top), textcoords="offset points",
+                            xytext=(0, 4), ha="center", fontsize=7, color=colors[m])
+            if not c.reached:
                 continue
             ax.plot([x] * len(c.reached), c.reached, ".", color=colors[m], ms=8)
-            ax.bar(x, statistics.fmean(c.reached), fill=False, edgecolor=colors[m])
+            ax.bar(x, statistics.fmean(c.reached), fill=False, edgecolor=colors[m],
+                   linestyle="-" if len(c.reached) == len(c.done) else "--")
     ax.set_xticks([i * (len(methods) + 1) + (len(methods) - 1) / 2 for i in range(len(links))],
                   [f"{x:g} Mbit/s" for x in links])
     ax.set_ylabel("training seconds to the target")
+    ax.set_title("each seed a point, the mean a bar (dashed, k/n: only k of n seeds reached it)", fontsize=8)
     ax.legend([plt.Line2D([], [], color=colors[m], marker=".", ls="") for m in methods], methods, fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "time_to_target.png", dpi=100)
