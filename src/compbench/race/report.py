@@ -87,10 +87,12 @@ class Cell:
         if not self.done:
             return "no data"
         t, n = self.reached, len(self.done)
-        if len(t) < n:
-            best = [b for r in self.done if (b := _best(r, self.race)) is not None]
+        if len(t) < n:  # the best of the seeds that missed it, and what those that reached it took
+            missed = [r for r in self.done if not (r.summary.get("target") or {}).get("reached")]
+            best = [b for r in missed if (b := _best(r, self.race)) is not None]
             top = (max(best) if self.race.higher_is_better else min(best)) if best else None
-            return f"not reached ({len(t)}/{n}; best {_fmt(top, '.3f')})"
+            best_text = f"{statistics.fmean(t):.1f} s by {len(t)}, the others' best" if t else "best"
+            return f"not reached ({len(t)}/{n}; {best_text} {_fmt(top, '.3f')})"
         spread = (max(t) - min(t)) / 2
         return f"{statistics.fmean(t):.1f} +- {spread:.1f} s ({n}/{n})"
 
