@@ -77,11 +77,9 @@ def _check_booleans(cfg: DictConfig) -> None:
     """A group's setting whose default (in its option's YAML file) is true or false takes only true
     or false: `scheduler.overlap=no` or `sync.nesterov=0` must not read as a truthy string."""
     from compbench import registry
-    from compbench.config import GROUPS
 
-    for group in GROUPS:
-        option = cfg.choices.get(group)
-        if option is None or option not in registry.options(group):
+    for group, option in cfg.choices.items():  # exactly the config groups (compbench.config.GROUPS)
+        if option not in registry.options(group):
             continue
         for key, default in registry.option_config(group, option).items():
             value = cfg[group].get(key)

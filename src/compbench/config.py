@@ -239,7 +239,7 @@ def _check_rounds_fit(cfg: DictConfig, sync: SyncTraits) -> None:
     key, steps = sync.period_key, cfg.get("max_steps")
     if key and steps is not None and cfg.sync[key] > steps:
         raise ValueError(f"sync.{key}={cfg.sync[key]} is more than max_steps={steps}: the run would end "
-                         f"before its first round does; lower sync.{key} or raise max_steps")
+                         f"before its first round does; pass sync.{key}={steps} or max_steps={cfg.sync[key]}")
 
 
 def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:

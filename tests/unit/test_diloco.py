@@ -178,8 +178,8 @@ def test_every_sync_option_is_a_synchronizer():
 @pytest.mark.parametrize("overrides, message", [
     (["sync.nesterov=no"], "sync.nesterov=no must be true or false"),
     (["sync.inner_steps=50", "max_steps=30"],
-     "sync.inner_steps=50 is more than max_steps=30: the run would end before its first round does; lower "
-     "sync.inner_steps or raise max_steps"),
+     "sync.inner_steps=50 is more than max_steps=30: the run would end before its first round does; pass "
+     "sync.inner_steps=30 or max_steps=50"),
     (["sync.inner_steps=10", "sync.fragments=5"],
      "sync.fragments=5 is more than the model's 4 trainable tensors (a fragment is whole tensors); pass "
      "sync.fragments=4 or less"),

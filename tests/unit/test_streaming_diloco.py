@@ -264,9 +264,11 @@ def test_more_fragments_than_tensors_is_refused_at_build_time():
 
 
 def test_every_compressor_and_comm_is_refused_or_trains_with_fragments(tmp_path):
-    """test_sync_combinations' sweep with two fragments, one overlapping step and mixing: the first
-    fragment starts at step 2 and is applied at step 3, the last of the sweep's steps."""
-    _sweep(tmp_path, "diloco", registry.options("compressor"), inner_steps=4, fragments=2, overlap=1, mix=0.5)
+    """test_sync_combinations' sweep with two fragments, one overlapping step and mixing, over 4 steps:
+    the first fragment starts at step 2 and is applied at step 3, the second starts at step 4, the
+    last, and is applied when the trainer drains the exchange in flight."""
+    _sweep(tmp_path, "diloco", registry.options("compressor"), max_steps=4, inner_steps=4, fragments=2,
+           overlap=1, mix=0.5)
 
 
 @pytest.mark.dist

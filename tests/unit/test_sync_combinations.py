@@ -48,10 +48,10 @@ def _train(cfg, run_dir) -> None:
         assert all(math.isfinite(v) for v in losses), losses
 
 
-def _sweep(tmp_path, sync: str, compressors, **settings) -> None:
-    """Every compressor x COMMS under `sync` (its `settings` over _with_sync's): each is refused at
-    config time with one line naming an alternative, or trains (every parameter moves, finite losses);
-    at least one of each."""
+def _sweep(tmp_path, sync: str, compressors, max_steps: int | None = None, **settings) -> None:
+    """Every compressor x COMMS under `sync` (its `settings` over _with_sync's, `max_steps` over the
+    combination test's 3): each is refused at config time with one line naming an alternative, or
+    trains (every parameter moves, finite losses); at least one of each."""
     ran = refused = 0
     for compressor in compressors:
         for comm in COMMS:
@@ -59,6 +59,7 @@ def _sweep(tmp_path, sync: str, compressors, **settings) -> None:
             cfg = _with_sync(_compose(compressor, comm), sync)
             with open_dict(cfg):
                 cfg.sync.update(settings)
+                cfg.max_steps = max_steps or cfg.max_steps
             try:
                 cfg = config.check(cfg)
             except ValueError as e:

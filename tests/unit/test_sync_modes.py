@@ -20,7 +20,7 @@ from tests.integration.test_resume import _assert_equal
     (["sync=demo", "optim.momentum=0.5"],
      "sync=demo takes only optim.lr, optim.weight_decay and the schedule from optim=sgd, so "
      "optim.momentum=0.5 would not be used; drop optim.momentum"),
-    (["sync=onebit_adam", "optim=adamw", "comm=ring"],
+    (["sync=onebit_adam", "optim=adamw", "comm=ring", "scheduler=bucket"],
      "scheduler=bucket sends a bucket's tensors in one exchange, which comm=ring cannot (it sends tensor "
      "by tensor); use scheduler=layerwise (or comm=allgather, ps or allreduce)"),
     (["sync=onebit_adam", "optim=adamw", "sync.freeze_step=-1"],
