@@ -37,7 +37,7 @@ from compbench.schedulers.fusion import balanced_cuts, build_groups, split
 def model_parameters(model: str) -> list[tuple[str, nn.Parameter]]:
     """(name, parameter) in back-propagation order (reverse of definition) with Gaussian gradients."""
     from compbench.config import compose
-    from compbench.train.build import build_model
+    from compbench.seam.build import build_model
 
     net = build_model(compose([f"model={model}", "dataset=synthetic", "dataset.num_classes=1000",
                                "dataset.image_size=224"]))

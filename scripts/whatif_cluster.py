@@ -14,7 +14,7 @@ waiting of blocking communicators (ps, hierarchical) out. The step time is the m
 (results.json). Rows go to outputs/whatif_cluster/rows.csv as they finish (a row already there is
 not run again), one run folder each.
 
-Then (and alone with `--fit`) the node-aware model of `compbench.report.cluster_model` is fitted to
+Then (and alone with `--fit`) the node-aware model of `compbench.comm.cost_model` is fitted to
 the rows' communication times twice: on every row, and on the 2-node rows only, which then predict
 the 4-node rows they never saw. A row's predicted step is its measured compute, compression,
 decoding, optimizer and other time plus the model's communication; model.md has the table, fit.json
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from compbench.cluster import nodes
 from compbench.cluster.nodes import Cluster
-from compbench.report import cluster_model
+from compbench.comm import cost_model
 
 OUT = Path("outputs/whatif_cluster")
 FIELDS = ["nodes", "gbps", "workers", "compressor", "comm", "groups", "step_ms", "compute_ms", "compress_ms",
@@ -126,15 +126,15 @@ def write_model(rows_csv: Path) -> Path:
     return OUT / "model.md"
 
 
-def fit_report(rows: list[dict]) -> tuple[str, cluster_model.Fit]:
+def fit_report(rows: list[dict]) -> tuple[str, cost_model.Fit]:
     """model.md's text: both fits' coefficients and, per row, measured and predicted step times;
     and the fit on every row."""
-    shapes = [cluster_model.Shape(int(r["nodes"]), int(r["workers"]), r["gbps"]) for r in rows]
-    terms = [cluster_model.features(r, s) for r, s in zip(rows, shapes, strict=True)]
+    shapes = [cost_model.Shape(int(r["nodes"]), int(r["workers"]), r["gbps"]) for r in rows]
+    terms = [cost_model.features(r, s) for r, s in zip(rows, shapes, strict=True)]
     comm = [r["comm_ms"] for r in rows]
     two = [i for i, r in enumerate(rows) if r["nodes"] == 2]
-    fits = {"all rows": cluster_model.fit(terms, comm),
-            "2-node rows": cluster_model.fit([terms[i] for i in two], [comm[i] for i in two])}
+    fits = {"all rows": cost_model.fit(terms, comm),
+            "2-node rows": cost_model.fit([terms[i] for i in two], [comm[i] for i in two])}
     out = ["# What-if model against the emulated cluster", "",
            "Predicted step = the row's measured compute + compress + decompress + optimizer + other, "
            "plus the model's communication; error = (predicted - measured) / measured step.", ""]
@@ -165,7 +165,7 @@ def fit_report(rows: list[dict]) -> tuple[str, cluster_model.Fit]:
             "(its own coefficients: whether the model's form holds there):", ""]
     for label in sorted({_label(r) for r in rows}):
         mine = [i for i, r in enumerate(rows) if _label(r) == label]
-        own = cluster_model.fit([terms[i] for i in mine], [comm[i] for i in mine])
+        own = cost_model.fit([terms[i] for i in mine], [comm[i] for i in mine])
         own_errors = [(own.comm_ms(terms[i]) - comm[i]) / rows[i]["step_ms"] for i in mine]
         out.append(f"- {label}: {_within([errors['all rows'][i] for i in mine])}; "
                    f"fitted alone {_within(own_errors)}")

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from compbench.codec.base import Capabilities
 from compbench.comm.base import CommTraits, packs
-from compbench.compressors.base import Capabilities
 from compbench.memory.base import MemoryTraits
+from compbench.optim.schedule import SCHEDULE_KEYS
 from compbench.schedulers import SchedulerTraits
 from compbench.sync import SyncTraits
-from compbench.train.optim import SCHEDULE_KEYS
 
 STEP = SyncTraits()  # sync=step, the default mode
 

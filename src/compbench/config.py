@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from compbench import registry
 from compbench.checks import check_settings
-from compbench.compressors.base import check_ratio
+from compbench.codec.base import check_ratio
 
 if TYPE_CHECKING:
     from compbench.comm.base import CommTraits
@@ -197,7 +197,7 @@ def check(cfg: DictConfig) -> DictConfig:
     # compressor's capabilities may follow them (randk's `scale` makes it unbiased).
     from compbench import compat
     from compbench.compressors import SELECTION_KEYS
-    from compbench.train.build import build_compressor_and_selection, build_memory, build_model
+    from compbench.seam.build import build_compressor_and_selection, build_memory, build_model
 
     # Keys a component does not take (`+comm.foo=1`): refused here, not by a worker's TypeError.
     for group, drop, passed in (("model", (), ()), ("dataset", (), ()), ("compressor", SELECTION_KEYS, ()),

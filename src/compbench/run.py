@@ -50,4 +50,4 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
         print(f"error: {message}", file=sys.stderr, flush=True)
         print(f"compbench: failed; partial output kept in {run_dir}", flush=True)
         return code
-    return 0  # rank 0 ended with the run's summary and paths (compbench.train.metrics.format_summary)
+    return 0  # rank 0 ended with the run's summary and paths (compbench.results.format_summary)

@@ -115,7 +115,7 @@ def prepare_run_dir(cfg: DictConfig, overrides: list[str] | None = None) -> Path
 
 def record_failure(run_dir: Path, cfg: DictConfig, message: str) -> None:
     """A failed run keeps its folder (checkpoints, logs) and says why in results.json."""
-    from compbench.train.metrics import write_json_atomic
+    from compbench.results import write_json_atomic
 
     if (run_dir / "results.json").exists():
         return

@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, cast
 
-from compbench.train.metrics import headline
+from compbench.results import headline
 
 
 def _parse(overrides: list[str]) -> list[Any]:

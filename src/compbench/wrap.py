@@ -18,10 +18,10 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from compbench import compat, registry
+from compbench.seam.build import build_compressor_and_selection
 from compbench.stats import StepStats
 from compbench.sync import Synchronizer
 from compbench.sync.build import build_synchronizer
-from compbench.train.build import build_compressor_and_selection
 
 
 class CompressedOptimizer:

@@ -10,7 +10,7 @@ from compbench import registry
 from compbench.comm.ps import PSComm, shard_bounds
 from compbench.compressors import build_compressor
 from compbench.memory.none import NoMemory
-from compbench.train.metrics import StepStats
+from compbench.stats import StepStats
 
 
 def rank_tensor(r: int, n: int = 1001) -> torch.Tensor:

@@ -10,7 +10,8 @@ import torch
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
-from compbench.compressors import build_compressor, packing  # noqa: E402
+from compbench.codec import packing  # noqa: E402
+from compbench.compressors import build_compressor  # noqa: E402
 from compbench.compressors.dragonn import _select as dragonn_select_twin  # noqa: E402
 from compbench.compressors.sparse import Workspace  # noqa: E402
 from compbench.kernels import cuda_kernels_enabled, loader, ops, twins  # noqa: E402

@@ -25,7 +25,7 @@ COMPRESSOR = '''
 
 import torch
 
-from compbench.compressors.base import Capabilities, CompressorBase, make_ctx
+from compbench.codec.base import Capabilities, CompressorBase, make_ctx
 
 
 class Int8(CompressorBase):
@@ -201,7 +201,7 @@ def test_plugin_folders_that_compbench_would_misread_are_refused(monkeypatch, tm
 def test_the_contract_tests_run_on_the_plugin_without_new_test_code(site, monkeypatch, tmp_path):
     """The registry-parametrized contract functions, called on the plugin's options: what
     `pytest tests/unit` runs for them once the package is installed."""
-    from compbench.report import cluster_model
+    from compbench.comm import cost_model
     from tests.unit import test_combinations as combos
     from tests.unit import test_compressor_contract as contract
 
@@ -221,7 +221,7 @@ def test_the_contract_tests_run_on_the_plugin_without_new_test_code(site, monkey
     combos.test_every_combination_is_refused_or_trains("int8", tmp_path)
     config.check(combos._compose("int8", "gather"))  # accepted, hence trained above
     # The what-if model reads the plugin communicator's declared pattern: no table names it.
-    assert cluster_model.pattern("gather") == "allgather"
+    assert cost_model.pattern("gather") == "allgather"
 
 
 @pytest.mark.parametrize("yaml_text, module, expected", [

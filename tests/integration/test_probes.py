@@ -213,7 +213,7 @@ def test_runs_started_together_never_share_a_folder(tmp_path):
 
 def test_results_json_is_strict_and_reports_read_old_files(tmp_path):
     from compbench.report.main import load_runs
-    from compbench.train.metrics import write_json_atomic
+    from compbench.results import write_json_atomic
 
     new = tmp_path / "new"
     new.mkdir()

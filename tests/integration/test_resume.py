@@ -56,7 +56,7 @@ def _plan(tmp_path: Path) -> Path:
     """Every other tensor compressed, in up to 2 partitions (a plan file: planned at startup, SeCoPa
     would time the compressor and could plan differently in two runs)."""
     from compbench.config import compose
-    from compbench.train.build import build_model
+    from compbench.seam.build import build_model
 
     model = build_model(compose(list(TINY)))
     plan = tmp_path / "plan.csv"

@@ -69,7 +69,7 @@ def _rank_main() -> None:
     from compbench.compressors import build_compressor
     from compbench.memory.none import NoMemory
     from compbench.memory.residual import ResidualMemory
-    from compbench.train.metrics import StepStats
+    from compbench.stats import StepStats
 
     engine = registry.build(registry.option_config("engine", sys.argv[1]), drop=("np",))
     r, n = engine.rank, engine.size

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from compbench.train.metrics import TAGS
+from compbench.results import TAGS
 from tests.helpers import TINY, compbench
 
 pytestmark = pytest.mark.dist

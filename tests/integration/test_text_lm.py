@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from compbench.train.metrics import LM_TAGS
+from compbench.results import LM_TAGS
 from tests.helpers import compbench, event_tags, results, train
 
 pytestmark = pytest.mark.dist

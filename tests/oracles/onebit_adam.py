@@ -26,7 +26,7 @@ Reference: microsoft/DeepSpeed `deepspeed/runtime/fp16/onebit/adam.py` (the opti
   reference takes a `bias_correction` flag and never reads it.
 
 Wire: sign bits packed 8 per byte, little-endian within a byte, bit set = negative
-(`compressors/packing.py`, as every compbench code); the reference packs with cupy.packbits
+(`codec/packing.py`, as every compbench code); the reference packs with cupy.packbits
 (big-endian), the same information.
 
 Deviations, and why:
@@ -57,7 +57,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from compbench.compressors.packing import decode_bits, pack_bits, packed_nbytes
+from compbench.codec.packing import decode_bits, pack_bits, packed_nbytes
 from compbench.engines.base import Engine
 from compbench.stats import StepStats
 

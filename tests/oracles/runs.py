@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from compbench import config, registry
+from compbench.stats import StepStats
 from compbench.sync.build import build_synchronizer
-from compbench.train.metrics import StepStats
 from tests.helpers import TINY
 from tests.threaded_engine import ThreadEngine, ThreadWorld
 

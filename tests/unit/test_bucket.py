@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from compbench import config
-from compbench.train.build import build_model
+from compbench.seam.build import build_model
 from compbench.train.loop import Trainer
 from tests.threaded_engine import ThreadWorld
 from tests.unit.test_combinations import SMALL as WITH_SECOPA

@@ -145,9 +145,9 @@ def test_math_settings_leave_out_what_may_change():
 
 
 def test_scheduler_state_is_plain_data_and_continues_the_same(tmp_path):
-    from compbench.plan.cost import PlanLine
     from compbench.schedulers.mergecomp import PartitionSearch
     from compbench.schedulers.secopa import SeCoPa
+    from compbench.schedulers.secopa_cost import PlanLine
 
     search = PartitionSearch(num_tensors=6, max_groups=16, max_trials=8)
     for ms in ([3.0, 2.0], [1.0, 1.5], [2.5, 2.5]):

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from compbench.report import cluster_model
-from compbench.report.cluster_model import Shape, features, fit
+from compbench.comm import cost_model
+from compbench.comm.cost_model import Shape, features, fit
 
 MB = 1e6
 
@@ -31,8 +31,8 @@ def test_one_machine_has_no_link_term() -> None:
 
 
 def test_alltoall_loads_a_machine_link_with_l_times_n_minus_l_messages() -> None:
-    acc = cluster_model._zero()
-    cluster_model.alltoall(acc, Shape(nodes=2, workers=8, gbps=1.0), 8 * MB)
+    acc = cost_model._zero()
+    cost_model.alltoall(acc, Shape(nodes=2, workers=8, gbps=1.0), 8 * MB)
     assert acc["cross_s"] == pytest.approx(4 * 4 * MB / 125e6)  # 4 senders x 4 remote peers x 1 MB
     assert acc["rounds"] == 1
 
@@ -50,7 +50,7 @@ def test_hierarchical_crosses_with_one_payload_per_node() -> None:
 
 
 def test_fit_recovers_the_coefficients_it_was_made_with() -> None:
-    truth = cluster_model.Fit(ms_per_waited=2.0, ms_per_queued=0.2, ms_per_round=0.5, link_factor=1.1,
+    truth = cost_model.Fit(ms_per_waited=2.0, ms_per_queued=0.2, ms_per_round=0.5, link_factor=1.1,
                               machine_gb_per_s=3.0)
     rng = random.Random(0)
     rows = []

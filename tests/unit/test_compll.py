@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from compbench import registry
+from compbench.codec.packing import decode_2bit, ternary_values
 from compbench.compll import gen_cpu, gen_cuda, gen_torch, lang, runtime
 from compbench.compressors import build_compressor
 from compbench.compressors.onebit import _onebit
-from compbench.compressors.packing import decode_2bit, ternary_values
 from compbench.kernels import cpu, twins
 from tests.helpers import compbench
 from tests.unit.test_kernel_logic_host import BLOCK, GRID, SHIM

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from compbench.codec.packing import _pack_signs_numpy, decode_2bit, decode_bits
 from compbench.compressors.dragonn import DRAGONN, _select, sample_indices, sampled_threshold
 from compbench.compressors.onebit import _onebit
-from compbench.compressors.packing import _pack_signs_numpy, decode_2bit, decode_bits
 from compbench.compressors.qsgd import _dequantize
 from compbench.compressors.signum import _momentum_sign
 from compbench.compressors.sparse import AbsIndex, Workspace

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from compbench.train.optim import build_optimizer, param_groups
+from compbench.optim.optimizers import build_optimizer, param_groups
 
 LR, M, WD = 0.1, 0.9, 5e-4
 GRADS = [0.5, -0.25, 0.125]  # the averaged ("sent") gradient of steps 1, 2, 3

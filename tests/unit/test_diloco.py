@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from compbench import config, registry
+from compbench.stats import StepStats
 from compbench.sync.build import build_synchronizer
-from compbench.train.metrics import StepStats
 from tests.helpers import TINY, train
 from tests.integration.test_resume import _assert_equal
 from tests.threaded_engine import ThreadWorld

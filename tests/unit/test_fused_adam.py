@@ -1,4 +1,4 @@
-"""Decode and Adam/AdamW in one pass (extensions/cpu/adam.cpp): `train.optim.Adam`/`AdamW` stepping
+"""Decode and Adam/AdamW in one pass (extensions/cpu/adam.cpp): `optim.optimizers.Adam`/`AdamW` stepping
 a parameter with a sparse .grad (the averaged sparse payload, a coalesced COO tensor, decoded nowhere)
 in one pass over it and its two moments, against its twin (COMPBENCH_KERNELS=0: the dense decode,
 then torch's fused CPU step): the same parameters and state, bit for bit, at 1 and 2 threads; and the
@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compbench.compressors.base import make_ctx
+from compbench.codec.base import make_ctx
 from compbench.compressors.dgc import DGC
 from compbench.compressors.sparse import sparse_decode_all
 from compbench.kernels import cpu
-from compbench.train.optim import Adam, AdamW, build_optimizer, param_groups
+from compbench.optim.optimizers import Adam, AdamW, build_optimizer, param_groups
 from tests.unit.test_fused_optimizer import _model, _payloads
 
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())

@@ -1,4 +1,4 @@
-"""Decode and optimizer in one pass (extensions/cpu/optim.cpp): `train.optim.SGD` stepping each
+"""Decode and optimizer in one pass (extensions/cpu/optim.cpp): `optim.optimizers.SGD` stepping each
 parameter in one pass, from a dense .grad or from the averaged sparse payload (a coalesced COO
 .grad, decoded nowhere), against its twin (COMPBENCH_KERNELS=0: the dense decode, the decay term and
 torch's step): the same parameters and buffers, bit for bit, at 1 and 2 threads, including torch's
@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from compbench.compressors.base import make_ctx
+from compbench.codec.base import make_ctx
 from compbench.compressors.dgc import DGC
 from compbench.compressors.dragonn import DRAGONN
 from compbench.compressors.sparse import sparse_decode_all
 from compbench.kernels import cpu
-from compbench.train.optim import build_optimizer, param_groups
+from compbench.optim.optimizers import build_optimizer, param_groups
 
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
 

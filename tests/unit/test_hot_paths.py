@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from compbench.codec.base import make_ctx
+from compbench.codec.buffers import OutputBuffers
+from compbench.codec.packing import _pack_bits_torch, pack_signs
 from compbench.compressors import build_compressor
-from compbench.compressors.base import make_ctx
-from compbench.compressors.buffers import OutputBuffers
 from compbench.compressors.dgc import _select as dgc_select
 from compbench.compressors.dragonn import DRAGONN, murmur3_32, murmur3_32_np
-from compbench.compressors.packing import _pack_bits_torch, pack_signs
 from compbench.compressors.sparse import AbsIndex, Workspace, exact_topk_indices, kth_largest
 
 

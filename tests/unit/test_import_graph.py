@@ -88,3 +88,65 @@ def test_function_level_imports_are_edges():
 def test_src_has_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, " -> ".join(cycle or [])
+
+
+# The layers of src/compbench, bottom first: a module may import its own layer and those below it,
+# never one above (a function-level import included). A new package or top-level module gets a
+# place here; `test_every_module_has_a_layer` says when one is missing.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("errors", "values", "args", "stats", "floors", "netem", "plugins", "_torchvision_compat",
+                    "results", "settings")),
+    ("devices", ("engines", "kernels")),
+    ("codec", ("codec",)),
+    ("compll", ("compll",)),
+    ("catalog", ("registry",)),
+    ("components", ("compressors", "memory", "comm", "optim", "models", "data")),
+    ("seam", ("seam",)),
+    ("schedulers", ("schedulers",)),
+    ("synchronizers", ("sync",)),
+    ("trainer", ("train", "launch", "rundir", "worker")),
+    ("composition", ("compat", "checks", "config", "wrap", "run")),
+    ("commands", ("bench", "plan", "report", "race", "claims", "cluster", "matrix", "sweep", "completion",
+                  "introspect", "commands", "cli", "__main__", "")),
+]
+
+
+def _unit(module: str) -> str:
+    """The package (or top-level module) a module belongs to: compbench.seam.pipeline -> seam."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def layer_of(module: str) -> int:
+    unit = _unit(module)
+    for i, (_, units) in enumerate(LAYERS):
+        if unit in units:
+            return i
+    raise KeyError(f"{module}: its package {unit or 'compbench'} has no place in LAYERS")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+            for a in sorted(graph) for b in sorted(graph[a]) if layer_of(b) > layer_of(a)]
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert upward_imports({"compbench.kernels.cpu": {"compbench.train.loop"}}) == [
+        "compbench.kernels.cpu (devices) imports compbench.train.loop (trainer)"]
+    assert upward_imports({"compbench.train.loop": {"compbench.kernels.cpu"}}) == []
+
+
+def test_every_module_has_a_layer():
+    for module in import_graph():
+        layer_of(module)
+
+
+def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
+    upward = upward_imports(import_graph())
+    assert not upward, "\n".join(upward)
+
+
+def test_no_two_packages_import_each_other():
+    graph = import_graph()
+    edges = {(_unit(a), _unit(b)) for a, targets in graph.items() for b in targets if _unit(a) != _unit(b)}
+    pairs = sorted({tuple(sorted(e)) for e in edges if e[::-1] in edges})
+    assert not pairs, pairs

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compbench.compressors import build_compressor, packing, qsgd, tbq, terngrad
+from compbench.codec import packing
+from compbench.compressors import build_compressor, qsgd, tbq, terngrad
 from compbench.kernels import ops, twins
 
 

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from compbench.compressors import packing
+from compbench.codec import packing
+from compbench.codec.packing import decode_2bit, decode_bits, pack_2bit, ternary_codes
 from compbench.compressors.dragonn import _select as dragonn_select_twin
-from compbench.compressors.packing import decode_2bit, decode_bits, pack_2bit, ternary_codes
 from compbench.compressors.sparse import Workspace
 from compbench.kernels import loader, twins
 

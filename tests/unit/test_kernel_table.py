@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import Tensor
 
+from compbench.codec import packing
+from compbench.codec.base import make_ctx
 from compbench.comm.base import encode
 from compbench.compll.generated import cpu_sources
-from compbench.compressors import packing
-from compbench.compressors.base import make_ctx
 from compbench.compressors.dgc import DGC
 from compbench.compressors.dragonn import DRAGONN, _select, sampled_threshold
 from compbench.compressors.qsgd import _dequantize
@@ -27,8 +27,8 @@ from compbench.kernels.loader import source_dir
 from compbench.kernels.table import KERNELS, cpu_kernels
 from compbench.memory.dgc import DGCMemory
 from compbench.memory.residual import ResidualMemory
+from compbench.optim.optimizers import SGD, AdamW
 from compbench.stats import StepStats
-from compbench.train.optim import SGD, AdamW
 
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from compbench.plan.cost import (
+from compbench.schedulers.secopa_cost import (
     Line,
     Primitives,
     decide,
@@ -16,7 +16,7 @@ from compbench.plan.cost import (
     ring_dense,
     write_plan,
 )
-from compbench.plan.fit import fit_line, net_lines
+from compbench.schedulers.secopa_fit import fit_line, net_lines
 
 # Small integer lines so that every case below is easy to check by hand.
 # enc(x) = 2x + 1, dec(y) = max(5, y), aggr(x) = x, gather(x) = bcast(x) = 3x + 10, send(x) = x + 4.

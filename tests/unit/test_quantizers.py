@@ -8,10 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from compbench.compressors import packing
-from compbench.compressors.efsignsgd import EFSignSGD
-from compbench.compressors.onebit import OneBit
-from compbench.compressors.packing import (
+from compbench.codec import packing
+from compbench.codec.packing import (
     decode_2bit,
     decode_bits,
     pack_2bit,
@@ -21,6 +19,8 @@ from compbench.compressors.packing import (
     unpack_bits,
     unpack_uint,
 )
+from compbench.compressors.efsignsgd import EFSignSGD
+from compbench.compressors.onebit import OneBit
 from compbench.compressors.qsgd import QSGD
 from compbench.compressors.signsgd import SignSGD
 from compbench.compressors.signum import Signum

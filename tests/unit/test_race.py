@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from compbench.comm.cost_model import Fit
 from compbench.race.main import main as race_main
 from compbench.race.model import BACKWARD_SHARE, Profile, crossover_gbps, fit_model
 from compbench.race.report import load, write
 from compbench.race.suites import TEXT
 from compbench.race.targets import text_targets
-from compbench.report.cluster_model import Fit
 
 FIT = Fit(ms_per_waited=0.0, ms_per_queued=0.5, ms_per_round=0.2, link_factor=1.0, machine_gb_per_s=math.inf)
 

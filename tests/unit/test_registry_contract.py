@@ -21,16 +21,16 @@ import torch
 from omegaconf import OmegaConf
 
 from compbench import registry
+from compbench.codec.base import Capabilities, Compressor
 from compbench.comm.base import CommTraits, Communicator, PackingCommunicator
 from compbench.comm.ps import split_bounds
 from compbench.compressors import SELECTION_KEYS, build_compressor
-from compbench.compressors.base import Capabilities, Compressor
 from compbench.engines.base import Engine
 from compbench.memory.base import Memory, MemoryTraits
 from compbench.schedulers import Scheduler, SchedulerTraits
+from compbench.stats import StepStats
 from compbench.sync import Synchronizer, SyncTraits
 from compbench.sync.build import build_synchronizer
-from compbench.train.metrics import StepStats
 from tests.threaded_engine import ThreadEngine, ThreadWorld
 
 # Groups whose options name a `_target_`, and the keys the builder removes before calling it.

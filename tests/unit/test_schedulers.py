@@ -18,9 +18,9 @@ from compbench.memory.residual import ResidualMemory
 from compbench.schedulers.fusion import Part, balanced_cuts, reslice_state, split
 from compbench.schedulers.layerwise import Layerwise
 from compbench.schedulers.mergecomp import MergeComp, PartitionSearch
-from compbench.train.metrics import StepStats
-from compbench.train.pipeline import GradientPipeline
-from compbench.train.selection import Selection
+from compbench.seam.pipeline import GradientPipeline
+from compbench.seam.selection import Selection
+from compbench.stats import StepStats
 
 
 class WireEngine(EngineBase):

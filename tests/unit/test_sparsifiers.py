@@ -9,8 +9,8 @@ import struct
 import pytest
 import torch
 
+from compbench.codec.base import make_ctx
 from compbench.compressors import build_compressor
-from compbench.compressors.base import make_ctx
 from compbench.compressors.dgc import DGC, sample_layout
 from compbench.compressors.dgc import _select as dgc_select
 from compbench.compressors.dragonn import DRAGONN, murmur3_32

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from compbench import registry
+from compbench.stats import StepStats
 from compbench.sync.build import build_synchronizer
-from compbench.train.metrics import StepStats
 from tests.threaded_engine import ThreadWorld
 from tests.unit.test_diloco import INNER, WORLD, _batch, _inner_step, _model
 from tests.unit.test_sync_combinations import _sweep

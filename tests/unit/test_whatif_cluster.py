@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from compbench.report import cluster_model
-from compbench.report.cluster_model import Shape
+from compbench.comm import cost_model
+from compbench.comm.cost_model import Shape
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "whatif_cluster.py"
 
@@ -23,14 +23,14 @@ def whatif():
     return module
 
 
-def _row(whatif, rng: random.Random, truth: cluster_model.Fit, comm: str, groups: int) -> dict:
+def _row(whatif, rng: random.Random, truth: cost_model.Fit, comm: str, groups: int) -> dict:
     row = {k: 0.0 for k in whatif.FIELDS}
     row.update(nodes=rng.choice([2, 4]), gbps=rng.choice([1.0, 10.0]), compressor="dgc", comm=comm,
                groups=groups, bytes_sent_per_step=rng.uniform(0.1, 50) * 1e6, bytes_dense_per_step=1e8,
                compressed_calls_per_step=rng.randint(1, 160), run_dir="x")
     row["workers"] = row["nodes"] * rng.choice([1, 2])
     shape = Shape(row["nodes"], row["workers"], row["gbps"])
-    row["comm_ms"] = truth.comm_ms(cluster_model.features(row, shape))
+    row["comm_ms"] = truth.comm_ms(cost_model.features(row, shape))
     row.update(compute_ms=100.0, step_ms=100.0 + row["comm_ms"])
     return row
 
@@ -53,7 +53,7 @@ def test_rows_file_is_created_appended_and_upgraded_from_the_old_columns(whatif,
 
 
 def test_report_recovers_rows_made_by_the_model_on_every_communicator(whatif) -> None:
-    truth = cluster_model.Fit(ms_per_waited=3.0, ms_per_queued=0.5, ms_per_round=0.2, link_factor=1.2,
+    truth = cost_model.Fit(ms_per_waited=3.0, ms_per_queued=0.5, ms_per_round=0.2, link_factor=1.2,
                               machine_gb_per_s=2.0)
     rng = random.Random(1)
     rows = [_row(whatif, rng, truth, comm, groups) for _ in range(6)

@@ -39,7 +39,7 @@ from typing import Any
 from compbench.bench import e2e_table
 from compbench.checks import check_creatable
 from compbench.netem import can_shape, check_rate
-from compbench.train.metrics import WARMUP_STEPS
+from compbench.results import WARMUP_STEPS
 from compbench.values import require_int
 
 MODEL = ["model=mlp", "model.hidden=[4096]", "dataset=synthetic", "dataset.channels=4",

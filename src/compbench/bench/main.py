@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from compbench import registry
 from compbench.checks import check_writable_file, is_json_with
-from compbench.compressors.base import check_ratio
+from compbench.codec.base import check_ratio
 from compbench.values import require_int
 
 

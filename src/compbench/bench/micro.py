@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from compbench.codec.buffers import OutputBuffers
 from compbench.compressors import SELECTION_KEYS, build_compressor, payload_nbytes
-from compbench.compressors.buffers import OutputBuffers
 from compbench.compressors.sparse import SparseCompressor
 
 # A compressor is measured in its steady state: warm-ups keyed on the epoch (DGC's ratio) are over.

@@ -10,9 +10,9 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from compbench.codec.base import Ctx, same_layout
+from compbench.codec.buffers import acc_dtype
 from compbench.comm.base import CommBase, CommTraits, encode
-from compbench.compressors.base import Ctx, same_layout
-from compbench.compressors.buffers import acc_dtype
 from compbench.engines.base import Handle
 from compbench.memory.base import Memory
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from compbench.codec.base import Compressor
 from compbench.comm.base import CommBase, CommTraits, encode
-from compbench.compressors.base import Compressor
 from compbench.engines.base import Engine, Handle, flat_average
 from compbench.memory.base import Memory
 from compbench.stats import StepStats

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from compbench.compressors.base import Capabilities, Compressor, Ctx, payload_nbytes
+from compbench.codec.base import Capabilities, Compressor, Ctx, payload_nbytes
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
 from compbench.stats import StepStats
@@ -27,7 +27,7 @@ class CommTraits:
     between_machines: compresses only what crosses between machines (hierarchical): on one machine,
       where compbench's own launcher puts every worker, the compressor is not used.
     pattern: the collectives one compressed exchange costs, for the what-if cluster model
-      (compbench.report.cluster_model): "allgather" (every payload to every rank), "allreduce" (a ring
+      (compbench.comm.cost_model): "allgather" (every payload to every rank), "allreduce" (a ring
       allreduce of the payload), "ps" (all-to-all of shards, re-encoded shards gathered) or
       "hierarchical" (fp32 to the node's leader, leaders' allgather, back to the workers).
     sparse_results: hands the average back sparse (a coalesced COO tensor, no dense decode) for the
@@ -60,7 +60,7 @@ class Communicator(Protocol):
         copy of anything still needed. With `traits.sparse_results`, for a name in the instance's
         `sparse_names` and a compressor with `caps.sparse_average`, the result is the decoded sparse
         payload instead: a coalesced COO tensor of grad's shape (`decompress_all_sparse`), for an
-        optimizer that steps from it in one pass (`train.optim.SGD`)."""
+        optimizer that steps from it in one pass (`optim.optimizers.SGD`)."""
         ...
 
     @staticmethod

@@ -23,8 +23,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from compbench.codec.base import Compressor, payload_nbytes
 from compbench.comm.base import BlockingComm, CommTraits, encode
-from compbench.compressors.base import Compressor, payload_nbytes
 from compbench.engines import wire
 from compbench.engines.base import Engine
 from compbench.memory.base import Memory

@@ -28,8 +28,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from compbench.codec.base import Compressor, Ctx, SplitsPayload, same_layout
 from compbench.comm.base import BlockingComm, CommTraits, encode
-from compbench.compressors.base import Compressor, Ctx, SplitsPayload, same_layout
 from compbench.engines import wire
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory

@@ -27,9 +27,9 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from compbench.codec.base import Ctx, payload_nbytes
 from compbench.comm.base import BlockingComm, CommTraits, encode
 from compbench.comm.ps import shard_bounds
-from compbench.compressors.base import Ctx, payload_nbytes
 from compbench.memory.base import Memory
 
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from compbench.compressors.base import Capabilities
+from compbench.codec.base import Capabilities
 
 # Elements per chunk of a reduction: the unit of parallel work and of the fixed summation order.
 CHUNK = 131072

@@ -15,6 +15,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from compbench.codec.base import Ctx, make_ctx
+from compbench.codec.packing import (
+    PackedCodeCompressor,
+    noise_seed,
+    pack_uint,
+    packed_nbytes,
+    unpack_uint,
+)
 from compbench.compll import gen_torch, lang
 from compbench.compll.generated import (
     conf_folder,
@@ -26,14 +34,6 @@ from compbench.compll.generated import (
     selects,
     spec,
     specs,
-)
-from compbench.compressors.base import Ctx, make_ctx
-from compbench.compressors.packing import (
-    PackedCodeCompressor,
-    noise_seed,
-    pack_uint,
-    packed_nbytes,
-    unpack_uint,
 )
 from compbench.kernels.twins import counter_uniform
 
@@ -162,7 +162,7 @@ def select_decode(sel: lang.Select, values: Tensor, indices: Tensor, ctx: Ctx,
     the gradient's shape and dtype: what `sparse.sparse_decode` gives. The generated C++ operator on
     CPU, the generated RawKernel on CUDA, else the generated torch code (half-precision gradients
     accumulate in fp32)."""
-    from compbench.compressors.buffers import acc_dtype, check_out
+    from compbench.codec.buffers import acc_dtype, check_out
     from compbench.kernels import cpu_kernels_enabled, cuda_kernels_enabled
 
     acc = acc_dtype(ctx.dtype)

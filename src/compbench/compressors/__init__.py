@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compbench.compressors.base import Compressor, CompressorBase, Ctx, make_ctx, payload_nbytes
+from compbench.codec.base import Compressor, CompressorBase, Ctx, make_ctx, payload_nbytes
 
 # Keys of a compressor's config that say *which* tensors it compresses (pipeline policy shared by
 # every compressor), not how: they are split off before the compressor is built.

@@ -8,7 +8,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
+from compbench.codec.base import Capabilities, CompressorBase, Ctx, make_ctx
 from compbench.compressors.lowrank import (
     cpu_generator,
     dense_payload,

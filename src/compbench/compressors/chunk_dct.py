@@ -36,7 +36,7 @@ import math
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
+from compbench.codec.base import Capabilities, CompressorBase, Ctx, make_ctx
 
 _BASES: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
 

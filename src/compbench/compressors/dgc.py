@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from compbench.codec.base import Ctx, check_ratio, make_ctx
 from compbench.compll import runtime
-from compbench.compressors.base import Ctx, check_ratio, make_ctx
 from compbench.compressors.sparse import AbsIndex, SparseCompressor, Workspace, make_generator, sparse_payload
 from compbench.kernels import cpu, cpu_kernels_enabled
 
 if TYPE_CHECKING:
-    from compbench.memory.base import Deferred
+    from compbench.codec.deferred import Deferred
 
 
 def sample_layout(numel: int, ratio: float, sample_ratio: float) -> tuple[int, int]:
@@ -47,7 +47,7 @@ def _select(
     read and the filter's full read: it computes the block maxima of the tensor (`sparse.AbsIndex`,
     whose query then re-reads only the blocks that reach the threshold) and gathers the strided
     sample on its way (the same values, so the same indices). With a memory's `deferred`
-    compensation (then `values` is None) that pass is the memory's own (`memory.base.Deferred`),
+    compensation (then `values` is None) that pass is the memory's own (`codec.deferred.Deferred`),
     and the indices index `deferred.result`."""
     sel = runtime.select("dgc")
     if deferred is None:

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Ctx, check_ratio, make_ctx, num_selected
-from compbench.compressors.buffers import check_out
+from compbench.codec.base import Ctx, check_ratio, make_ctx, num_selected
+from compbench.codec.buffers import check_out
 from compbench.compressors.sparse import (
     AbsIndex,
     SparseCompressor,
@@ -22,67 +22,12 @@ from compbench.compressors.sparse import (
     stable_seed,
 )
 from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
+from compbench.kernels.hashing import M32, U32, murmur3_32, murmur3_32_np
 
 if TYPE_CHECKING:
-    from compbench.memory.base import Deferred
-
-_M32 = 0xFFFFFFFF
+    from compbench.codec.deferred import Deferred
 
 
-def _mul32(a: Tensor, c: int) -> Tensor:
-    """(a * c) mod 2^32 for 0 <= a < 2^32, in int64 without overflow: c is split in 16-bit halves."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (a * lo + (((a * hi) & 0xFFFF) << 16)) & _M32
-
-
-def _rotl32(a: Tensor, r: int) -> Tensor:
-    return ((a << r) | (a >> (32 - r))) & _M32
-
-
-def _fmix32(h: Tensor) -> Tensor:
-    h = h ^ (h >> 16)
-    h = _mul32(h, 0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = _mul32(h, 0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
-def murmur3_32(keys: Tensor, seed: int) -> Tensor:
-    """MurmurHash3_x86_32 of each key taken as a 4-byte little-endian integer (int64 result in [0, 2^32)).
-
-    Vectorized in int64 arithmetic masked to 32 bits, so it runs wherever torch does; keys are
-    reduced mod 2^32 first.
-    """
-    k = keys.to(torch.int64) & _M32
-    k = _mul32(k, 0xCC9E2D51)
-    k = _rotl32(k, 15)
-    k = _mul32(k, 0x1B873593)
-    h = k ^ (int(seed) & _M32)
-    h = _rotl32(h, 13)
-    h = (_mul32(h, 5) + 0xE6546B64) & _M32
-    h = h ^ 4  # length in bytes
-    return _fmix32(h)
-
-
-_U32 = np.uint32
-
-
-def murmur3_32_np(keys: np.ndarray, seed: int) -> np.ndarray:
-    """`murmur3_32` in numpy uint32 arithmetic (wraps mod 2^32 by definition): ~10x faster on CPU."""
-    k = keys.astype(np.uint32)
-    k *= _U32(0xCC9E2D51)
-    k = (k << _U32(15)) | (k >> _U32(17))
-    k *= _U32(0x1B873593)
-    h = k ^ _U32(int(seed) & _M32)
-    h = (h << _U32(13)) | (h >> _U32(19))
-    h = h * _U32(5) + _U32(0xE6546B64)
-    h ^= _U32(4)  # length in bytes
-    h ^= h >> _U32(16)
-    h *= _U32(0x85EBCA6B)
-    h ^= h >> _U32(13)
-    h *= _U32(0xC2B2AE35)
-    h ^= h >> _U32(16)
-    return h
 
 
 def _select(
@@ -111,7 +56,7 @@ def _select(
     table = torch.full((slots,), -1, dtype=torch.int64, device=flat.device)
     if cand.numel():
         if cand.device.type == "cpu":
-            slot = torch.from_numpy((murmur3_32_np(cand.numpy(), seed) % _U32(slots)).astype(np.int64))
+            slot = torch.from_numpy((murmur3_32_np(cand.numpy(), seed) % U32(slots)).astype(np.int64))
         else:
             slot = murmur3_32(cand, seed) % slots
         table.scatter_reduce_(0, slot, cand, reduce="amax")
@@ -134,8 +79,8 @@ def sampled_threshold(flat: Tensor, m: int, j: int, seed: int) -> Tensor:
     j = min(max(j, 1), m)
     if flat.device.type == "cpu" and n < 2**32:
         if cpu_kernels_enabled(flat):
-            return cpu.sampled_threshold(flat, m, j, seed & _M32)
-        idx = torch.from_numpy(sample_indices(n, m, seed & _M32))
+            return cpu.sampled_threshold(flat, m, j, seed & M32)
+        idx = torch.from_numpy(sample_indices(n, m, seed & M32))
     else:
         gen = torch.Generator(device=flat.device).manual_seed(seed)
         idx = torch.randint(n, (m,), generator=gen, device=flat.device)
@@ -214,7 +159,7 @@ class DRAGONN(SparseCompressor):
 
     def _hash_seed(self, name: str) -> int:
         """The hash table's seed: new every step and tensor."""
-        return stable_seed(self.seed, self.step, name, "murmur") & _M32
+        return stable_seed(self.seed, self.step, name, "murmur") & M32
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.detach().reshape(-1)
@@ -243,14 +188,14 @@ class DRAGONN(SparseCompressor):
         seed = stable_seed(self.seed, self.step, name)
         j = min(max(math.ceil(m * r), 1), m)
         # = sampled_threshold(compensated, m, j, seed): the same stream, the same j-th largest.
-        samples = deferred.at(torch.from_numpy(sample_indices(n, m, seed & _M32)))
+        samples = deferred.at(torch.from_numpy(sample_indices(n, m, seed & M32)))
         threshold = kth_largest(samples.abs(), j)
         y, idx = deferred.select(float(threshold), 4 * self.k_for(n), self._hash_seed(name))
         return sparse_payload(y.reshape(-1).index_select(0, idx), idx), make_ctx(y, name)
 
     def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         """One scatter-add of every rank's payload (`batching`), else one decode per rank; into
-        `out` when given (see `compressors/buffers.py`)."""
+        `out` when given (see `codec/buffers.py`)."""
         if self.batching:
             return super().decompress_all(payloads, ctx, out)
         mean = self.aggregate([sparse_decode(p, ctx) for p in payloads])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
-from compbench.compressors.buffers import acc_dtype, check_out
-from compbench.compressors.packing import scratch
+from compbench.codec.base import Capabilities, CompressorBase, Ctx, make_ctx
+from compbench.codec.buffers import acc_dtype, check_out
+from compbench.codec.packing import scratch
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -30,7 +30,7 @@ class FP16(CompressorBase):
         return [x.detach().reshape(-1).to(self.wire_dtype)], make_ctx(x, name)
 
     def decompress(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
-        """The cast back; into `out` when given (see `compressors/buffers.py`)."""
+        """The cast back; into `out` when given (see `codec/buffers.py`)."""
         if out is None:
             return payload[0].to(ctx.dtype).view(ctx.shape)
         res = check_out(out, ctx, payload[0].device).copy_(payload[0])

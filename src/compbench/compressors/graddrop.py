@@ -8,9 +8,9 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from compbench.codec.base import Ctx, check_ratio, make_ctx
+from compbench.codec.buffers import acc_dtype
 from compbench.compll import runtime
-from compbench.compressors.base import Ctx, check_ratio, make_ctx
-from compbench.compressors.buffers import acc_dtype
 from compbench.compressors.sparse import SparseCompressor, make_generator, sparse_payload
 
 # Everything that passes the sampled threshold is sent, up to this many times k (ties, an all-zero

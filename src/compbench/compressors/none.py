@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
-from compbench.compressors.buffers import acc_dtype, check_out
+from compbench.codec.base import Capabilities, CompressorBase, Ctx, make_ctx
+from compbench.codec.buffers import acc_dtype, check_out
 
 
 class NoCompression(CompressorBase):

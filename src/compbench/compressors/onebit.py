@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, Ctx, make_ctx
-from compbench.compressors.buffers import Scratch
-from compbench.compressors.packing import PackedCodeCompressor, decode_bits, pack_bits, packed_nbytes
+from compbench.codec.base import ERROR_FEEDBACK_RECIPE, Capabilities, Ctx, make_ctx
+from compbench.codec.buffers import Scratch
+from compbench.codec.packing import PackedCodeCompressor, decode_bits, pack_bits, packed_nbytes
 from compbench.kernels import cpu, cpu_kernels_enabled
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
+from compbench.codec.base import Capabilities, CompressorBase, Ctx, make_ctx
 from compbench.compressors.lowrank import cpu_generator, dense_payload, matrix_shape, stable_seed
 
 Reduce = Callable[[Tensor], Tensor]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Capabilities, Ctx, make_ctx
-from compbench.compressors.buffers import Scratch
-from compbench.compressors.packing import (
+from compbench.codec.base import Capabilities, Ctx, make_ctx
+from compbench.codec.buffers import Scratch
+from compbench.codec.packing import (
     PackedCodeCompressor,
     ceil_log2,
     noise_seed,

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, Ctx, check_ratio, make_ctx
+from compbench.codec.base import ERROR_FEEDBACK_RECIPE, Capabilities, Ctx, check_ratio, make_ctx
 from compbench.compressors.sparse import SparseCompressor, make_generator
 
 

@@ -24,8 +24,8 @@ import math
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, make_ctx
-from compbench.compressors.packing import decode_bits, pack_bits, packed_nbytes
+from compbench.codec.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, make_ctx
+from compbench.codec.packing import decode_bits, pack_bits, packed_nbytes
 
 
 class RMSSign(CompressorBase):

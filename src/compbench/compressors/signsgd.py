@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, make_ctx
-from compbench.compressors.buffers import check_out
-from compbench.compressors.packing import average_decoded, decode_bits, pack_signs, packed_nbytes
+from compbench.codec.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, make_ctx
+from compbench.codec.buffers import check_out
+from compbench.codec.packing import average_decoded, decode_bits, pack_signs, packed_nbytes
 
 
 class SignSGD(CompressorBase):
@@ -26,7 +26,7 @@ class SignSGD(CompressorBase):
         return [packed, scale], make_ctx(x, name)
 
     def decompress(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
-        """scale * sign; into `out` when given (see `compressors/buffers.py`)."""
+        """scale * sign; into `out` when given (see `codec/buffers.py`)."""
         if out is not None:
             out = check_out(out, ctx, payload[0].device)
         return self._decode(payload, ctx, out).view(ctx.shape).to(ctx.dtype)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Capabilities, CompressorBase, Ctx, make_ctx
-from compbench.compressors.packing import decode_bits, pack_bits, packed_nbytes, unpack_bits
+from compbench.codec.base import Capabilities, CompressorBase, Ctx, make_ctx
+from compbench.codec.packing import decode_bits, pack_bits, packed_nbytes, unpack_bits
 from compbench.compressors.sparse import stable_seed
 from compbench.kernels import cpu, cpu_kernels_enabled
 

@@ -27,12 +27,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, num_selected
-from compbench.compressors.buffers import acc_dtype, check_out
+from compbench.codec.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, num_selected
+from compbench.codec.buffers import acc_dtype, check_out
 from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
 
 if TYPE_CHECKING:
-    from compbench.memory.base import Deferred
+    from compbench.codec.deferred import Deferred
 
 _MASK64 = (1 << 64) - 1
 
@@ -133,7 +133,7 @@ class AbsIndex:
     a block holding a NaN is NaN and the block is always re-read, so a NaN cannot hide a passing
     element beside it (the kernel's maxima skip NaN elements instead).
 
-    `summary`: the block maxima of x when already computed (`memory.base.Deferred.summary`, the
+    `summary`: the block maxima of x when already computed (`codec.deferred.Deferred.summary`, the
     same array as `kernels.cpu.block_absmax(x)`), so the summary pass is not run again.
     """
 
@@ -357,7 +357,7 @@ class SparseCompressor(CompressorBase):
 
     def decompress_all_sparse(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
         """The average of every rank's payload as what it is, sparse: a coalesced COO tensor of
-        ctx.shape, the optimizer's input without a dense decode (`train.optim.SGD`). Its values are
+        ctx.shape, the optimizer's input without a dense decode (`optim.optimizers.SGD`). Its values are
         `decompress_all`'s at the indices it carries, bit for bit: the same division, and the sums
         taken by the same sequential `index_add_` in the same order; every other element is 0."""
         return sparse_average(payloads, ctx)

@@ -45,7 +45,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import (
+from compbench.codec.base import (
     ERROR_FEEDBACK_RECIPE,
     Capabilities,
     CompressorBase,
@@ -54,7 +54,7 @@ from compbench.compressors.base import (
     make_ctx,
     num_selected,
 )
-from compbench.compressors.packing import (
+from compbench.codec.packing import (
     ceil_log2,
     decode_2bit,
     pack_2bit,

@@ -7,9 +7,9 @@ import math
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Capabilities, Ctx, make_ctx
-from compbench.compressors.buffers import Scratch
-from compbench.compressors.packing import (
+from compbench.codec.base import Capabilities, Ctx, make_ctx
+from compbench.codec.buffers import Scratch
+from compbench.codec.packing import (
     PackedCodeCompressor,
     decode_2bit,
     pack_2bit,

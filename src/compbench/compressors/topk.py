@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from compbench.compressors.base import Ctx, check_ratio, make_ctx
+from compbench.codec.base import Ctx, check_ratio, make_ctx
 from compbench.compressors.sparse import (
     SparseCompressor,
     Workspace,
@@ -16,7 +16,7 @@ from compbench.compressors.sparse import (
 )
 
 if TYPE_CHECKING:
-    from compbench.memory.base import Deferred
+    from compbench.codec.deferred import Deferred
 
 
 def _select(x: Tensor, k: int, ws: Workspace) -> Tensor:

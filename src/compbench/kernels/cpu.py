@@ -229,7 +229,7 @@ def sgd_step(p: Tensor, buf: Tensor, grad: Tensor, indices: Tensor, values: Tens
     sorted unique int64 `indices` and their `values`. `dgc`: DGC's SGD (momentum on the decay term
     only), else torch's (dampening 0); the last `fma_tail` elements update the momentum buffer with
     one fma (torch's fused kernel's scalar tail: `fused_sgd_tail`). Twin: the sparse decode into
-    .grad, then `train.optim.SGD`."""
+    .grad, then `optim.optimizers.SGD`."""
     torch.ops.compbench_cpu.sgd_step(p, buf, grad, indices, values, lr, weight_decay, momentum, nesterov,
                                      first, dgc, fma_tail)
 

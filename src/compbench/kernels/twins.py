@@ -10,8 +10,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.dragonn import murmur3_32
-from compbench.compressors.packing import pack_2bit, ternary_codes
+from compbench.kernels.hashing import murmur3_32
+
+
+def ternary_codes(q: Tensor) -> Tensor:
+    """uint8 2-bit codes of an int8 tensor with values in {-1, 0, 1}: 0 -> 0, 1 -> +1, 3 -> -1, the
+    low two bits of the two's complement value (a CUDA kernel produces them without branches)."""
+    return q.view(torch.uint8) & 3
+
+
+def pack_2bit_torch(codes: Tensor) -> Tensor:
+    """Pack uint8 codes in 0..3 four to a byte (code i at bits 2*(i % 4)) on any device: the rows of
+    four codes read as int32 and gathered by shift-or (no multiplication, so no overflow)."""
+    pad = (-codes.numel()) % 4
+    flat = codes.reshape(-1)
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    w = flat.contiguous().view(torch.int32)
+    return ((w | (w >> 6) | (w >> 12) | (w >> 18)) & 0xFF).to(torch.uint8)
 
 
 def counter_uniform(seed: int, n: int, device: torch.device | str = "cpu") -> Tensor:
@@ -54,7 +70,7 @@ def terngrad_codes(flat: Tensor, scale: Tensor, seed: int) -> Tensor:
     """Packed 2-bit ternary codes: +1 if x > U*s, -1 if x < -U*s, else 0 (quantize.cu)."""
     thr = counter_uniform(seed, flat.numel(), flat.device).mul_(scale.reshape(1))
     q = (flat > thr).view(torch.int8) - (flat < -thr).view(torch.int8)
-    return pack_2bit(ternary_codes(q))
+    return pack_2bit_torch(ternary_codes(q))
 
 
 def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
@@ -62,4 +78,4 @@ def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
     r.add_(g)
     q = (r >= tau).view(torch.int8) - (r <= -tau).view(torch.int8)
     r.sub_(q.to(r.dtype), alpha=tau)
-    return pack_2bit(ternary_codes(q))
+    return pack_2bit_torch(ternary_codes(q))

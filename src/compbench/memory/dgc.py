@@ -7,9 +7,10 @@ import math
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Compressor, Ctx
+from compbench.codec.base import Compressor, Ctx
+from compbench.codec.deferred import Deferred
 from compbench.kernels.cpu import DGC, DGC_NESTEROV
-from compbench.memory.base import Deferred, MemoryTraits, fusable
+from compbench.memory.base import MemoryTraits, fusable
 
 
 class DGCMemory:
@@ -33,7 +34,7 @@ class DGCMemory:
     updates them exactly as `compensate` does (same bytes).
 
     `traits.owns_momentum`: momentum is applied here, so the trainer gives the tensors this memory
-    sees DGC's SGD (`compbench.train.optim.SGD`'s `dgc` group: no momentum on the gradient, momentum
+    sees DGC's SGD (`compbench.optim.optimizers.SGD`'s `dgc` group: no momentum on the gradient, momentum
     on the weight-decay term only; optim=sgd's momentum, weight_decay and nesterov). The trainer sends
     1-D and uncompressed tensors past the memory (dense, with the optimizer's usual update).
     """
@@ -79,7 +80,7 @@ class DGCMemory:
         return g if factor is None else g * factor
 
     def defer(self, g: Tensor, name: str) -> Deferred | None:
-        """`compensate` as one pass with the compressor's selection (`memory.base.Deferred`); the
+        """`compensate` as one pass with the compressor's selection (`codec.deferred.Deferred`); the
         clipping norm is still its own read of g (it must be known before the first element)."""
         u, v = self.momentums.get(name), self.velocities.get(name)
         if u is None or v is None or u.shape != g.shape or not fusable(u, v, g):

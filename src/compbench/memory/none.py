@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from compbench.compressors.base import Compressor, Ctx
-from compbench.memory.base import Deferred, MemoryTraits
+from compbench.codec.base import Compressor, Ctx
+from compbench.codec.deferred import Deferred
+from compbench.memory.base import MemoryTraits
 
 
 class NoMemory:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Compressor, Ctx
+from compbench.codec.base import Compressor, Ctx
+from compbench.codec.deferred import Deferred
 from compbench.kernels.cpu import RESIDUAL
-from compbench.memory.base import NO_STATE, Deferred, MemoryTraits, fusable
+from compbench.memory.base import NO_STATE, MemoryTraits, fusable
 
 
 class ResidualMemory:
@@ -54,7 +55,7 @@ class ResidualMemory:
         return r.add_(g, alpha=self.scale)
 
     def defer(self, g: Tensor, name: str) -> Deferred | None:
-        """`compensate` as one pass with the compressor's selection (`memory.base.Deferred`)."""
+        """`compensate` as one pass with the compressor's selection (`codec.deferred.Deferred`)."""
         r = self.residuals.get(name)
         if r is None or r.shape != g.shape or not fusable(r, g):
             return None

@@ -25,15 +25,15 @@ from torch import nn
 
 from compbench import registry
 from compbench.checks import check_writable_file, is_json_with
-from compbench.compressors.base import check_ratio
-from compbench.plan.cost import TOPOLOGIES, Decision, plan_gradients, summarize, write_plan
-from compbench.plan.fit import fit_primitives, lines_from_json
+from compbench.codec.base import check_ratio
+from compbench.schedulers.secopa_cost import TOPOLOGIES, Decision, plan_gradients, summarize, write_plan
+from compbench.schedulers.secopa_fit import fit_primitives, lines_from_json
 from compbench.values import require_int
 
 
 def main(overrides: list[str]) -> int:
     from compbench import config
-    from compbench.train.build import build_compressor_and_selection
+    from compbench.seam.build import build_compressor_and_selection
 
     if {"-h", "--help"} & set(overrides):
         print(__doc__.strip())
@@ -123,7 +123,8 @@ def _probe_engine(cfg: DictConfig, world: int) -> dict[str, Any] | None:
 
     with tempfile.TemporaryDirectory(prefix="compbench-plan-") as tmp:
         out = Path(tmp) / "net.json"
-        argv = [sys.executable, "-m", "compbench.plan.fit", str(out), json.dumps(registry.plain(cfg.engine))]
+        engine = json.dumps(registry.plain(cfg.engine))
+        argv = [sys.executable, "-m", "compbench.plan.probe", str(out), engine]
         print(f"compbench: probing engine={cfg.choices['engine']} with {world} local ranks "
               "(pass net.gbps=G net.latency_us=L to plan for another network)", flush=True)
         code, message = run_processes(argv, cfg.choices["engine"], world)

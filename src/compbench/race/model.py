@@ -10,7 +10,7 @@ hidden behind `hidden_steps` steps of compute while it travels, or behind back-p
 of them: 1-bit Adam's warm-up). Then, at G Gbit/s with N workers and a latency L per message round:
 
     comm(G, N, L) = the node-aware alpha-beta cost of one exchange's collectives
-                    (compbench.report.cluster_model: per collective, per round, per byte on the
+                    (compbench.comm.cost_model: per collective, per round, per byte on the
                     busiest link), plus L for each of its rounds
     hidden        = hidden_steps * fixed  (+ 2/3 of the compute for an exchange that overlaps
                     back-propagation: backward's usual share of forward + backward)
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compbench.report.cluster_model import TERMS, Fit, Shape, features
+from compbench.comm.cost_model import TERMS, Fit, Shape, features
 
 BACKWARD_SHARE = 2 / 3  # of forward + backward: what a per-step exchange from backward hooks can hide behind
 
@@ -41,7 +41,7 @@ class Profile:
 
     fixed_ms: float
     compute_ms: float
-    row: dict                  # cluster_model's row for ONE exchange (bytes and calls per exchange, comm)
+    row: dict                  # cost_model's row for ONE exchange (bytes and calls per exchange, comm)
     every: int
     hidden_steps: int
     overlaps_backward: bool

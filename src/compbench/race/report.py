@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compbench.comm.cost_model import Fit
 from compbench.race.model import Profile, crossover_gbps, fit_model
 from compbench.race.suites import Race
-from compbench.report.cluster_model import Fit
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from compbench.args import ArgumentParser
-from compbench.report.cluster_model import Fit
+from compbench.comm.cost_model import Fit
 from compbench.report.whatif import (
     ASSUMPTIONS,
     break_even_workers,
@@ -20,7 +20,7 @@ from compbench.report.whatif import (
     predict_step_ms,
     profile_from_results,
 )
-from compbench.train.metrics import SPLIT, split_ms
+from compbench.results import SPLIT, split_ms
 
 COLUMNS = ["job", "status", "compressor", "ratio", "comm", "memory", "scheduler", "engine", "workers",
            "throughput", "compute_ms", "compress_ms", "comm_ms", "comm_exposed_ms", "decompress_ms",

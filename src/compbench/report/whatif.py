@@ -1,14 +1,14 @@
 """What-if scaling of a run: its measured phases plus the node-aware alpha-beta model of
-`cluster_model.py` (assumptions below)."""
+`cost_model.py` (assumptions below)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from compbench.report.cluster_model import Fit, Shape, features, pattern
+from compbench.comm.cost_model import Fit, Shape, features, pattern
 
-ASSUMPTIONS = """Assumptions of the model (`report/cluster_model.py`):
+ASSUMPTIONS = """Assumptions of the model (`comm/cost_model.py`):
 - N workers, L per machine (`--per-node`, default 1: every worker its own machine), each machine one
   link of G Gbit/s each way; collectives as Gloo runs them: ring allreduce and ring allgather (ranks
   in machine order, so a machine link carries one chunk per round) and an all-to-all that posts every

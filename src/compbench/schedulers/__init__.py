@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch import nn
 
-    from compbench.train.pipeline import GradientPipeline
+    from compbench.seam.pipeline import GradientPipeline
 
 
 @dataclass(frozen=True)

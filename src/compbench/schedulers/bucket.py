@@ -19,7 +19,7 @@ from torch import nn
 
 from compbench.schedulers import SchedulerTraits
 from compbench.schedulers.layerwise import Layerwise
-from compbench.train.pipeline import GradientPipeline
+from compbench.seam.pipeline import GradientPipeline
 from compbench.values import is_number
 
 

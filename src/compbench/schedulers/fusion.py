@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from compbench.train.pipeline import GradientPipeline
+from compbench.seam.pipeline import GradientPipeline
 
 
 def balanced_cuts(nbytes: list[int], groups: int, skew: float = 1.0) -> list[int]:

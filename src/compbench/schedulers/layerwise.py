@@ -13,7 +13,7 @@ from torch import nn
 
 from compbench.schedulers import SchedulerTraits
 from compbench.schedulers.fusion import Group, build_groups
-from compbench.train.pipeline import GradientPipeline
+from compbench.seam.pipeline import GradientPipeline
 
 
 class Layerwise:

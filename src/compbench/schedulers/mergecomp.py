@@ -18,7 +18,7 @@ import warnings
 from compbench.schedulers import SchedulerTraits
 from compbench.schedulers.fusion import balanced_cuts, regroup_state, split
 from compbench.schedulers.layerwise import Layerwise
-from compbench.train.pipeline import GradientPipeline
+from compbench.seam.pipeline import GradientPipeline
 
 Candidate = tuple[int, float]  # (groups, skew); groups 0 = one group per tensor
 

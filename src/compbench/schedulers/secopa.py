@@ -28,11 +28,11 @@ import torch
 from torch import nn
 
 from compbench.comm.ps import shard_bounds
-from compbench.plan.cost import PlanLine, plan_gradients, read_plan, summarize
-from compbench.plan.fit import PROBE_SIZES, fit_primitives, net_lines, probe_engine
 from compbench.schedulers import SchedulerTraits
 from compbench.schedulers.fusion import land
-from compbench.train.pipeline import GradientPipeline
+from compbench.schedulers.secopa_cost import PlanLine, plan_gradients, read_plan, summarize
+from compbench.schedulers.secopa_fit import PROBE_SIZES, fit_primitives, net_lines, probe_engine
+from compbench.seam.pipeline import GradientPipeline
 
 
 def topology_of(comm: Any) -> str:

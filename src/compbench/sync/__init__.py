@@ -34,7 +34,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from compbench.schedulers import Scheduler
-    from compbench.train.pipeline import GradientPipeline
+    from compbench.seam.pipeline import GradientPipeline
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class SyncTraits:
 class ExchangePlan:
     """How a mode's exchanges fall in time, for the what-if model (compbench.race.model) and
     results.json's `exchange`: one exchange every `every` steps, in the collectives of `pattern`
-    (compbench.report.cluster_model), hidden behind `hidden_steps` steps of compute that run while
+    (compbench.comm.cost_model), hidden behind `hidden_steps` steps of compute that run while
     it travels (diloco's overlap, its eager update) or behind back-propagation
     (`overlaps_backward`: a per-step exchange started from backward hooks); the first
     `warmup_steps` steps exchange the gradients dense instead (1-bit Adam's warm-up, a compressor's

@@ -12,10 +12,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from compbench import registry
 from compbench.engines.base import Engine
+from compbench.seam.build import build_compressor_and_selection, build_memory
+from compbench.seam.pipeline import GradientPipeline
 from compbench.stats import StepStats
 from compbench.sync import Synchronizer
-from compbench.train.build import build_compressor_and_selection, build_memory
-from compbench.train.pipeline import GradientPipeline
 
 STEP_SYNC = {"_target_": "compbench.sync.step.StepSync"}
 

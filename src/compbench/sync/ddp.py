@@ -32,10 +32,10 @@ import torch
 from torch import nn
 
 from compbench.engines.base import Engine
+from compbench.optim.optimizers import plain_optimizer
 from compbench.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.sync.ddp_topk_hook import TopKHookState, topk_hook
-from compbench.train.optim import plain_optimizer
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "topk")
 

@@ -67,12 +67,12 @@ import torch
 from torch import Tensor, nn
 
 from compbench.engines.base import Engine
+from compbench.optim.optimizers import build_optimizer
 from compbench.schedulers import Scheduler
+from compbench.seam.pipeline import GradientPipeline
 from compbench.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits
 from compbench.sync.step import load_pipeline_state, pipeline_state
-from compbench.train.optim import build_optimizer
-from compbench.train.pipeline import GradientPipeline
 from compbench.values import is_int, is_number
 
 TIMINGS = ("after", "before")

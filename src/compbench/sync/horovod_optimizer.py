@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from compbench.engines.base import Engine
+from compbench.optim.optimizers import plain_optimizer
 from compbench.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
-from compbench.train.optim import plain_optimizer
 
 COMPRESSIONS = ("none", "fp16")
 

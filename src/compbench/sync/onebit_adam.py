@@ -40,9 +40,9 @@ import torch
 from torch import Tensor, nn
 
 from compbench.schedulers import Scheduler
+from compbench.seam.pipeline import GradientPipeline
 from compbench.sync import ExchangePlan, SyncTraits
 from compbench.sync.step import StepSync
-from compbench.train.pipeline import GradientPipeline
 
 # DeepSpeed's engine hands 1-bit Adam one flat fp32 buffer per parameter group: the whole model's
 # momentum in one flat buffer here too (one scale, one all-to-all and one all-gather per step).

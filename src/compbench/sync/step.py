@@ -1,6 +1,6 @@
 """`sync=step`: every step's gradients through a scheduler and compbench's pipeline (memory ->
 compressor -> communicator), the averages written into `p.grad` before the optimizer steps. Where
-the optimizer steps from a sparse .grad in one pass (`sparse_params` of train.optim's SGD, Adam and
+the optimizer steps from a sparse .grad in one pass (`sparse_params` of optim.optimizers's SGD, Adam and
 AdamW), a sparsifier's average is handed over as the decoded sparse payload
 (`GradientPipeline.sparse_names`)."""
 
@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from compbench.optim.optimizers import ONE_PASS, build_optimizer, param_groups
 from compbench.schedulers import Scheduler
+from compbench.seam.pipeline import GradientPipeline
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
-from compbench.train.optim import ONE_PASS, build_optimizer, param_groups
-from compbench.train.pipeline import GradientPipeline
 
 
 class StepSync:

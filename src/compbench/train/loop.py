@@ -17,25 +17,24 @@ from omegaconf import DictConfig, OmegaConf
 from compbench import registry
 from compbench.data.loader import ShardedLoader
 from compbench.errors import as_peer_lost
-from compbench.settings import RunSettings
-from compbench.sync.build import build_synchronizer
-from compbench.train.build import build_datasets, build_model
-from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
-from compbench.train.metrics import (
+from compbench.optim.schedule import build_schedule
+from compbench.results import (
     PHASES,
     RATE_TAGS,
     ROUND_MEAN,
     SPLIT,
     SUMMARY,
     WARMUP_STEPS,
-    Recorder,
-    StepStats,
     format_summary,
-    run_hparams,
     split_ms,
     write_json_atomic,
 )
-from compbench.train.optim import build_schedule
+from compbench.seam.build import build_datasets, build_model
+from compbench.settings import RunSettings
+from compbench.stats import StepStats
+from compbench.sync.build import build_synchronizer
+from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from compbench.train.metrics import Recorder, run_hparams
 from compbench.train.progress import Progress
 from compbench.train.task import task_of
 
@@ -327,8 +326,8 @@ class Trainer:
     def floors(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Each phase against its floor on this machine (compbench.floors); rank 0 measures the read
         pass now, after training, over a tensor the size of the parameters."""
+        from compbench.comm.cost_model import pattern
         from compbench.floors import measure_read_gbps, measure_sampled_read_ns, phase_floors
-        from compbench.report.cluster_model import pattern
 
         params = list(self.model.parameters())
         nbytes = sum(p.numel() * p.element_size() for p in params)

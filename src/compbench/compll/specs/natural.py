@@ -8,6 +8,7 @@ as a one-value fp32 header (8 bits per value + 4 bytes per tensor). Values more 
 the largest (and fp32 subnormals) are sent as 0.
 """
 
+from compbench.codec.base import Capabilities
 from compbench.compll.lang import (
     Code,
     Header,
@@ -24,7 +25,6 @@ from compbench.compll.lang import (
     where,
     x,
 )
-from compbench.compressors.base import Capabilities
 
 # Encode, per element (the header's largest |x| is Header(0)).
 a = let("a", abs_(x))

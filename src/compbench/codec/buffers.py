@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import Ctx
+from compbench.codec.base import Ctx
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

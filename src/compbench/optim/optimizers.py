@@ -1,5 +1,4 @@
-"""Optimizers (SGD, Adam, AdamW), the trainer's parameter groups, and learning-rate schedules with
-linear warm-up.
+"""Optimizers (SGD, Adam, AdamW) and the trainer's parameter groups.
 
 The learning rate is for the global batch: it is not scaled by the number of workers, so the same
 config trained on 1 worker with batch 2b or 2 workers with batch b takes the same steps.
@@ -7,18 +6,16 @@ config trained on 1 worker with batch 2b or 2 workers with batch b takes the sam
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from compbench.kernels import cpu
+from compbench.optim.schedule import SCHEDULE_KEYS
 
 # Settings of the `optim` group that shape the learning-rate schedule, whatever the optimizer.
-SCHEDULE_KEYS = ("lr_schedule", "warmup_epochs", "lr_min_factor", "lr_step_epochs", "lr_gamma")
 
 
 def _flat_entries(p: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
@@ -253,25 +250,3 @@ def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any
 def plain_optimizer(model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
     """The `optim` group's optimizer over every trainable parameter, in one group."""
     return build_optimizer([{"params": [p for p in model.parameters() if p.requires_grad]}], **optim)
-
-
-def build_schedule(optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int,
-                   lr_schedule: str = "constant", warmup_epochs: float = 0.0, lr_min_factor: float = 0.0,
-                   lr_step_epochs: list[int] | None = None, lr_gamma: float = 0.1, **_: Any) -> LambdaLR:
-    total = max(1, steps_per_epoch * epochs)
-    warm = int(warmup_epochs * steps_per_epoch)
-    steps = [int(e * steps_per_epoch) for e in (lr_step_epochs or [])]
-    if lr_schedule not in ("constant", "cosine", "step"):
-        raise ValueError(f"optim.lr_schedule={lr_schedule} is unknown; use constant, cosine or step")
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        if lr_schedule == "cosine":
-            t = (step - warm) / max(1, total - warm)
-            return lr_min_factor + (1 - lr_min_factor) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-        if lr_schedule == "step":
-            return lr_gamma ** sum(step >= s for s in steps)
-        return 1.0
-
-    return LambdaLR(optimizer, factor)

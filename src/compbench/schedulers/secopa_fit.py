@@ -8,24 +8,20 @@
   all-to-all (a server receiving x floats from each peer), allgather (sending x floats to each
   peer) and allreduce of N*x floats (2(N-1) ring hops of x floats each).
 
-`python -m compbench.plan.fit OUT.json ENGINE_NODE_JSON` runs the engine probe as every rank of a job
-(`compbench plan` starts it through compbench's launcher); rank 0 writes the fitted lines.
+`compbench plan` runs the engine probe as every rank of a job (compbench.plan.probe).
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from compbench.compressors.base import payload_nbytes
-from compbench.plan.cost import Line, Primitives
+from compbench.codec.base import payload_nbytes
+from compbench.schedulers.secopa_cost import Line, Primitives
 
 # Default sizes (floats) of the timing probes: small enough to take well under a second each.
 PROBE_SIZES = (4096, 65536, 1048576)
@@ -174,22 +170,3 @@ def lines_to_json(lines: dict[str, Line]) -> dict[str, dict[str, float]]:
 
 def lines_from_json(data: dict[str, dict[str, float]]) -> dict[str, Line]:
     return {k: Line(**v) for k, v in data.items()}
-
-
-def main(argv: list[str]) -> int:
-    """Engine probe as one rank of a job: `python -m compbench.plan.fit OUT.json ENGINE_NODE_JSON`."""
-    from compbench import registry
-
-    out, node = Path(argv[0]), json.loads(argv[1])
-    engine = registry.build(node, drop=("np",))
-    try:
-        lines = probe_engine(engine)
-        if engine.rank == 0:
-            out.write_text(json.dumps({"world": engine.size, "lines": lines_to_json(lines)}))
-    finally:
-        engine.shutdown()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

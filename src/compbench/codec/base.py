@@ -68,7 +68,7 @@ class Capabilities:
       coalesced sparse COO tensor (the decoded sparse payload, same values at its indices, 0
       elsewhere): comm=allgather hands it to an optimizer that steps from it in one pass.
     fuses_memory: `compress_deferred(deferred, name)` compresses a compensation an error-feedback
-      memory deferred (`memory.base.Deferred`), running it inside its own selection pass: the
+      memory deferred (`codec.deferred.Deferred`), running it inside its own selection pass: the
       memory's update and the selection are one compiled pass per tensor (dgc, topk, dragonn).
     random_sample: `sampled_reads(numel)` is how many elements of a tensor of `numel` the encode
       reads at random places besides its pass over the tensor (a threshold's uniform sample): cache

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from compbench.compressors.base import CompressorBase, Ctx
-from compbench.compressors.buffers import check_out
+from compbench.codec.base import CompressorBase, Ctx
+from compbench.codec.buffers import check_out
 from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
+from compbench.kernels.twins import pack_2bit_torch, ternary_codes
 
 __all__ = [
     "packed_nbytes",
@@ -237,9 +238,7 @@ def pack_2bit(codes: Tensor) -> Tensor:
         from compbench.kernels import ops
 
         return ops.pack_2bit(codes)
-    w = _padded(codes, 4).view(torch.int32)
-    # Shift-or variant of the same gather: no multiplication, so no overflow on any device.
-    return ((w | (w >> 6) | (w >> 12) | (w >> 18)) & 0xFF).to(torch.uint8)
+    return pack_2bit_torch(codes)
 
 
 def unpack_2bit(packed: Tensor, numel: int) -> Tensor:
@@ -266,11 +265,6 @@ def decode_2bit(packed: Tensor, numel: int, values: Tensor, out: Tensor | None =
 # Ternary codes (terngrad, tbq): 0 -> 0, 1 -> +1, 3 -> -1 (2 is never sent). They are the low two
 # bits of the two's complement int8 value, so an int8 tensor q in {-1, 0, 1} becomes codes with one
 # `& 3` and a CUDA kernel can produce them without branches.
-
-
-def ternary_codes(q: Tensor) -> Tensor:
-    """uint8 2-bit codes of an int8 tensor with values in {-1, 0, 1}."""
-    return q.view(torch.uint8) & 3
 
 
 def ternary_values(scale: Tensor) -> Tensor:
@@ -369,7 +363,7 @@ def average_decoded(
     decode: Callable[..., Tensor], payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None
 ) -> Tensor:
     """Mean of the decoded payloads of all ranks, accumulated in place: one result (`out` when given,
-    see `compressors/buffers.py`) and a reused per-thread scratch for the peers instead of N decoded
+    see `codec/buffers.py`) and a reused per-thread scratch for the peers instead of N decoded
     tensors stacked into an N x n one (the default).
 
     `decode(payload, ctx, out=None)` returns the flat fp32 decode, written into `out` (at least

@@ -10,7 +10,7 @@ from torch import nn
 
 from compbench import registry
 from compbench.compressors import SELECTION_KEYS
-from compbench.train.selection import Selection
+from compbench.seam.selection import Selection
 
 
 def build_compressor_and_selection(cfg: DictConfig) -> tuple[Any, Selection]:

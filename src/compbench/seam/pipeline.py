@@ -22,12 +22,12 @@ import time
 import torch
 from torch import Tensor
 
+from compbench.codec.base import Compressor
 from compbench.comm.base import Communicator, PackingCommunicator, packs
-from compbench.compressors.base import Compressor
 from compbench.engines.base import Engine, Handle, flat_average
 from compbench.memory.base import Memory
+from compbench.seam.selection import Selection
 from compbench.stats import StepStats
-from compbench.train.selection import Selection
 
 
 class GradientPipeline:

@@ -1,0 +1,211 @@
+"""The results schema: what a run records and how it reads back. `TAGS` / `LM_TAGS` are the one table
+of every TensorBoard scalar (unit, one-line description), `SUMMARY` says how each figure of
+results.json's summary is taken; `format_summary`, `headline` and `split_ms` read a results.json
+back, `write_json_atomic` writes one. The trainer's recorder (compbench.train.metrics) writes by this
+schema; report, sweep, race, bench and the run folder read by it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+# comm_exposed: communication (and decoding) the step waited for after back-propagation ended,
+# i.e. the part not hidden behind compute.
+PHASES = ("compute", "compress", "comm", "comm_exposed", "decompress", "optimizer", "step")
+# The disjoint parts of a step (comm_exposed is a part of comm + decompress): with `other`, the
+# time none of them accounts for (finiteness check, scheduler copies, lr schedule), they add up
+# to the step.
+SPLIT = ("compute", "compress", "comm", "decompress", "optimizer")
+WARMUP_STEPS = 5  # summary medians skip these first steps (allocations, first collectives)
+
+TAGS: dict[str, tuple[str, str]] = {
+    "train/loss": ("nats", "cross-entropy of rank 0's batch at this step"),
+    "train/throughput": ("samples/s", "samples trained per second, all workers: global batch / step time"),
+    "train/lr": ("lr", "learning rate of the first parameter group, as scheduled for the next step"),
+    "eval/acc1": ("%", "top-1 accuracy on the whole test set (all workers) at each evaluation"),
+    "eval/loss": ("nats", "cross-entropy per sample on the whole test set (all workers) at each evaluation"),
+    "time/compute_ms": ("ms", "forward and backward, less compression and communication run inside backward"),
+    "time/compress_ms": ("ms", "error-feedback memory and encoding of the compressed tensors"),
+    "time/comm_ms": ("ms", "starting and waiting for collectives, less encoding and decoding inside them"),
+    "time/comm_exposed_ms": ("ms", "communication and decoding waited for after backward (not hidden)"),
+    "time/decompress_ms": ("ms", "decoding received payloads into the averaged dense gradient"),
+    "time/optimizer_ms": ("ms", "optimizer step and learning-rate schedule"),
+    "time/other_ms": ("ms", "step - (compute + compress + comm + decompress + optimizer): checks, copies"),
+    "time/step_ms": ("ms", "wall time of the whole training step on rank 0"),
+    "comm/bytes_sent": ("bytes", "bytes one worker put on the wire this step (payloads, headers, padding)"),
+    "comm/bytes_dense": ("bytes", "fp32 bytes of the same gradients uncompressed, per worker and step"),
+    "comm/ratio_effective": ("x", "at each step that sends: the dense bytes of the steps since the last one "
+                                  "that sent over this step's bytes (a round's, for a periodic mode)"),
+    "comm/bytes_allreduce": ("bytes", "part of bytes_sent that went uncompressed through the fp32 allreduce"),
+    "comm/calls_compressed": ("calls", "collectives started per step for compressed tensors"),
+    "comm/calls_dense": ("calls", "collectives started per step for tensors sent dense"),
+    "compress/sampled_reads": ("elements", "elements the encodes read at random places (thresholds' uniform "
+                                           "samples), per worker and step"),
+}
+
+# A language-model run (compbench.train.task) writes these instead of eval/acc1 and train/throughput.
+LM_TAGS: dict[str, tuple[str, str]] = {
+    **{k: v for k, v in TAGS.items() if k not in ("eval/acc1", "train/throughput")},
+    "train/loss": ("nats", "cross-entropy per token of rank 0's batch at this step"),
+    "train/tokens_per_s": ("tokens/s", "tokens predicted per second, all workers: global batch x context / "
+                                       "step time"),
+    "eval/loss": ("nats", "cross-entropy per token on the validation works (all workers) at each evaluation"),
+    "eval/ppl": ("x", "perplexity on the validation works: exp(eval/loss)"),
+    "eval/ood_loss": ("nats", "cross-entropy per token on the out-of-domain text (dataset.ood)"),
+    "eval/ood_ppl": ("x", "perplexity on the out-of-domain text: exp(eval/ood_loss)"),
+}
+DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}}
+
+_MEDIAN = f"median of {{tag}} after {WARMUP_STEPS} warm-up steps ({{unit}})"
+# Per-step rates: units (samples or tokens) over the step's time.
+RATE_TAGS = ("train/throughput", "train/tokens_per_s")
+# With a periodic synchronization (sync=diloco) the per-step figures are means over whole rounds.
+ROUND_MEAN = (f"mean of each per-step figure over the whole rounds after {WARMUP_STEPS} warm-up steps "
+              "(throughput: the rounds' samples or tokens over their time)")
+SUMMARY: dict[str, str] = {
+    "steps": "optimizer steps taken (skipped non-finite steps included)",
+    "train_time_s": "wall time of the training loop on rank 0, evaluation included (s)",
+    "final_acc1": "eval/acc1 at the last evaluation (the run's last step) (%)",
+    "final_test_loss": "eval/loss at the last evaluation (nats per sample)",
+    "not_evaluated": "why the run has no evaluation (eval=false)",
+    "best_acc1": "highest eval/acc1 of any evaluation (%)",
+    "stopped_by": "what ended the run early: target (stop_at_target) or max_train_s; null otherwise",
+    "peak_bytes_per_step": "the most bytes one worker sent in one step (a round's exchange) (bytes)",
+    "utilization": "compute_ms / step_ms: the part of a step spent computing (forward and backward)",
+    "target": "the target (metric, value) and, where it was reached, the first evaluation that did: "
+              "step, training seconds, wall seconds, samples or tokens, bytes sent",
+    "final_loss": "train/loss at the last step (nats)",
+    "throughput": _MEDIAN.format(tag="train/throughput", unit="samples/s"),
+    **{f"{p}_ms": _MEDIAN.format(tag=f"time/{p}_ms", unit="ms") for p in PHASES},
+    "other_ms": "step_ms minus the medians of compute, compress, comm, decompress and optimizer (ms): "
+                "the split adds up to step_ms",
+    "bytes_sent_per_step": _MEDIAN.format(tag="comm/bytes_sent", unit="bytes per worker"),
+    "bytes_dense_per_step": _MEDIAN.format(tag="comm/bytes_dense", unit="bytes per worker"),
+    "ratio_effective": "bytes_dense_per_step / bytes_sent_per_step (x)",
+    "bytes_allreduce_per_step": _MEDIAN.format(tag="comm/bytes_allreduce", unit="bytes per worker"),
+    "compressed_calls_per_step": _MEDIAN.format(tag="comm/calls_compressed", unit="calls"),
+    "dense_calls_per_step": _MEDIAN.format(tag="comm/calls_dense", unit="calls"),
+    "sampled_reads_per_step": _MEDIAN.format(tag="compress/sampled_reads", unit="elements per worker"),
+    # language-model runs
+    "final_eval_loss": "eval/loss after the last evaluation (nats per token)",
+    "best_eval_loss": "lowest eval/loss of any evaluation (nats per token)",
+    "final_ppl": "eval/ppl after the last evaluation: exp(final_eval_loss)",
+    "final_ood_loss": "eval/ood_loss after the last evaluation (nats per token)",
+    "final_ood_ppl": "eval/ood_ppl after the last evaluation: exp(final_ood_loss)",
+    "tokens_per_s": _MEDIAN.format(tag="train/tokens_per_s", unit="tokens/s"),
+}
+
+
+def split_ms(summary: Mapping[str, Any]) -> dict[str, float] | None:
+    """The step-time split of a summary, `other` included (step minus the phases): adds up to
+    step_ms. None when the step time is unknown."""
+    step = summary.get("step_ms")
+    if step is None:
+        return None
+    parts = {p: float(summary.get(f"{p}_ms") or 0.0) for p in SPLIT}
+    parts["other"] = float(step) - sum(parts.values())
+    return parts
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
+    """The one-screen summary a run ends with (rank 0): the result, then where everything is."""
+    s, hp = results["summary"], results["hparams"]
+
+    def num(v: float | None, fmt: str) -> str:
+        return format(v, fmt) if v is not None and math.isfinite(v) else "-"
+
+    ratio = f"ratio={hp['ratio']} " if hp.get("ratio") is not None else ""
+    sync = f" sync={hp['sync']}" if "sync" in hp else ""
+    lines = [f"compbench: done. compressor={hp['compressor']} {ratio}comm={hp['comm']} "
+             f"memory={hp['memory']}{sync} on {hp['world_size']} worker(s), {s['steps']} steps "
+             f"in {num(s['train_time_s'], '.1f')} s",
+             *_result_lines(s, num),
+             f"  bytes/step   {_bytes(s['bytes_sent_per_step'])} sent of {_bytes(s['bytes_dense_per_step'])} "
+             f"dense per worker: effective ratio {num(s['ratio_effective'], '.1f')}x"]
+    split = split_ms(s)
+    if split is not None:
+        parts = " + ".join(f"{p} {v:.1f}" for p, v in split.items())
+        lines.append(f"  step time    {s['step_ms']:.1f} ms = {parts}")
+    if s.get("utilization") is not None:
+        lines.append(f"  utilization  {100 * s['utilization']:.1f}% of the step computing")
+    if s.get("target"):
+        lines.append(f"  target       {_target_line(s['target'])}")
+    if results.get("floors"):
+        from compbench.floors import format_floors
+
+        lines += format_floors(results["floors"])
+    lines += [f"  run folder   {run_dir}",
+              f"  results      {run_dir / 'results.json'}",
+              f"  tensorboard  {run_dir / 'tb'}  (tensorboard --logdir {run_dir.parent})"]
+    return "\n".join(lines)
+
+
+def _target_line(t: Mapping[str, Any]) -> str:
+    goal = f"{t['metric']} {'>=' if t['metric'] == 'eval/acc1' else '<='} {t['value']:g}"
+    if not t["reached"]:
+        return f"{goal} not reached"
+    units = "tokens" if "tokens" in t else "samples"
+    return (f"{goal} reached at step {t['step']}: {t['train_s']:.1f} s of training, {t[units]:,} {units}, "
+            f"{_bytes(t['bytes_sent'])} sent per worker")
+
+
+def _result_lines(s: Mapping[str, Any], num: Callable[[float | None, str], str]) -> list[str]:
+    """The result and throughput lines: accuracy and samples/s, or (a language model, known by its
+    summary's final_eval_loss) validation loss, perplexity and tokens/s."""
+    median = f"(median after {WARMUP_STEPS} warm-up steps, all workers)"
+    if "final_eval_loss" not in s and s.get("not_evaluated"):
+        return [f"  accuracy     not evaluated: {s['not_evaluated']}",
+                f"  throughput   {num(s['throughput'], ',.0f')} samples/s {median}"]
+    if "final_eval_loss" not in s:
+        return [f"  accuracy     final {num(s['final_acc1'], '.2f')} %   best {num(s['best_acc1'], '.2f')} "
+                f"%   test loss {num(s.get('final_test_loss'), '.4f')}",
+                f"  throughput   {num(s['throughput'], ',.0f')} samples/s {median}"]
+    return [f"  val loss     final {num(s['final_eval_loss'], '.4f')} nats/token "
+            f"(ppl {num(s['final_ppl'], '.2f')})   best {num(s['best_eval_loss'], '.4f')}",
+            f"  ood loss     final {num(s['final_ood_loss'], '.4f')} nats/token "
+            f"(ppl {num(s['final_ood_ppl'], '.2f')})   dataset.ood text",
+            f"  throughput   {num(s['tokens_per_s'], ',.0f')} tokens/s {median}"]
+
+
+def headline(s: Mapping[str, Any]) -> tuple[str, float | None, str, float | None]:
+    """(metric name, value, throughput unit, value) of a run's summary for one-line tables (sweeps):
+    acc1 and samples/s, or a language model's validation loss and tokens/s."""
+    if "final_eval_loss" in s:
+        return "loss", s.get("final_eval_loss"), "tokens/s", s.get("tokens_per_s")
+    return "acc1", s.get("final_acc1"), "samples/s", s.get("throughput")
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with every NaN / infinite float replaced by None: json.dump would write bare NaN
+    and Infinity, which are not JSON (jq, JavaScript and strict parsers refuse the file)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write then rename: a reader never sees a half-written file. Strict JSON (non-finite: null)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(strict_json(data), f, indent=2, default=str, allow_nan=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
