@@ -8,10 +8,18 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 class StepStats:
-    """Accumulates one step's phase times (ms) and bytes; `reset()` between steps."""
+    """Accumulates one step's phase times (ms) and bytes; `reset()` between steps.
+
+    Phases time themselves, exclusively: a phase entered inside another (compression started by a
+    backward hook inside `compute`, decoding inside `comm`) pauses the outer phase's clock until it
+    ends, so every millisecond is booked to exactly one phase and nothing is recovered by
+    subtraction. One clock per step, not per thread: a phase entered on autograd's thread while the
+    trainer's thread waits inside backward still pauses `compute`.
+    """
 
     def __init__(self) -> None:
         self.reset()
@@ -28,6 +36,7 @@ class StepStats:
         # Elements the encodes read at random places (thresholds' uniform samples): the compress
         # floor's second part (compbench.floors).
         self.sampled_reads = 0
+        self._open: list[list[Any]] = []  # [phase, since, ms run before a pause]: the innermost one runs
 
     def add_dense_allreduce(self, nbytes: int, calls: int) -> None:
         """Book gradient bytes that travelled uncompressed through an allreduce."""
@@ -37,11 +46,32 @@ class StepStats:
 
     @contextmanager
     def time(self, phase: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        """Time the block as `phase` (less the phases entered inside it)."""
+        self.begin(phase)
         try:
             yield
         finally:
-            self.ms[phase] += (time.perf_counter() - t0) * 1e3
+            self.end(phase)
+
+    def begin(self, phase: str) -> None:
+        """Start timing `phase` (for spans a `with` cannot hold: between two autograd callbacks)."""
+        now = time.perf_counter()
+        if self._open:  # the enclosing phase pauses: book what it has run so far
+            outer = self._open[-1]
+            outer[2] += (now - outer[1]) * 1e3
+        self._open.append([phase, now, 0.0])
+
+    def end(self, phase: str) -> float:
+        """Stop timing `phase` (the innermost open one); the phase it interrupted resumes. Returns the
+        span's own milliseconds (nested phases left out)."""
+        now = time.perf_counter()
+        name, since, ran = self._open.pop()
+        assert name == phase, f"phase {phase} ended inside {name}"
+        ms = ran + (now - since) * 1e3
+        self.ms[phase] += ms
+        if self._open:  # the enclosing phase resumes now
+            self._open[-1][1] = now
+        return ms
 
     def add_ms(self, phase: str, ms: float) -> None:
         self.ms[phase] += ms

@@ -17,7 +17,8 @@ hooks submit.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -91,10 +92,9 @@ class GradientPipeline:
         compress = not dense and self.compresses(grad, fused)
         if compress:
             grad = self._prepare(grad)
-        t0, marks = time.perf_counter(), self._marks()
-        handle = self.comm.reduce(grad, name, self.memory) if compress else self._dense(grad, name)
+        with self._communicating(exposed=not self.in_backward):
+            handle = self.comm.reduce(grad, name, self.memory) if compress else self._dense(grad, name)
         self._pending.append(([name], handle, False))
-        self._book_comm(t0, marks, exposed=not self.in_backward)
 
     def submit_many(self, name: str, items: list[tuple[str, Tensor]], *, dense: bool = False) -> None:
         """Start every (name, tensor) of `items` on its way in one exchange named `name`: each
@@ -109,14 +109,13 @@ class GradientPipeline:
                 compressed.append((item, self._prepare(grad)))
             else:
                 plain.append((item, grad))
-        t0, marks = time.perf_counter(), self._marks()
-        if compressed:
-            assert isinstance(self.comm, PackingCommunicator)  # can_pack: CommTraits.packs
-            handle = self.comm.reduce_many(name, compressed, self.memory)
-            self._pending.append(([n for n, _ in compressed], handle, True))
-        if plain:
-            self._pending.append(([n for n, _ in plain], self._dense_many(f"{name}.dense", plain), True))
-        self._book_comm(t0, marks, exposed=not self.in_backward)
+        with self._communicating(exposed=not self.in_backward):
+            if compressed:
+                assert isinstance(self.comm, PackingCommunicator)  # can_pack: CommTraits.packs
+                handle = self.comm.reduce_many(name, compressed, self.memory)
+                self._pending.append(([n for n, _ in compressed], handle, True))
+            if plain:
+                self._pending.append(([n for n, _ in plain], self._dense_many(f"{name}.dense", plain), True))
 
     def _prepare(self, grad: Tensor) -> Tensor:
         """Before a tensor is compressed: the sampled reads its encode makes are booked, and a
@@ -149,22 +148,21 @@ class GradientPipeline:
         self.in_backward = False
         out: list[tuple[str, Tensor]] = []
         for names, handle, packed in self._pending:
-            t0, marks = time.perf_counter(), self._marks()
-            result = handle.wait()
+            with self._communicating(exposed=True):
+                result = handle.wait()
             out.extend(zip(names, result, strict=True) if packed else [(names[0], result)])
-            self._book_comm(t0, marks, exposed=True)
         self._pending.clear()
         return out
 
-    def _marks(self) -> tuple[float, float]:
-        return self.stats.ms["compress"], self.stats.ms["decompress"]
-
-    def _book_comm(self, t0: float, marks: tuple[float, float], exposed: bool) -> None:
-        """Book the time since `t0` as communication, less the compression and decoding booked
-        inside it; when the step waits for it (`exposed`), decoding counts as exposed too."""
-        elapsed = (time.perf_counter() - t0) * 1e3
-        compress = self.stats.ms["compress"] - marks[0]
-        decode = self.stats.ms["decompress"] - marks[1]
-        self.stats.add_ms("comm", elapsed - compress - decode)
-        if exposed:
-            self.stats.add_ms("comm_exposed", elapsed - compress)
+    @contextmanager
+    def _communicating(self, exposed: bool) -> Iterator[None]:
+        """Time the block as communication (the encoding and decoding inside it time themselves);
+        when the step waits for it (`exposed`), its communication and decoding count as exposed."""
+        decoded = self.stats.ms["decompress"]
+        self.stats.begin("comm")
+        try:
+            yield
+        finally:
+            waited = self.stats.end("comm")
+            if exposed:
+                self.stats.add_ms("comm_exposed", waited + self.stats.ms["decompress"] - decoded)

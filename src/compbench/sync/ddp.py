@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import time
 from typing import Any
 
 import torch
@@ -116,7 +115,6 @@ class DDPSync:
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
         self._armed = False
-        self._marks: list[float] = []
         return ddp
 
     def _wrap(self, model: nn.Module) -> nn.Module:
@@ -146,7 +144,7 @@ class DDPSync:
     make_optimizer = staticmethod(plain_optimizer)
 
     def before_backward(self) -> None:
-        self._armed, self._marks = True, []
+        self._armed = True
         if self.hook == "powersgd":
             self._after_before = self.state.total_numel_after_compression
         elif self.hook == "topk":
@@ -155,24 +153,20 @@ class DDPSync:
     def _on_grad(self, param: nn.Parameter) -> None:
         # First gradient of this backward: queue a final callback. It runs once the graph is done,
         # before DDP's own finalize (queued later, when the last bucket is ready) and queues a
-        # second one that runs after it: the time between the two is what backward waited for DDP.
+        # second one that runs after it: the time between the two is what backward waited for DDP,
+        # timed as communication (it pauses the trainer's compute phase) and exposed.
         if self._armed:
             self._armed = False
             engine = torch.autograd.Variable._execution_engine
 
             def first() -> None:
-                self._marks.append(time.perf_counter())
-                engine.queue_callback(lambda: self._marks.append(time.perf_counter()))
+                self.stats.begin("comm")
+                engine.queue_callback(lambda: self.stats.add_ms("comm_exposed", self.stats.end("comm")))
 
             engine.queue_callback(first)
 
     def synchronize(self) -> None:
         self._armed = False
-        if len(self._marks) == 2:
-            waited = (self._marks[1] - self._marks[0]) * 1e3
-            self.stats.add_ms("comm", waited)
-            self.stats.add_ms("comm_exposed", waited)
-            self.stats.add_ms("compute", -waited)
         self.stats.bytes_dense += 4 * self.numel
         # One allreduce per bucket (what-if model): DDP cuts buckets at bucket_cap_mb.
         sent = self.bytes_this_step() + self.buffer_bytes

@@ -25,7 +25,6 @@ taken out of `time/compute` (the allreduces that finished during backward stay h
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import torch
@@ -74,7 +73,7 @@ class HorovodOptimizerSync:
         for _, p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
         self._armed = False
-        self._waited: float | None = None  # ms the first hook waited for the exchange
+        self._synchronized = False  # the backward hook already ran this step's exchange
         return model
 
     make_optimizer = staticmethod(plain_optimizer)
@@ -88,7 +87,7 @@ class HorovodOptimizerSync:
                 for p in group["params"]:
                     if p.grad is not None:
                         p.grad.zero_()
-        self._armed, self._waited = True, None
+        self._armed, self._synchronized = True, False
 
     def _on_grad(self, param: nn.Parameter) -> None:
         if self._armed:  # first gradient of this backward: synchronize once the graph is done
@@ -96,19 +95,17 @@ class HorovodOptimizerSync:
             torch.autograd.Variable._execution_engine.queue_callback(self._synchronize)
 
     def _synchronize(self) -> None:
-        t0 = time.perf_counter()
+        # Timed as communication, exposed: inside loss.backward() it pauses the trainer's compute.
+        self.stats.begin("comm")
         self.optimizer.synchronize()
-        self._waited = (time.perf_counter() - t0) * 1e3
+        self.stats.add_ms("comm_exposed", self.stats.end("comm"))
+        self._synchronized = True
 
     def synchronize(self) -> None:
         self._armed = False
-        if self._waited is None:  # no backward hook fired (a user's own loop, no gradients)
+        if not self._synchronized:  # no backward hook fired (a user's own loop, no gradients)
             self._synchronize()
-        else:
-            self.stats.add_ms("compute", -self._waited)  # it ran inside loss.backward()
-        self.stats.add_ms("comm", self._waited)  # type: ignore[arg-type]  # not None: returned above
-        self.stats.add_ms("comm_exposed", self._waited)  # type: ignore[arg-type]
-        self._waited = None
+        self._synchronized = False
         self.stats.bytes_dense += 4 * self.numel
         # Horovod fuses the per-tensor allreduces into buffers of up to 64 MiB (its default
         # HOROVOD_FUSION_THRESHOLD): that many collectives for the what-if model.

@@ -21,11 +21,20 @@ import io
 import os
 import pickle
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
+
+if TYPE_CHECKING:
+    from compbench.engines.base import Engine
+    from compbench.schedulers import Scheduler
+    from compbench.sync import Synchronizer
+    from compbench.train.progress import Progress
 
 FILE = "checkpoint.pt"
 FORMAT = 3  # 2: holds the run's config; plain data only. 3: the synchronizer's state per rank
@@ -186,13 +195,37 @@ def check_same_run(state: dict[str, Any], config: dict[str, Any], world: int, wh
 # -- writing and restoring (in the workers) ------------------------------------------------------
 
 
-def _rank_state(trainer: Any) -> dict[str, Any]:
+@dataclass
+class TrainingState:
+    """What a checkpoint saves and restores: the parts of a run that change as it trains. The
+    trainer hands this record over; the checkpoint reads nothing else of it."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_schedule: LRScheduler
+    sync: Synchronizer  # per rank: memories, compressor and communicator state, a round's position
+    scheduler: Scheduler | None  # e.g. SeCoPa's plan, MergeComp's grouping: decided again they could differ
+    progress: Progress  # the curve so far, training time, target
+    step: int
+
+
+@dataclass(frozen=True)
+class CheckpointPlace:
+    """Where and for which run a checkpoint is written: the engine gathers every rank's state to
+    rank 0, which writes `run_dir/checkpoint.pt` holding `config` (the run's config as plain data)."""
+
+    engine: Engine
+    run_dir: Path
+    config: dict[str, Any]
+
+
+def _rank_state(state: TrainingState) -> dict[str, Any]:
     # The synchronizer's per-rank state: memories, compressor and communicator state, scheduler
     # decisions, and, where ranks diverge inside a round (diloco), their parameters and optimizer.
-    return {**trainer.sync.state_dict(), "torch_rng": torch.get_rng_state()}
+    return {**state.sync.state_dict(), "torch_rng": torch.get_rng_state()}
 
 
-def _gather_to_all(engine: Any, obj: Any) -> list[Any]:
+def _gather_to_all(engine: Engine, obj: Any) -> list[Any]:
     """Every rank's `obj` (tensors and plain data), on every rank: serialized, all-gathered as bytes,
     and read back with weights_only (a peer's bytes are data, never code)."""
     buf = io.BytesIO()
@@ -202,53 +235,49 @@ def _gather_to_all(engine: Any, obj: Any) -> list[Any]:
             for p in engine.allgather([blob], "ckpt.gather")]
 
 
-def save_checkpoint(trainer: Any, epoch: int, batch: int) -> None:
+def save_checkpoint(state: TrainingState, place: CheckpointPlace, epoch: int, batch: int) -> None:
     """Collective: every rank calls it at the same point; rank 0 writes."""
-    if not trainer.settings.checkpoint:
+    per_rank = _gather_to_all(place.engine, _rank_state(state))
+    if place.engine.rank != 0:
         return
-    per_rank = _gather_to_all(trainer.engine, _rank_state(trainer))
-    if not trainer.rank0:
-        return
-    state = {
+    saved = {
         "format": FORMAT,
-        "config": run_config(trainer.cfg),
+        "config": place.config,
         "position": {"epoch": epoch, "batch": batch},
-        "step": trainer.step,
-        "world_size": trainer.engine.size,
-        "model": trainer.model.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
-        "lr_schedule": trainer.lr_schedule.state_dict(),
-        # e.g. SeCoPa's plan, MergeComp's grouping and search: decided again on resume they could differ
-        "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else {},
-        "progress": trainer.progress.state_dict(),  # the curve so far, training time, target
+        "step": state.step,
+        "world_size": place.engine.size,
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "lr_schedule": state.lr_schedule.state_dict(),
+        "scheduler": state.scheduler.state_dict() if state.scheduler is not None else {},
+        "progress": state.progress.state_dict(),
         "per_rank": per_rank,
     }
-    path = trainer.run_dir / FILE
+    path = place.run_dir / FILE
     tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
+    torch.save(saved, tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def load_checkpoint(trainer: Any, path: Path) -> tuple[int, int]:
-    """Restore everything saved; returns the position (epoch, batch) to continue from. The parent's
-    config check (`check_resume`) has already refused a checkpoint of another run; the world size is
-    checked again here, where it is known for sure."""
-    state = read_checkpoint(path, f"resume={trainer.settings.resume}", map_location=None)
-    if state["world_size"] != trainer.engine.size:
-        raise ValueError(f"{path} was written by {state['world_size']} workers; "
-                         f"resume with engine.np={state['world_size']}")
-    trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.lr_schedule.load_state_dict(state["lr_schedule"])
-    if trainer.scheduler is not None:
-        trainer.scheduler.load_state_dict(state["scheduler"])
-    mine = state["per_rank"][trainer.engine.rank]
-    trainer.sync.load_state_dict(mine)  # after the model and optimizer: a rank's own replace rank 0's
+def load_checkpoint(state: TrainingState, engine: Engine, path: Path, who: str) -> tuple[int, int]:
+    """Restore everything saved into `state` (its objects in place, its `step`); returns the position
+    (epoch, batch) to continue from. The parent's config check (`check_resume`) has already refused a
+    checkpoint of another run; the world size is checked again here, where it is known for sure."""
+    saved = read_checkpoint(path, who, map_location=None)
+    if saved["world_size"] != engine.size:
+        raise ValueError(f"{path} was written by {saved['world_size']} workers; "
+                         f"resume with engine.np={saved['world_size']}")
+    state.model.load_state_dict(saved["model"])
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.lr_schedule.load_state_dict(saved["lr_schedule"])
+    if state.scheduler is not None:
+        state.scheduler.load_state_dict(saved["scheduler"])
+    mine = saved["per_rank"][engine.rank]
+    state.sync.load_state_dict(mine)  # after the model and optimizer: a rank's own replace rank 0's
     torch.set_rng_state(mine["torch_rng"])
-    trainer.step = state["step"]
-    if "progress" in state:  # written by a compbench that records curves
-        trainer.progress.load_state_dict(state["progress"])
-        trainer.final = trainer.progress.last_metrics
-    return state["position"]["epoch"], state["position"]["batch"]
+    state.step = saved["step"]
+    if "progress" in saved:  # written by a compbench that records curves
+        state.progress.load_state_dict(saved["progress"])
+    return saved["position"]["epoch"], saved["position"]["batch"]

@@ -33,7 +33,14 @@ from compbench.seam.build import build_datasets, build_model
 from compbench.settings import RunSettings
 from compbench.stats import StepStats
 from compbench.sync.build import build_synchronizer
-from compbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from compbench.train.checkpoint import (
+    CheckpointPlace,
+    TrainingState,
+    find_checkpoint,
+    load_checkpoint,
+    run_config,
+    save_checkpoint,
+)
 from compbench.train.metrics import Recorder, run_hparams
 from compbench.train.progress import Progress
 from compbench.train.task import task_of
@@ -116,11 +123,11 @@ class Trainer:
             batch = self.train_epoch(epoch, batch, max_steps)
             if batch < len(self.train_loader):  # stopped inside the epoch (max_steps, or the target)
                 self.evaluate_once(epoch + batch / len(self.train_loader))  # the last step is evaluated
-                save_checkpoint(self, epoch, batch)
+                self.checkpoint(epoch, batch)
                 break
             self.evaluate_once(epoch + 1.0)
             epoch, batch = epoch + 1, 0
-            save_checkpoint(self, epoch, batch)
+            self.checkpoint(epoch, batch)
         self.sync.drain()  # an exchange still in flight (diloco's overlap) ends before the engine does
         return self.finish(self.final, time.perf_counter() - self.t_start)
 
@@ -139,10 +146,23 @@ class Trainer:
         path = find_checkpoint(self.settings.resume, self.run_dir) if self.settings.resume else None
         if path is None:
             return 0, 0
-        epoch, batch = load_checkpoint(self, path)
+        state = self.training_state()
+        epoch, batch = load_checkpoint(state, self.engine, path, f"resume={self.settings.resume}")
+        self.step = state.step
+        self.final = self.progress.last_metrics
         if self.rank0:
             print(f"resumed from {path} at epoch {epoch + 1}, batch {batch} (step {self.step})", flush=True)
         return epoch, batch
+
+    def training_state(self) -> TrainingState:
+        return TrainingState(self.model, self.optimizer, self.lr_schedule, self.sync, self.scheduler,
+                             self.progress, self.step)
+
+    def checkpoint(self, epoch: int, batch: int) -> None:
+        """Collective (every rank calls it at the same point); rank 0 writes (unless checkpoint=false)."""
+        if self.settings.checkpoint:
+            place = CheckpointPlace(self.engine, self.run_dir, run_config(self.cfg))
+            save_checkpoint(self.training_state(), place, epoch, batch)
 
     def train_epoch(self, epoch: int, first_batch: int, max_steps: float) -> int:
         """Train from batch `first_batch`; returns the index of the next batch (len(loader) if done)."""
@@ -166,8 +186,6 @@ class Trainer:
                 self.optimizer.zero_grad()
                 self.sync.before_backward()  # overlapping schedulers arm their hooks
                 loss.backward()
-            # Overlapping schedulers compressed and started groups inside backward: not compute.
-            stats.add_ms("compute", -(stats.ms["compress"] + stats.ms["comm"]))
             if s.on_nonfinite != "ignore" and not self.gradients_finite():
                 self.step += 1  # on_nonfinite=skip: every rank drops this step together
                 continue
@@ -187,7 +205,7 @@ class Trainer:
                 bar.close()
                 return i + 1  # the target was reached, or the time budget spent: the run stops here
             if s.checkpoint_every_steps and self.step % s.checkpoint_every_steps == 0 and i + 1 < steps:
-                save_checkpoint(self, epoch, i + 1)
+                self.checkpoint(epoch, i + 1)
         bar.close()
         return steps
 
@@ -214,11 +232,9 @@ class Trainer:
             return True
         # Booked as exposed communication: this allreduce queues behind the collectives an overlapping
         # scheduler already started, so its wait is their transfer time, not "other".
-        t0 = time.perf_counter()
+        self.stats.begin("comm")
         ranks_with_bad = self.engine.allreduce(torch.tensor([float(bool(bad))]), "nonfinite", average=False)
-        waited = (time.perf_counter() - t0) * 1e3
-        self.stats.add_ms("comm", waited)
-        self.stats.add_ms("comm_exposed", waited)
+        self.stats.add_ms("comm_exposed", self.stats.end("comm"))
         if ranks_with_bad.item() == 0:
             return True
         self.sync.drain()  # e.g. groups an overlapping scheduler already submitted
