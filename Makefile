@@ -23,7 +23,7 @@ setup: $(STAMP) dataset corpus sshd kernels
 # torch version and CPU into ~/.cache/compbench/cpu_kernels/; a failed build is a note (the torch twins
 # run), and tests/unit/test_cpu_kernels.py fails where a compiler exists but nothing was built.
 kernels: $(STAMP)
-	@$(PY) -c 'from compbench.kernels.cpu import main; main()'
+	@$(PY) -c 'from compbench.compll.generated import build_kernels; build_kernels()'
 
 # Fashion-MNIST (dataset=fashion_mnist, compbench claims) from Debian's package: installed when it is
 # missing and this is root with apt-get; otherwise (or if apt fails) the command is printed and setup

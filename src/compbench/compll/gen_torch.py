@@ -3,7 +3,9 @@
 `source(spec)` is Python text (what `compbench gen SPEC --target torch` prints); `module(spec)`
 executes it once. Element expressions become whole-tensor operations with the same fp32 roundings
 as the kernels (one rounding per operation), so codes match the kernels bit for bit; fp64 sums may
-differ from the kernels' fixed-order sums in the last bits of the header.
+differ from the kernels' fixed-order sums in the last bits of the header. The expressions are the
+lowered form every generator prints (`printer.TORCH`, `printer.TORCH_HEADER`); the fixed code is in
+templates/torch_*.tmpl.
 """
 
 from __future__ import annotations
@@ -11,82 +13,47 @@ from __future__ import annotations
 from functools import cache
 from types import ModuleType
 
-from compbench.compll import lang
-from compbench.compll.lang import FLOAT, INT, Expr
+from compbench.compll import catalog, lang, lower, skeleton
+from compbench.compll.lang import FLOAT
+from compbench.compll.lower import Lowered, Red, Value
+from compbench.compll.printer import TORCH, TORCH_HEADER, Target, declare, text
 
-# The generated modules' constant maker (`_t(1.5, torch.float32)`), written into each of them.
-_TENSOR_OF = ("def _t(v, dtype):", "    return torch.tensor(v, dtype=dtype)")
-_TORCH_BIN = {"+": "+", "-": "-", "*": "*", "/": "/", "<": "<", "<=": "<=", ">": ">", ">=": ">=",
-              "==": "==", "&": "&", "|": "|", "<<": "<<", ">>": ">>"}
-
-
-def element(e: Expr, scalar: bool = False) -> str:
-    """A torch expression of element tensors (or of 0-dim fp64 tensors with scalar=True)."""
-    f = "torch.float64" if scalar else "torch.float32"
-    if isinstance(e, lang.Const):
-        return f"_t({e.value!r}, {'torch.int64' if scalar else 'torch.int32'})" if e.kind == INT \
-            else f"_t({float(e.value)!r}, {f})"
-    if isinstance(e, lang.Let):
-        return e.name
-    if isinstance(e, lang.X):
-        return "x"
-    if isinstance(e, lang.Uniform):
-        return "u"
-    if isinstance(e, lang.State):
-        return "state"
-    if isinstance(e, lang.Code):
-        return "code"
-    if isinstance(e, lang.Header):
-        return f"h[{e.index}]"
-    if isinstance(e, lang.Input):
-        return f"inputs[{e.index}].to({f})"
-    if isinstance(e, lang.Param):
-        return f"_t(params[{e.name!r}], {f})"
-    if isinstance(e, lang.Numel):
-        return "_t(n, torch.int64)"
-    if isinstance(e, lang.Reduction):
-        return f"r{id(e)}"  # replaced by the reduction's name in `source`
-    if isinstance(e, lang.Bin):
-        a, b = element(e.a, scalar), element(e.b, scalar)
-        if e.kind == FLOAT and e.op in ("+", "-", "*", "/"):
-            a = a if e.a.kind == FLOAT else f"({a}).to({f})"
-            b = b if e.b.kind == FLOAT else f"({b}).to({f})"
-        return f"({a} {_TORCH_BIN[e.op]} {b})"
-    if isinstance(e, lang.Un):
-        a = element(e.a, scalar)
-        return {"neg": f"(-{a})", "abs": f"({a}).abs()", "isnan": f"({a}).isnan()",
-                "to_int": f"({a}).to({'torch.int64' if scalar else 'torch.int32'})",
-                "to_float": f"({a}).to({f})",
-                "exponent": f"((({a}).view(torch.int32) >> 23) & 255)",
-                "pow2": f"(({a}).to(torch.int32) << 23).view(torch.float32)"}[e.op]
-    if isinstance(e, lang.Where):
-        a, b = element(e.a, scalar), element(e.b, scalar)
-        if e.kind == FLOAT:
-            a = a if e.a.kind == FLOAT else f"({a}).to({f})"
-            b = b if e.b.kind == FLOAT else f"({b}).to({f})"
-        return f"torch.where({element(e.cond, scalar)}, {a}, {b})"
-    if isinstance(e, lang.MinMax):
-        a, b = element(e.a, scalar), element(e.b, scalar)
-        if e.kind == FLOAT:
-            a = a if e.a.kind == FLOAT else f"({a}).to({f})"
-            b = b if e.b.kind == FLOAT else f"({b}).to({f})"
-        return f"torch.{'minimum' if e.op == 'min' else 'maximum'}({a}, {b})"
-    raise ValueError(f"CompLL: no torch translation of {type(e).__name__}")
+# A reduction of an element expression {e} of n elements, as a 0-dim fp64 (count: int64) tensor.
+REDUCTIONS = {
+    "sum": "({e}).to(torch.float64).sum() if n else _t(0.0, torch.float64)",
+    "count": "torch.count_nonzero({e}).to(torch.int64)",
+    "max": "({e}).amax().to(torch.float64) if n else _t(float('-inf'), torch.float64)",
+    "min": "({e}).amin().to(torch.float64) if n else _t(float('inf'), torch.float64)",
+}
 
 
-def _lets(indent: str, *roots: Expr, scalar: bool = False) -> list[str]:
-    return [f"{indent}{v.name} = {element(v.e, scalar)}" for v in lang.lets(*roots)]
+def _temps(t: Target, *values: Value) -> list[str]:
+    return declare(lower.temps(*values), t)
 
 
-def _reduction(r: lang.Reduction) -> str:
-    body = element(r.expr)
-    if r.op == "sum":
-        return f"({body}).to(torch.float64).sum() if n else _t(0.0, torch.float64)"
-    if r.op == "count":
-        return f"torch.count_nonzero({body}).to(torch.int64)"
-    init = "-inf" if r.op == "max" else "inf"
-    return (f"({body}).{'amax' if r.op == 'max' else 'amin'}().to(torch.float64) if n "
-            f"else _t(float('{init}'), torch.float64)")
+def _reduction(r: Red) -> list[str]:
+    body = REDUCTIONS[r.op].format(e=text(r.value.node, TORCH))
+    return [*_temps(TORCH, r.value), f"r{r.index} = {body}  # reduce {r.op}"]
+
+
+def _header_return(low: Lowered) -> str:
+    if not low.header:
+        return "return torch.zeros(0, dtype=torch.float32, device=x.device)"
+    values = [text(h.node, TORCH_HEADER) for h in low.header]
+    values = [v if h.node.kind == FLOAT else f"({v}).to(torch.float64)" for v, h in zip(values, low.header,
+                                                                                          strict=True)]
+    return ("return torch.stack([" + ", ".join(f"({v}).to(torch.float64)" for v in values)
+            + "]).to(torch.float32).to(x.device)")
+
+
+def _compressor(spec: lang.Spec) -> list[str]:
+    """The compressor class of a registered spec (its settings as keyword arguments)."""
+    if not spec.register:
+        return []
+    args = ", ".join(f"{k}: {v.kind.__name__} = {v.default!r}" for k, v in spec.settings.items())
+    return skeleton.fill("torch_compressor.py", doc=spec.doc, name=repr(spec.name),
+                         args=f", {args}" if args else "",
+                         kwargs=", ".join(f"{k}={k}" for k in spec.settings))
 
 
 def source(spec: lang.Spec | lang.Select) -> str:
@@ -95,196 +62,38 @@ def source(spec: lang.Spec | lang.Select) -> str:
     (a `Select`: `select_source`)."""
     if isinstance(spec, lang.Select):
         return select_source(spec)
-    reds = spec.reductions
-    header = []
-    for h in spec.header:
-        text = element(h, scalar=True)
-        for k, r in enumerate(reds):
-            text = text.replace(f"r{id(r)}", f"r{k}")
-        header.append(f"({text}).to(torch.float64)" if h.kind != FLOAT else text)
-    lines = [
-        f'"""Generated by compbench.compll from specs/{spec.name}.py (the torch oracle): do not edit."""',
-        "",
-        "import torch",
-        "",
-        "from compbench.compll.runtime import counter_uniform, pack_codes, unpack_codes",
-        "",
-        f"BITS = {spec.bits}",
-        "",
-        "",
-        *_TENSOR_OF,
-        "",
-        "",
-        "def make_header(x, inputs, params):",
-        f'    """The fp32 header ({len(spec.header)} values) of flat fp32 x."""',
-        "    n = x.numel()",
-    ]
-    for k, r in enumerate(reds):
-        lines += _lets("    ", r.expr)
-        lines.append(f"    r{k} = {_reduction(r)}  # reduce {r.op}")
-    for line in _lets("    ", *spec.header, scalar=True):
-        for k, r in enumerate(reds):
-            line = line.replace(f"r{id(r)}", f"r{k}")
-        lines.append(line)
-    if header:
-        lines.append("    return torch.stack([" + ", ".join(f"({t}).to(torch.float64)" for t in header)
-                     + "]).to(torch.float32).to(x.device)")
-    else:
-        lines.append("    return torch.zeros(0, dtype=torch.float32, device=x.device)")
-    lines += [
-        "",
-        "",
-        "def encode(x, inputs, seed, params, state=None):",
-        f'    """x: flat fp32 -> (uint8 codes, {spec.bits} bits each, packed; fp32 header of '
-        f'{len(spec.header)})."""',
-        "    n = x.numel()",
-        "    header = h = make_header(x, inputs, params)",
-    ]
-    if spec.seeded:
-        lines.append("    u = counter_uniform(seed, n)")
-    roots = [spec.code, *([spec.update] if spec.update is not None else [])]
-    lines += _lets("    ", *roots)
-    lines.append(f"    code = {element(spec.code)}")
-    if spec.update is not None:
-        lines.append(f"    state.copy_({element(spec.update)})  # the state's new value, in place")
-    lines += [
-        "    code = code.expand(n) if code.dim() == 0 else code",
-        "    return pack_codes(code.to(torch.int32) & (2**BITS - 1), BITS), header",
-        "",
-        "",
-        "def table(header, params):",
-        f'    """The decoded value of each of the 2^{spec.bits} codes (fp32)."""',
-        "    h = header",
-        "    code = torch.arange(2**BITS, dtype=torch.int32)",
-        *_lets("    ", spec.value),
-        f"    value = {element(spec.value)}",
-        "    return (value.expand(2**BITS) if value.dim() == 0 else value).to(torch.float32)",
-        "",
-        "",
-        "def decode(packed, header, numel, params, out=None):",
-        '    """fp32 values of `numel` packed codes (into `out[:numel]` when given)."""',
-        "    codes = unpack_codes(packed, BITS, numel).long()",
-        "    values = table(header.cpu(), params).to(packed.device)[codes]",
-        "    if out is None:",
-        "        return values",
-        "    return out.reshape(-1)[:numel].copy_(values)",
-        "",
-    ]
-    if spec.register:
-        args = ", ".join(f"{k}: {v.kind.__name__} = {v.default!r}" for k, v in spec.settings.items())
-        lines += [
-            "",
-            "from compbench.compll.runtime import SpecCompressor  # noqa: E402",
-            "",
-            "",
-            "class Compressor(SpecCompressor):",
-            f'    """{spec.doc}"""',
-            "",
-            f"    spec_name = {spec.name!r}",
-            "",
-            f"    def __init__(self{', ' if args else ''}{args}) -> None:",
-            f"        super().__init__({', '.join(f'{k}={k}' for k in spec.settings)})",
-            "",
-            "",
-            f"Compressor.__module__, Compressor.__qualname__ = 'compbench.compll.registered', {spec.name!r}",
-            "",
-        ]
-    return "\n".join(lines)
+    low = lower.lower(spec)
+    upd = [low.update] if low.update is not None else []
+    return skeleton.render(
+        "torch_spec.py", origin=_origin(spec.name), bits=spec.bits, nheader=len(spec.header),
+        reductions=[line for r in low.reductions for line in _reduction(r)],
+        header_temps=_temps(TORCH_HEADER, *low.header), header_return=_header_return(low),
+        draw=["u = counter_uniform(seed, n)"] if spec.seeded else [],
+        code_temps=_temps(TORCH, low.code, *upd), code=text(low.code.node, TORCH),
+        update=[f"state.copy_({text(u.node, TORCH)})  # the state's new value, in place"
+                ] if (u := low.update) else [],
+        value_temps=_temps(TORCH, low.value), value=text(low.value.node, TORCH),
+        compressor=_compressor(spec))
 
 
 def select_source(sel: lang.Select) -> str:
     """The generated torch module of a selection: `draw` (the host-side sample, torch's generator),
     the oracles `threshold` and `filter` of the compiled kernels, and `select`, the glue that runs
     them (with the kernels a launcher hands it) through the adaptation and the limit."""
-    key_lets = _lets("    ", sel.key)
-    keep_lets = _lets("    ", sel.keep)
-    if sel.sample == "random":
-        draw = [
-            "def draw(n, m, gen, device):",
-            '    """m sample indices uniform over [0, n) from torch\'s generator `gen` (on `device`), all of',
-            '    x when m >= n: (indices int64 or None, start, stride, count)."""',
-            "    if m >= n:",
-            "        return None, 0, 1, n",
-            "    return torch.randint(n, (m,), generator=gen, device=device), 0, 1, m",
-        ]
-    else:
-        draw = [
-            "def draw(n, m, gen, device):",
-            '    """Every (n // m)-th element from a start drawn from torch\'s generator `gen` (CPU) in',
-            '    [0, n // m), all of x when n // m <= 1: (None, start, stride, count)."""',
-            "    stride = 1 if m >= n else n // m",
-            "    if stride == 1:",
-            "        return None, 0, 1, n",
-            "    start = int(torch.randint(stride, (1,), generator=gen))",
-            "    return None, start, stride, len(range(start, n, stride))",
-        ]
-    adapt = []
-    if sel.adapt is not None:
-        factor, times = sel.adapt
-        adapt = [
-            f"    for _ in range({times}):  # adaptation: too few pass, lower the threshold",
-            f"        if idx.numel() >= {factor!r} * limit:",
-            "            break",
-            f"        thr = (thr * {factor!r}).to(dtype).to(torch.float32)  # in the gradient's precision",
-            "        idx = kernels.filter(x, thr, params)",
-        ]
-    lines = [
-        f'"""Generated by compbench.compll from specs/{sel.name}.py (the oracle and glue): do not edit."""',
-        "",
-        "import math",
-        "",
-        "import torch",
-        "",
-        "",
-        *_TENSOR_OF,
-        "",
-        "",
-        *draw,
-        "",
-        "",
-        "def key(x, params):",
-        f'    """The key ranked by the selection: {sel.doc.splitlines()[0]}"""',
-        *key_lets,
-        f"    return {element(sel.key)}",
-        "",
-        "",
-        "def threshold(x, sample, start, stride, count, j, params):",
-        '    """1-element fp32: the j-th largest key of the sample (x[sample], else',
-        '    x[start::stride][:count]), NaN largest as in numpy\'s partition."""',
-        "    s = x[sample] if sample is not None else x[start::stride][:count]",
-        "    return key(s, params).sort().values[s.numel() - j].reshape(1)",
-        "",
-        "",
-        "def filter(x, inputs, params):",
-        '    """int64 indices of the elements that pass the filter, in index order (compaction)."""',
-        *keep_lets,
-        f"    return torch.nonzero({element(sel.keep)}).view(-1)",
-        "",
-        "",
-        "def select(x, ratio, m, limit, gen, params, kernels, dtype=torch.float32):",
-        '    """The selection of flat fp32 x (int64 indices, at most `limit`): the host-side draw of m',
-        '    samples, the threshold of the j = ceil(samples * ratio) largest, the filter'
-        + (", the adaptation" if sel.adapt else "") + ', then the',
-        '    `limit` candidates of largest key. `kernels`: threshold and filter (compiled or these);',
-        '    `dtype`: the gradient\'s own, in which a threshold is a value."""',
-        "    sample, start, stride, count = draw(x.numel(), m, gen, x.device)",
-        "    size = sample.numel() if sample is not None else count",
-        "    j = min(max(math.ceil(size * ratio), 1), size)",
-        "    thr = kernels.threshold(x, sample, start, stride, count, j, params)",
-        "    idx = kernels.filter(x, thr, params)",
-        *adapt,
-        "    if idx.numel() <= limit:",
-        "        return idx",
-        "    top = torch.topk(key(x.index_select(0, idx), params), limit, sorted=False).indices",
-        "    return idx.index_select(0, top)",
-        "",
-        "",
-        "def decode(values, indices, out):",
-        '    """The scatter: `out` zero-filled, values added at indices (duplicates add, in order)."""',
-        "    return out.zero_().index_add_(0, indices.long(), values)",
-        "",
-    ]
-    return "\n".join(lines)
+    low = lower.lower_select(sel)
+    adapt = [] if sel.adapt is None else skeleton.fill(
+        "torch_adapt.py", factor=repr(sel.adapt[0]), times=sel.adapt[1])
+    return skeleton.render(
+        "torch_select.py", origin=_origin(sel.name), doc=sel.doc.splitlines()[0],
+        draw=skeleton.lines(f"torch_draw_{sel.sample}.py"),
+        key_temps=_temps(TORCH, low.key), key=text(low.key.node, TORCH),
+        keep_temps=_temps(TORCH, low.keep), keep=text(low.keep.node, TORCH),
+        adapting=", the adaptation" if sel.adapt else "", adapt=adapt)
+
+
+def _origin(name: str) -> str:
+    """The spec's file as the generated module cites it (compbench's own: relative to compll/)."""
+    return catalog.origin(name).removeprefix("src/compbench/compll/")
 
 
 @cache

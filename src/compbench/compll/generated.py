@@ -1,8 +1,10 @@
-"""The CompLL specs and the files generated from them (the kernels' loaders and the registry
-import this module, which imports no kernel or registry module but the kernel table, plain data:
-no import cycle).
+"""The CompLL specs and the files generated from them (the registry imports this module, which
+imports no registry module but the kernel table, plain data: no import cycle). On import it hands
+the generated kernel sources to the kernel layer (`kernels.generated.provide`), which builds and
+loads them without importing CompLL.
 
-- `specs()`: every `specs/NAME.py` with its `SPEC` (sorted by name).
+- `specs()`: every spec with its `SPEC` (compbench's `specs/NAME.py` and the plugins' `compll/NAME.py`:
+  `catalog`).
 - `generated_dir()`: a folder under ~/.cache/compbench/compll/KEY/ (KEY: a hash of everything
   generated) holding table/kernel_table.cpp (the hand-written kernels' declarations and
   registrations, from compbench.kernels.table), cpu/compll_NAME.cpp (both built into the CPU
@@ -16,38 +18,27 @@ no import cycle).
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
-import pkgutil
 from functools import cache
 from pathlib import Path
 
-from compbench.compll import gen_cpu, gen_cuda, lang
+from compbench import plugins
+from compbench.compll import catalog, gen_cpu, gen_cuda, lang
+from compbench.kernels import generated as kernel_sources
 
 
-@cache
 def _all() -> dict[str, lang.Spec | lang.Select]:
-    """name -> SPEC of every module in compbench/compll/specs/."""
-    from compbench.compll import specs as package
-
-    found: dict[str, lang.Spec | lang.Select] = {}
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        mod = importlib.import_module(f"{package.__name__}.{info.name}")
-        s = getattr(mod, "SPEC", None)
-        if not isinstance(s, (lang.Spec, lang.Select)) or s.name != info.name:
-            raise ValueError(f"compll spec {mod.__file__}: define SPEC = Spec(name={info.name!r}, ...) "
-                             f"or Select(name={info.name!r}, ...)")
-        found[s.name] = s
-    return found
+    """name -> SPEC of every spec (`catalog.all_specs`)."""
+    return catalog.all_specs()
 
 
 def specs() -> dict[str, lang.Spec]:
-    """name -> Spec of every code spec (packed codes and a header) in compbench/compll/specs/."""
+    """name -> Spec of every code spec (packed codes and a header)."""
     return {k: v for k, v in _all().items() if isinstance(v, lang.Spec)}
 
 
 def selects() -> dict[str, lang.Select]:
-    """name -> Select of every selection spec (sampled threshold + filter) in compbench/compll/specs/."""
+    """name -> Select of every selection spec (sampled threshold + filter)."""
     return {k: v for k, v in _all().items() if isinstance(v, lang.Select)}
 
 
@@ -71,7 +62,8 @@ def spec(name: str) -> lang.Spec:
 
 def conf_text(s: lang.Spec) -> str:
     """The generated conf/compressor/NAME.yaml of a registered spec."""
-    lines = [f"# {s.doc.splitlines()[0]} (CompLL: compll/specs/{s.name}.py)",
+    where = catalog.origin(s.name).removeprefix("src/compbench/")
+    lines = [f"# {s.doc.splitlines()[0]} (CompLL: {where})",
              "# Generated from the spec by compbench.compll: do not edit.",
              f"_target_: compbench.compll.registered.{s.name}"]
     for key, setting in s.settings.items():
@@ -97,9 +89,13 @@ def _files() -> dict[str, str]:
     return files
 
 
-@cache
 def generated_dir() -> Path:
     """The folder of every generated file (written on first use; see the module docstring)."""
+    return _generated_dir(plugins.sources())  # keyed on the plugins, whose specs it holds too
+
+
+@cache
+def _generated_dir(_sources: tuple[plugins.ConfSource, ...]) -> Path:
     files = _files()
     key = hashlib.sha256()
     for rel, text in sorted(files.items()):
@@ -135,3 +131,17 @@ def cuda_sources() -> list[Path]:
 
 def conf_folder() -> Path:
     return generated_dir() / "conf"
+
+
+def _kernel_sources() -> kernel_sources.GeneratedSources:
+    return kernel_sources.GeneratedSources(table=table_sources(), cpu=cpu_sources(), cuda=cuda_sources())
+
+
+kernel_sources.provide(_kernel_sources)
+
+
+def build_kernels() -> None:
+    """`make kernels`: the CPU extension with the generated units of every spec (plugins' included)."""
+    from compbench.kernels.cpu import main
+
+    main()

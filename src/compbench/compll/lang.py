@@ -21,6 +21,7 @@ arithmetic is fp32 with every operation rounded once (no FMA contraction), integ
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -312,13 +313,36 @@ def numel() -> Expr:
     return Numel()
 
 
+_BOUNDS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A setting's check as data: the value `op` `limit` (e.g. Bound(">", 0): positive)."""
+    op: str
+    limit: float
+
+    def __post_init__(self) -> None:
+        if self.op not in _BOUNDS:
+            raise ValueError(f"CompLL: Bound({self.op!r}, ...); use one of {', '.join(_BOUNDS)}")
+
+    def holds(self, v: float) -> bool:
+        return bool(_BOUNDS[self.op](v, self.limit))
+
+
 @dataclass(frozen=True)
 class Setting:
-    """A hyper-parameter: its default and the check of a value (a ValueError with the fix)."""
+    """A hyper-parameter: its default, its type, the bound a value must meet (a ValueError with the
+    fix, `hint`, otherwise) or None."""
     default: float | int | bool
     kind: type = float
-    check: str = ""  # a Python condition over `v`, e.g. "v > 0"
+    check: Bound | None = None
     hint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.check is not None and not isinstance(self.check, Bound):
+            raise ValueError(f"CompLL: Setting(check={self.check!r}); write a Bound such as "
+                             "Bound('>', 0), or None")
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: generated code is cached per spec

@@ -12,7 +12,7 @@ def main(argv: list[str]) -> int:
 
     parser = ArgumentParser(prog="compbench gen",
                             description="print the code generated from a CompLL spec "
-                                        "(compbench/compll/specs/)")
+                                        "(compbench/compll/specs/, a plugin's compll/)")
     parser.add_argument("spec", help=f"a spec: {', '.join(sorted([*runtime.specs(), *runtime.selects()]))}")
     parser.add_argument("--target", default="torch",
                         help="torch (the oracle and the compressor class), cpu (the C++ operators), cuda "

@@ -35,10 +35,11 @@ def source_dir() -> Path:
 
 def sources() -> list[Path]:
     """Every kernel source: the hand-written ones, sorted, then those generated from the CompLL specs
-    (`compll_NAME.cu`; the compile test and the host-shim test walk the same list)."""
-    from compbench.compll.generated import cuda_sources
+    (`compll_NAME.cu`, handed in through `kernels.generated`; the compile test and the host-shim test
+    walk the same list)."""
+    from compbench.kernels import generated
 
-    return [*sorted(source_dir().glob("*.cu")), *cuda_sources()]
+    return [*sorted(source_dir().glob("*.cu")), *generated.sources().cuda]
 
 
 @cache
@@ -48,9 +49,9 @@ def module(name: str) -> Any:
 
     path = source_dir() / f"{name}.cu"
     if name.startswith("compll_"):
-        from compbench.compll.generated import generated_dir
+        from compbench.kernels import generated
 
-        path = generated_dir() / "cuda" / f"{name}.cu"
+        path = next((p for p in generated.sources().cuda if p.stem == name), path)
     if not path.is_file():
         raise ValueError(f"no CUDA source {path}")
     # -I: the sources include common.cuh; NVRTC has no standard headers, the sources need none.

@@ -46,6 +46,6 @@ SPEC = Spec(
     header=(maximum(reduce("max", abs_(x)), 0.0),),  # the largest |x| (NaN if any element is)
     code=(to_int(x < 0.0) << 7) | magnitude,
     value=where((code & 128).eq(128), -value, value),
-    settings={"seed": Setting(0, int, "", "an integer")},
+    settings={"seed": Setting(0, int, None, "an integer")},
     caps=Capabilities(unbiased=True),
 )

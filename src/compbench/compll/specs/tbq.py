@@ -6,7 +6,7 @@ Its kernels keep the hand-written ones' names (`tbq_step`) and parameters, so th
 parity tests are unchanged.
 """
 
-from compbench.compll.lang import Code, Param, Setting, Spec, State, let, where, x
+from compbench.compll.lang import Bound, Code, Param, Setting, Spec, State, let, where, x
 
 tau = Param("tau")
 r = let("r", State() + x)                   # the residual with this step's gradient
@@ -21,7 +21,7 @@ SPEC = Spec(
     code=where(up, 1, where(down, 3, 0)),
     update=r - where(up, tau, where(down, -tau, 0.0)),
     value=where(code.eq(1), tau, where(code.eq(3), -tau, 0.0)),
-    settings={"tau": Setting(0.01, float, "v > 0", "a number > 0")},
+    settings={"tau": Setting(0.01, float, Bound(">", 0), "a number > 0")},
     register=False,
     encode_name="tbq_step",
 )

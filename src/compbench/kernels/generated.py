@@ -1,0 +1,38 @@
+"""Kernel sources that this layer builds and loads but does not generate: the hand-written kernels'
+registrations (from `kernels.table`) and the units generated from CompLL specs. The layer that
+generates them hands them in with `provide` (compbench.compll.generated does on import); until then
+the extension is the hand-written units alone, and `cpu.status()` says why it is not loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class GeneratedSources:
+    """`table` and `cpu`: C++ units built into the CPU extension after the hand-written ones;
+    `cuda`: .cu sources loaded as RawModules by their stem (`compll_NAME`)."""
+
+    table: list[Path] = field(default_factory=list)
+    cpu: list[Path] = field(default_factory=list)
+    cuda: list[Path] = field(default_factory=list)
+
+
+_provider: list[Callable[[], GeneratedSources]] = []
+
+
+def provide(provider: Callable[[], GeneratedSources]) -> None:
+    """Hand in the generated sources (called once per process; a later call replaces the first)."""
+    _provider[:] = [provider]
+
+
+def provided() -> bool:
+    return bool(_provider)
+
+
+def sources() -> GeneratedSources:
+    """The generated sources handed in, else none."""
+    return _provider[0]() if _provider else GeneratedSources()
