@@ -3,10 +3,6 @@ import os
 import pytest
 import torch
 
-# Hands CompLL's generated kernel sources to the kernel layer (which builds and loads them without
-# importing CompLL), as the registry does in a run: the kernel tests load the same extension.
-import compbench.compll.generated  # noqa: F401
-
 # One thread per test process: the distributed tier runs 2 ranks on a 2-core machine.
 torch.set_num_threads(int(os.environ.get("COMPBENCH_TEST_THREADS", "1")))
 

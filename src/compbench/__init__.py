@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from compbench import kernel_sources
+
 __version__ = "0.1.0"
 __all__ = ["wrap_compress_optimizer"]
 
@@ -13,3 +15,13 @@ def __getattr__(name: str) -> Any:
 
         return wrap_compress_optimizer
     raise AttributeError(name)
+
+
+def _compll_kernel_sources() -> kernel_sources.GeneratedSources:
+    # Imported when the kernels first ask (they stand below CompLL and never import it).
+    from compbench.compll.generated import sources_for_kernels
+
+    return sources_for_kernels()
+
+
+kernel_sources.provide(_compll_kernel_sources)

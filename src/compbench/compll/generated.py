@@ -1,7 +1,7 @@
 """The CompLL specs and the files generated from them (the registry imports this module, which
-imports no registry module but the kernel table, plain data: no import cycle). On import it hands
-the generated kernel sources to the kernel layer (`kernels.generated.provide`), which builds and
-loads them without importing CompLL.
+imports no registry module but the kernel table, plain data: no import cycle). `sources_for_kernels`
+is what the kernel layer builds and loads: the package root hands it in (compbench.kernel_sources),
+so the kernels never import CompLL.
 
 - `specs()`: every spec with its `SPEC` (compbench's `specs/NAME.py` and the plugins' `compll/NAME.py`:
   `catalog`).
@@ -22,9 +22,8 @@ import os
 from functools import cache
 from pathlib import Path
 
-from compbench import plugins
+from compbench import kernel_sources, plugins
 from compbench.compll import catalog, gen_cpu, gen_cuda, lang
-from compbench.kernels import generated as kernel_sources
 
 
 def _all() -> dict[str, lang.Spec | lang.Select]:
@@ -133,11 +132,9 @@ def conf_folder() -> Path:
     return generated_dir() / "conf"
 
 
-def _kernel_sources() -> kernel_sources.GeneratedSources:
+def sources_for_kernels() -> kernel_sources.GeneratedSources:
+    """What the kernel layer builds and loads (the package root hands this in: compbench/__init__.py)."""
     return kernel_sources.GeneratedSources(table=table_sources(), cpu=cpu_sources(), cuda=cuda_sources())
-
-
-kernel_sources.provide(_kernel_sources)
 
 
 def build_kernels() -> None:

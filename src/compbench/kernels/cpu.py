@@ -35,10 +35,10 @@ def source_dir() -> Path:
 def sources() -> list[Path]:
     """The translation units: the hand-written kernels, the unit generated from their table
     (kernels.table: declarations and registrations) and the CompLL specs' generated units (which
-    register their own operators), handed in through `kernels.generated`; common.h is hashed too."""
-    from compbench.kernels import generated
+    register their own operators), handed in through `compbench.kernel_sources`; common.h is hashed too."""
+    from compbench import kernel_sources
 
-    made = generated.sources()
+    made = kernel_sources.sources()
     return [*sorted(source_dir().glob("*.cpp")), *made.table, *made.cpu]
 
 
@@ -84,18 +84,9 @@ def build(verbose: bool = False) -> Path:
     return lib
 
 
+@cache
 def _load() -> str | None:
     """Load the built library once per process; None when loaded, else why not."""
-    from compbench.kernels import generated
-
-    # Not cached: the library's key hashes the generated units, which may be handed in later.
-    if not generated.provided():
-        return "its generated sources were not handed in (import compbench.compll.generated first)"
-    return _load_once()
-
-
-@cache
-def _load_once() -> str | None:
     if not sources():
         return f"no sources in {source_dir()}"
     lib = library()

@@ -35,11 +35,11 @@ def source_dir() -> Path:
 
 def sources() -> list[Path]:
     """Every kernel source: the hand-written ones, sorted, then those generated from the CompLL specs
-    (`compll_NAME.cu`, handed in through `kernels.generated`; the compile test and the host-shim test
+    (`compll_NAME.cu`, handed in through `compbench.kernel_sources`; the compile test and the host-shim test
     walk the same list)."""
-    from compbench.kernels import generated
+    from compbench import kernel_sources
 
-    return [*sorted(source_dir().glob("*.cu")), *generated.sources().cuda]
+    return [*sorted(source_dir().glob("*.cu")), *kernel_sources.sources().cuda]
 
 
 @cache
@@ -49,9 +49,9 @@ def module(name: str) -> Any:
 
     path = source_dir() / f"{name}.cu"
     if name.startswith("compll_"):
-        from compbench.kernels import generated
+        from compbench import kernel_sources
 
-        path = next((p for p in generated.sources().cuda if p.stem == name), path)
+        path = next((p for p in kernel_sources.sources().cuda if p.stem == name), path)
     if not path.is_file():
         raise ValueError(f"no CUDA source {path}")
     # -I: the sources include common.cuh; NVRTC has no standard headers, the sources need none.

@@ -1,7 +1,8 @@
-"""Kernel sources that this layer builds and loads but does not generate: the hand-written kernels'
-registrations (from `kernels.table`) and the units generated from CompLL specs. The layer that
-generates them hands them in with `provide` (compbench.compll.generated does on import); until then
-the extension is the hand-written units alone, and `cpu.status()` says why it is not loaded.
+"""Kernel sources the kernel layer builds and loads but does not generate: the hand-written kernels'
+registrations (from `kernels.table`) and the units generated from CompLL specs. CompLL stands above
+the kernels, so the kernels never import it: the package root (compbench/__init__.py) hands in a
+provider with `provide`, which imports CompLL only when the kernels first ask for their sources.
+Torch-free, so that `import compbench` stays cheap.
 """
 
 from __future__ import annotations
@@ -28,9 +29,6 @@ def provide(provider: Callable[[], GeneratedSources]) -> None:
     """Hand in the generated sources (called once per process; a later call replaces the first)."""
     _provider[:] = [provider]
 
-
-def provided() -> bool:
-    return bool(_provider)
 
 
 def sources() -> GeneratedSources:
