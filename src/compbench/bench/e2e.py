@@ -14,10 +14,10 @@ Rows: compbench none (torch and horovod engines), dragonn and dgc at ratio 1e-3 
 rank 1 (sync=ddp), Horovod's DistributedOptimizer with and without fp16 (sync=horovod_optimizer),
 and, outside compbench, a plain DDP and a plain Horovod training script (same model, optimizer,
 batch, synthetic data and flush_denormal, started by compbench's launcher): the harness's own cost;
-and the issue's compute-only step (one process, one thread: forward, backward, a plain SGD step),
+and a compute-only step (one process, one thread: forward, backward, a plain SGD step),
 which dragonn's step is measured against. A second table puts every phase of the compbench rows next
 to its floor (compbench.floors: the memory passes it must make at this machine's read pass, the wire
-time at the shaped link); then issue 24's targets, checked (`e2e_table`). The tables, the machine's
+time at the shaped link); then the step-time targets, checked (`e2e_table`). The tables, the machine's
 load before and after, and every run directory go to `output` (default
 outputs/bench_e2e/DATE-TIME/: table.md, results.json). Timings on a shared machine are noisy:
 compare the ratios of one table, measured side by side.
@@ -84,7 +84,7 @@ def plain_worker(kind: str, out: Path, steps: int) -> None:
     # the optimizer of conf/optim/sgd.yaml (fused): the rows then differ only by the harness
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=True)
     rank = 0
-    if kind == "compute":  # the issue's compute-only step: forward, backward, a plain SGD step
+    if kind == "compute":  # the compute-only step: forward, backward, a plain SGD step
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     elif kind == "torch":
         import torch.distributed as dist

@@ -1,5 +1,5 @@
 """The tables and targets of `compbench bench mode=e2e` (bench.e2e): step times side by side, each
-compbench row's phases against their floors, and issue 24's targets checked."""
+compbench row's phases against their floors, and the step-time targets checked."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def floor_table(runs: Runs) -> list[str]:
 
 
 def targets(runs: Runs) -> list[str]:
-    """Issue 24's targets (and the older bounds it keeps), each ticked or not, with its figure."""
+    """The step-time targets, each ticked or not, with its figure."""
     checks: list[str] = []
 
     def tick(text: str, ok: bool | None) -> None:
@@ -141,7 +141,7 @@ def targets(runs: Runs) -> list[str]:
             bounded(f"shaped: dragonn >= {bound}x faster than {name}", runs.ratio("shaped", base, "dragonn"),
                     bound, at_most=False)
     if "unshaped" in runs.links:
-        # issue 24 keeps compressor=none within 1.03x of DDP fp32; the other bounds are older issues' 1.05
+        # compressor=none within 1.03x of DDP fp32; the other bounds 1.05
         for key, base, name, bound in (("none_torch", "ddp_fp32", "DDP fp32", 1.03),
                                        ("none_horovod", "hvd", "Horovod DO", 1.05),
                                        ("none_torch", "plain_ddp", "a plain DDP script", 1.05),
