@@ -151,8 +151,12 @@ def _check_profiled_model(cfg: DictConfig) -> None:
 
 
 def _check_optim(cfg: DictConfig) -> None:
+    from compbench.optim.optimizers import optimizer_class
+
     o = cfg.optim
     name = o.get("name", "optim")
+    cls = optimizer_class(str(name))  # a known name or an importable Optimizer class, before any worker
+    _check_optimizer_takes(cls, o)
     require_number("optim.lr", o.get("lr"), 0, strict=True, fix=f"e.g. optim.lr={_default_lr(name)}")
     for key in ("momentum", "weight_decay", "warmup_epochs", "lr_min_factor"):
         if key in o:
@@ -171,6 +175,22 @@ def _check_optim(cfg: DictConfig) -> None:
     steps_ok = steps is None or (OmegaConf.is_list(steps) and all(is_number(s) and s >= 0 for s in steps))
     if not steps_ok:
         raise ValueError(f"optim.lr_step_epochs={show(steps)} must be a list of epochs >= 0, e.g. [30,60]")
+
+
+def _check_optimizer_takes(cls: type, o: DictConfig) -> None:
+    """A user's optimizer class (optim.name=package.module.Class) takes the group's keys as keyword
+    arguments, the schedule's aside: one it does not take is refused here, not by a worker's TypeError."""
+    import inspect
+
+    from compbench.optim.schedule import SCHEDULE_KEYS
+
+    params = inspect.signature(cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    for key in o:
+        if key not in ("name", *SCHEDULE_KEYS) and key not in params:
+            raise ValueError(f"optim.{key}: optim.name={o.name} takes no such argument; remove it "
+                             f"(~optim.{key}) or give your optimizer its own conf/optim/NAME.yaml")
 
 
 def _default_lr(name: str) -> str:

@@ -119,3 +119,26 @@ def test_an_output_file_compbench_did_not_write_is_refused(tmp_path):
     ours.write_text('{"config": {}, "environment": {}, "floors": [], "results": [], "overhead": []}')
     check_writable_file("output", ours, ours=_is_report, what="a benchmark report")  # a rerun: fine
     check_writable_file("output", tmp_path / "new.json", ours=_is_report, what="a benchmark report")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.name=lion"], "optim.name=lion is unknown; use sgd, adam, adamw or package.module.Class"),
+    (["optim.name=collections.OrderedDict"], "optim.name=collections.OrderedDict is not a torch.optim.Optimizer"),
+    (["optim.name=no_such_package.Opt"], "_target_ no_such_package.Opt cannot be loaded"),
+    # torch's Adagrad takes lr and weight_decay but not optim=sgd's momentum
+    (["optim.name=torch.optim.Adagrad"], "optim.momentum: optim.name=torch.optim.Adagrad takes no such argument"),
+])
+def test_the_optimizer_class_is_checked_by_the_parent(overrides, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        config.check(config.compose(["model=mlp", *overrides]))
+
+
+def test_an_optimizer_class_that_takes_the_groups_keys_is_built():
+    import torch
+
+    from compbench.optim.optimizers import build_optimizer
+
+    cfg = config.check(config.compose(["model=mlp", "optim=adam", "optim.name=torch.optim.Adam"]))
+    keys = {k: v for k, v in cfg.optim.items() if k != "name"}
+    optimizer = build_optimizer([{"params": [torch.zeros(2, requires_grad=True)]}], cfg.optim.name, **keys)
+    assert type(optimizer) is torch.optim.Adam

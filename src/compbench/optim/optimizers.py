@@ -218,6 +218,24 @@ _EMPTY_LONG = torch.empty(0, dtype=torch.int64)
 _OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
 
 
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """`optim.name`'s class: sgd, adam or adamw, or "package.module.Class" (a torch.optim.Optimizer
+    of a user's package, taking the optim group's other keys as keyword arguments); ValueError (one
+    line, naming the key) for anything else."""
+    if name in _OPTIMIZERS:
+        return _OPTIMIZERS[name]
+    if "." not in name:
+        raise ValueError(f"optim.name={name} is unknown; use sgd, adam, adamw or package.module.Class "
+                         "(a torch.optim.Optimizer of your own)")
+    from compbench import registry
+
+    cls = registry.locate(name)
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise ValueError(f"optim.name={name} is not a torch.optim.Optimizer class; name one, or use sgd, "
+                         "adam or adamw")
+    return cls
+
+
 def param_groups(model: nn.Module, memory_owns_momentum: bool,
                  compressed: Callable[[Tensor], bool], optim: dict[str, Any]) -> list[dict[str, Any]]:
     """The trainer's parameter groups. With a memory that applies momentum itself (memory=dgc: momentum
@@ -244,7 +262,7 @@ def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any
         kwargs.pop(key, None)
     if kwargs.get("lr", 1) <= 0:
         raise ValueError(f"optim={name}: lr={kwargs['lr']} must be > 0")
-    return _OPTIMIZERS[name](param_groups, **kwargs)
+    return optimizer_class(name)(param_groups, **kwargs)
 
 
 def plain_optimizer(model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
