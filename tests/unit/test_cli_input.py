@@ -123,10 +123,12 @@ def test_an_output_file_compbench_did_not_write_is_refused(tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     (["optim.name=lion"], "optim.name=lion is unknown; use sgd, adam, adamw or package.module.Class"),
-    (["optim.name=collections.OrderedDict"], "optim.name=collections.OrderedDict is not a torch.optim.Optimizer"),
+    (["optim.name=collections.OrderedDict"],
+     "optim.name=collections.OrderedDict is not a torch.optim.Optimizer"),
     (["optim.name=no_such_package.Opt"], "_target_ no_such_package.Opt cannot be loaded"),
     # torch's Adagrad takes lr and weight_decay but not optim=sgd's momentum
-    (["optim.name=torch.optim.Adagrad"], "optim.momentum: optim.name=torch.optim.Adagrad takes no such argument"),
+    (["optim.name=torch.optim.Adagrad"],
+     "optim.momentum: optim.name=torch.optim.Adagrad takes no such argument"),
 ])
 def test_the_optimizer_class_is_checked_by_the_parent(overrides, message):
     with pytest.raises(ValueError, match="^" + re.escape(message)):
