@@ -22,7 +22,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from compbench.settings import RunSettings
-from compbench.values import is_int, is_number, require_int, require_number, show
+from compbench.values import KeyRange, is_int, is_number, require_int, require_number, show, type_problem
 
 # `engine.np` above this many workers per core is refused: each worker is a full process with its
 # own copy of the model and of the engine's buffers; at 32 workers per core (np=64 on 2 cores) a
@@ -36,11 +36,10 @@ def check_settings(cfg: DictConfig) -> None:
     """Refuse bad values with a ValueError (one line: key, value, fix); warn where a value only hurts."""
     _check_model_fits_dataset(cfg)  # first: a mismatch leaves ${dataset.*} interpolations unresolved
     _check_finite(cfg)
-    _check_booleans(cfg)
     _check_run_settings(cfg)
     _check_engine(cfg)
     _check_optim(cfg)
-    _check_dataset_keys(cfg)
+    _check_group_keys(cfg)
     _check_batch_fits_dataset(cfg)
     _check_output_dir(cfg)
     _check_profiled_model(cfg)
@@ -73,18 +72,65 @@ def _check_finite(cfg: DictConfig) -> None:
             raise ValueError(f"{key}={v} must be a finite number; pass a real value")
 
 
-def _check_booleans(cfg: DictConfig) -> None:
-    """A group's setting whose default (in its option's YAML file) is true or false takes only true
-    or false: `scheduler.overlap=no` or `sync.nesterov=0` must not read as a truthy string."""
+def _check_group_keys(cfg: DictConfig) -> None:
+    """Every setting of every group, typed where its component declares it: the range in the
+    component's `KEY_RANGES` (beside its constructor: a class attribute, or its module's), else the
+    type its constructor's signature gives the key (`type_problem`: `compressor.seed=abc`,
+    `scheduler.confirm=0.5`, `compressor.dense_steps=null` stop here, not in a worker), else, for
+    a key no signature names (optim, engine), the type of its default in the option's YAML file: a
+    true or false default takes only true or false (`sync.nesterov=0` must not read as truthy), a
+    numeric one a finite number."""
     from compbench import registry
 
     for group, option in cfg.choices.items():  # exactly the config groups (compbench.config.GROUPS)
         if option not in registry.options(group):
             continue
-        for key, default in registry.option_config(group, option).items():
-            value = cfg[group].get(key)
-            if isinstance(default, bool) and not isinstance(value, bool):
-                raise ValueError(f"{group}.{key}={show(value)} must be true or false")
+        node = cfg[group]
+        hints, ranges = declared_keys(node.get("_target_"))
+        if group == "compressor":  # the keys the pipeline splits off (which tensors it compresses)
+            from compbench.compressors import SELECTION_RANGES
+
+            ranges = {**SELECTION_RANGES, **ranges}
+        defaults = registry.option_config(group, option)
+        for key in map(str, node):
+            if key == "_target_":
+                continue
+            value, default = node.get(key), defaults.get(key)
+            if key in ranges:
+                problem = ranges[key].problem(value)
+            elif key in hints:
+                problem = type_problem(hints[key], value)
+            else:
+                problem = _default_type_problem(default, value)
+            if problem:
+                raise ValueError(f"{group}.{key}={show(value)} {problem}")
+
+
+def declared_keys(target: str | None) -> tuple[dict[str, Any], dict[str, KeyRange]]:
+    """The constructor's annotations and the declared KEY_RANGES of a `_target_` (none for a group
+    without one, or a target that cannot be imported: the component's build reports that)."""
+    import inspect
+    import typing
+
+    if not target:
+        return {}, {}
+    module_name, _, name = target.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+        obj = getattr(module, name)
+        hints = typing.get_type_hints(obj.__init__ if inspect.isclass(obj) else obj)
+    except Exception:  # noqa: BLE001 - the build (registry.locate) reports an unloadable target in one line
+        return {}, {}
+    ranges = {**getattr(module, "KEY_RANGES", {}), **getattr(obj, "KEY_RANGES", {})}
+    return hints, ranges
+
+
+def _default_type_problem(default: Any, value: Any) -> str | None:
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "must be true or false"
+    if is_number(default) and not (is_number(value) and math.isfinite(value)):
+        return "must be a number"
+    return None
 
 
 def _check_run_settings(cfg: DictConfig) -> None:
@@ -163,6 +209,12 @@ def _check_optim(cfg: DictConfig) -> None:
             require_number(f"optim.{key}", o[key], 0)
     if "lr_gamma" in o:
         require_number("optim.lr_gamma", o.lr_gamma, 0, strict=True)
+    if "momentum" in o and o.momentum >= 1:
+        raise ValueError(f"optim.momentum={show(o.momentum)} must be below 1 (it would never decay); "
+                         "e.g. optim.momentum=0.9")
+    if "lr_min_factor" in o and o.lr_min_factor > 1:
+        raise ValueError(f"optim.lr_min_factor={show(o.lr_min_factor)} must be at most 1 (a fraction of "
+                         "optim.lr)")
     if "betas" in o:
         betas = o.betas
         if (not OmegaConf.is_list(betas) or len(betas) != 2
@@ -187,7 +239,7 @@ def _check_optimizer_takes(cls: type, o: DictConfig) -> None:
     params = inspect.signature(cls).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return
-    for key in o:
+    for key in map(str, o):
         if key not in ("name", *SCHEDULE_KEYS) and key not in params:
             raise ValueError(f"optim.{key}: optim.name={o.name} takes no such argument; remove it "
                              f"(~optim.{key}) or give your optimizer its own conf/optim/NAME.yaml")
@@ -195,17 +247,6 @@ def _check_optimizer_takes(cls: type, o: DictConfig) -> None:
 
 def _default_lr(name: str) -> str:
     return "0.1" if name == "sgd" else "1e-3"
-
-
-def _check_dataset_keys(cfg: DictConfig) -> None:
-    """Each dataset module declares the values its settings may take (KEY_RANGES, compbench.data):
-    an image size of 0 or a channel count its images cannot give stops here, not in every worker."""
-    ranges = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).KEY_RANGES
-    for key, allowed in ranges.items():
-        if key in cfg.dataset:
-            problem = allowed.problem(cfg.dataset[key])
-            if problem:
-                raise ValueError(f"dataset.{key}={show(cfg.dataset[key])} {problem}")
 
 
 def _check_model_fits_dataset(cfg: DictConfig) -> None:

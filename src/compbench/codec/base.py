@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+
+from compbench.values import KeyRange
 
 
 @dataclass
@@ -133,6 +135,9 @@ class CompressorBase:
 
     name: str = "base"
     caps: Capabilities = Capabilities()
+    # The ranges of settings the constructor's types do not say (compbench.checks; a subclass with
+    # more merges these in).
+    KEY_RANGES: ClassVar[dict[str, KeyRange]] = {"seed": KeyRange(0)}
     # Compressors whose decode of N payloads can be fused (e.g. one scatter-add) override this.
     step: int = 0
     epoch: float = 0.0

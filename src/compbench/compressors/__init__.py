@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from compbench.codec.base import Compressor, CompressorBase, Ctx, make_ctx, payload_nbytes
+from compbench.values import KeyRange
 
 # Keys of a compressor's config that say *which* tensors it compresses (pipeline policy shared by
 # every compressor), not how: they are split off before the compressor is built.
 SELECTION_KEYS = ("min_dims", "compress_threshold", "dense_steps")
+# Their ranges (compbench.checks reads them with each compressor's own KEY_RANGES).
+SELECTION_RANGES = {"min_dims": KeyRange(0, what="dimensions a tensor needs to be compressed"),
+                    "compress_threshold": KeyRange(0, what="elements below which a tensor is sent dense"),
+                    "dense_steps": KeyRange(0, what="steps sent dense before compressing")}
 
 
 def build_compressor(name: str, **overrides: Any) -> Compressor:

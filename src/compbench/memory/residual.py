@@ -7,6 +7,8 @@ MergeComp's published residual memory decays the error by 0.9; compbench default
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
@@ -14,6 +16,7 @@ from compbench.codec.base import Compressor, Ctx
 from compbench.codec.deferred import Deferred
 from compbench.kernels.cpu import RESIDUAL
 from compbench.memory.base import NO_STATE, MemoryTraits, fusable
+from compbench.values import KeyRange
 
 
 class ResidualMemory:
@@ -26,6 +29,10 @@ class ResidualMemory:
     (`Capabilities.fuses_memory`: dgc, topk, dragonn) `defer` hands the compensation to its selection
     pass: one compiled pass over the gradient and the residual (same bytes as `compensate`).
     """
+
+    KEY_RANGES: ClassVar[dict[str, KeyRange]] = {
+        "beta": KeyRange(0, integer=False, what="the weight of the kept residual"),
+        "gamma": KeyRange(0, integer=False, what="the weight of what the compressor dropped")}
 
     traits = MemoryTraits(feeds_back=True, state_passes=2)  # its residual, read and written
 

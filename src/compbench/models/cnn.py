@@ -14,6 +14,10 @@ import torch
 import torch.nn as nn
 
 from compbench.models.weights import load_npz_state_dict
+from compbench.values import KeyRange
+
+KEY_RANGES = {"width": KeyRange(1, what="channels of the first convolution"),
+              "hidden": KeyRange(1, what="units of the hidden fully connected layer")}
 
 
 def cnn(num_classes: int = 10, image_size: int = 28, in_chans: int = 1, width: int = 16, hidden: int = 128,

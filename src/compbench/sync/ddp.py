@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -35,6 +35,7 @@ from compbench.optim.optimizers import plain_optimizer
 from compbench.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.sync.ddp_topk_hook import TopKHookState, topk_hook
+from compbench.values import KeyRange
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "topk")
 
@@ -80,6 +81,10 @@ class DDPSync:
     `setup` returns the DDP module (the trainer trains through it); the other methods only book
     bytes and times: DDP has averaged every gradient by the time `loss.backward()` returns.
     """
+
+    KEY_RANGES: ClassVar[dict[str, KeyRange]] = {
+        "bucket_cap_mb": KeyRange(0, integer=False, what="megabytes per DDP bucket"),
+        "start_powersgd_iter": KeyRange(0), "min_compression_rate": KeyRange(0, integer=False)}
 
     name = "ddp"
     sync_traits = SyncTraits(pipeline=False, engines=("torch",), pattern="allreduce")
