@@ -4,7 +4,7 @@
     compbench bench compressor=dragonn numel=25000000      # one compressor, its own settings
     compbench bench compressors=[dgc,dragonn] sizes=[1048576,25000000] ratios=[1e-2,1e-3] threads=1
     compbench bench device=cuda peers=8 output=bench.json
-    compbench bench mode=e2e                               # end to end: the issue-24 matrix (bench/e2e.py)
+    compbench bench mode=e2e                               # end to end: the step-time matrix (bench/e2e.py)
     compbench bench mode=e2e e2e.rows=[dragonn,compute] e2e.links=[unshaped] e2e.repeat=3
 
 Prints one line per (compressor, size, ratio) and writes a JSON file (the per-size costs are what a

@@ -8,15 +8,15 @@ seeds per run: 24 runs x 2 seeds = 48 trainings. Compressors run with their reci
 unless a run sets the key: "without error feedback" runs say memory=none explicitly, so they differ
 from their EF twin in that one key and keep the same optimizer settings.
 
-Budget (the issue: the whole suite in at most 90 minutes on the 2-core machine), measured there on
-the idle machine on 2026-11-23:
+Budget: the whole suite in at most 90 minutes on the 2-core machine; measured there on the idle
+machine on 2026-11-23:
 - model: resnet20 trains ~180 images/s there (0.3 epoch per run in budget), hence the CNN. Its
   forward+backward of 64 images on one core: width 32 66 ms, 44 ms with channels-last activations
   (what the model now uses), width 16 15 ms.
 - accuracy and time (fp32, full data): width 32, 2 epochs: 91.1%, 84 s per run (the first table run,
   before channels-last: ~2.1 minutes per run, 69 minutes for 32 runs); width 16, 2 epochs: 90.05%,
   41 s; width 16, 3 epochs: 90.81% and 90.45% (seeds 0, 1), 66 s. The last is the setting: it meets
-  the issue's >= 90% for fp32 in both seeds at ~0.8x the time of width 32 for 2 epochs.
+  the target of >= 90% for fp32 in both seeds at ~0.8x the time of width 32 for 2 epochs.
 - compressed runs add their compression and exchange per step (powersgd's blocking allreduces,
   atomo's SVDs cost the most); `--quick` prints an estimate from its step times for the machine as
   it is.
@@ -79,7 +79,8 @@ RUNS: Mapping[str, tuple[str, ...]] = {
     "atomo": ("compressor=atomo", "comm=allgather", "compressor.svd_rank=7"),
     # 2-bit QSGD's variance (up to sqrt(512) = 22.6x the gradient's per bucket) needs a smaller step:
     # at optim=sgd's lr 0.1 it ended at chance in 3 of 3 seeds (with a 1-epoch warm-up too); at lr 0.02
-    # it reached 87.8% in seed 0 (docs/results.md). ATOMO's paper tunes each method's rate likewise.
+    # it trains (87.64 +- 0.30% over 3 seeds, docs/results.md). ATOMO's paper tunes each method's rate
+    # likewise.
     "qsgd-2bit": ("compressor=qsgd", "comm=allgather", "compressor.levels=1", "optim.lr=0.02"),
     "dragonn": ("compressor=dragonn", "comm=allgather", "ratio=0.01"),
     "dgc-1pct": ("compressor=dgc", "comm=allgather", "ratio=0.01"),

@@ -13,8 +13,8 @@ residual error feedback under AdamW over allgather, DiLoCo with H=30 inner AdamW
 (experiment=sparseloco: H=30, 1.56% chunked top-k in 2 bits), DeMo (optim=sgd: lr DEMO_LR, no weight
 decay), 1-bit Adam with a dense warm-up of 15% of the steps (sync.freeze_step).
 
-Budget (the issue: the full suite in 60 minutes on 2 cores, --quick in 10): measured on this
-project's 2-core machine, see docs/results.md "Text workload".
+Budget: the full suite in 60 minutes on 2 cores, --quick in 10; measured on this project's 2-core
+machine, see docs/results.md "Text workload".
 
 Checks (decided before the runs; the final validation loss is lower-is-better):
 - "loses to" / "beats": the seeds' [min, max] intervals of the losses are disjoint, in that order.
