@@ -132,13 +132,20 @@ DECLARATIONS = {"compressor": "caps", "memory": "traits", "comm": "traits", "sch
 def declared(group: str, name: str) -> Any:
     """The record option `name` of `group` declares (a compressor's `caps`, a synchronization
     mode's `sync_traits`, the others' `traits`); ValueError naming the option where it has none
-    (a plugin's class written without it)."""
+    (a plugin's class written without it). The flags that promise a method are derived from the
+    class (`codec.base.derive`: a plugin that implements the method has the flag), ValueError where
+    it declares one without the method."""
     cls, attr = component_class(group, name), DECLARATIONS[group]
     record = getattr(cls, attr, None)
     if record is None:
         raise ValueError(f"{group}={name} ({cls.__module__}.{cls.__qualname__}) declares no `{attr}`; "
                          f"a {group} declares what it is there (docs: Your own components and plugins)")
-    return record
+    from compbench.codec.base import derive  # torch, as the class itself: imported where it is used
+
+    try:
+        return derive(record, cls)
+    except TypeError as e:
+        raise ValueError(f"{group}={name}: {e}") from None
 
 
 def plain(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
