@@ -15,7 +15,7 @@ import inspect
 import os
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -96,7 +96,7 @@ def option_config(group: str, name: str) -> dict[str, Any]:
 @cache  # by file, not by name: a plugin installed or removed later in the process is seen
 def _load(path: Path) -> dict[str, Any]:
     from omegaconf.errors import OmegaConfBaseException
-    from yaml import YAMLError  # type: ignore[import-untyped]  # PyYAML ships no stubs
+    from yaml import YAMLError
 
     try:
         node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
@@ -151,7 +151,7 @@ def declared(group: str, name: str) -> Any:
 def plain(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     """A config node as a plain dict (components never see a DictConfig)."""
     if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # a DictConfig: a dict
     return dict(cfg)
 
 

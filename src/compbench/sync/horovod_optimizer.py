@@ -106,8 +106,10 @@ class HorovodOptimizerSync:
             self._synchronize()
         else:
             self.stats.add_ms("compute", -self._waited)  # it ran inside loss.backward()
-        self.stats.add_ms("comm", self._waited)  # type: ignore[arg-type]  # not None: returned above
-        self.stats.add_ms("comm_exposed", self._waited)  # type: ignore[arg-type]
+        waited = self._waited
+        assert waited is not None  # set by _synchronize
+        self.stats.add_ms("comm", waited)
+        self.stats.add_ms("comm_exposed", waited)
         self._waited = None
         self.stats.bytes_dense += 4 * self.numel
         # Horovod fuses the per-tensor allreduces into buffers of up to 64 MiB (its default
