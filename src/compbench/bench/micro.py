@@ -32,12 +32,12 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from compbench.codec.base import DecodesInto
+from compbench.codec.base import decodes_into
 from compbench.codec.buffers import OutputBuffers
 from compbench.compressors import SELECTION_KEYS, build_compressor, payload_nbytes
 from compbench.compressors.sparse import SparseCompressor
@@ -203,9 +203,8 @@ def bench_one(name: str, params: dict[str, Any], ratio: float | None, x: Tensor,
         payloads.append(comp.compress(x, tensor)[0])
     buffers = OutputBuffers()
     with_out = comp.caps.decodes_into
-    if with_out:
-        # Capabilities.decodes_into is derived from DecodesInto: `decompress_all` takes out=
-        into = cast(DecodesInto, comp)
+    if with_out and decodes_into(comp):
+        into = comp
         dec = timer(lambda: into.decompress_all(payloads, ctx, out=buffers.get(ctx)))
     else:
         dec = timer(lambda: comp.decompress_all(payloads, ctx))

@@ -13,7 +13,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -274,6 +274,41 @@ class VoteServer(Protocol):
     """`Capabilities.combine` "vote": a parameter server sends the vote's sign."""
 
     def server_compress(self, vote: Tensor, name: str) -> tuple[list[Tensor], Ctx]: ...
+
+
+# -- narrowing by the flag: a flag is derived from its Protocol, so a compressor with it implements
+# it (a record read, where isinstance on a Protocol costs microseconds per tensor) ---------------
+
+def is_sparse(c: Compressor) -> TypeGuard[SparseEntries]:
+    return c.caps.sparse
+
+
+def shares_indices(c: Compressor) -> TypeGuard[SharedIndices]:
+    return c.caps.shared_indices
+
+
+def is_collective(c: Compressor) -> TypeGuard[CollectiveCompressor]:
+    return c.caps.collective
+
+
+def decodes_into(c: Compressor) -> TypeGuard[DecodesInto]:
+    return c.caps.decodes_into
+
+
+def averages_sparse(c: Compressor) -> TypeGuard[SparseAverage]:
+    return c.caps.sparse_average
+
+
+def fuses_memory(c: Compressor) -> TypeGuard[FusesMemory[Any]]:
+    return c.caps.fuses_memory
+
+
+def samples_at_random(c: Compressor) -> TypeGuard[SamplesAtRandom]:
+    return c.caps.random_sample
+
+
+def votes(c: Compressor) -> TypeGuard[VoteServer]:
+    return c.caps.combine == "vote"
 
 
 # -- flags derived from the class ---------------------------------------------------------------

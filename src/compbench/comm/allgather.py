@@ -6,11 +6,11 @@ allgather."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, cast
+from typing import ClassVar
 
 from torch import Tensor
 
-from compbench.codec.base import Ctx, DecodesInto, SparseAverage, same_layout
+from compbench.codec.base import Ctx, averages_sparse, decodes_into, same_layout
 from compbench.codec.buffers import acc_dtype
 from compbench.comm.base import CommBase, CommTraits, encode
 from compbench.engines.base import Handle
@@ -42,9 +42,9 @@ class AllgatherComm(CommBase):
         exact = all(same_layout(self.compressor, grad.shape) for _, grad in items)
         bound = None if exact else sum(self.compressor.max_wire_bytes(grad.numel()) for _, grad in items)
         gathered = self.engine.allgather_payload_async(payload, name, bound)
-        averages_sparse = isinstance(self.compressor, SparseAverage)  # Capabilities.sparse_average
-        sparse = [averages_sparse and item in self.sparse_names for item, _ in items]
-        into = [None if s else _decode_target(self.compressor.caps.decodes_into, grad, p)
+        caps = self.compressor.caps
+        sparse = [caps.sparse_average and item in self.sparse_names for item, _ in items]
+        into = [None if s else _decode_target(caps.decodes_into, grad, p)
                 for s, (_, grad), (p, _) in zip(sparse, items, encoded, strict=True)]
 
         def finish() -> list[Tensor]:
@@ -61,14 +61,12 @@ class AllgatherComm(CommBase):
         return finish
 
     def _decode(self, payloads: list[list[Tensor]], ctx: Ctx, sparse: bool, into: Tensor | None) -> Tensor:
-        if sparse:
-            assert isinstance(self.compressor, SparseAverage)
-            return self.compressor.decompress_all_sparse(payloads, ctx)
-        if into is None:
-            return self.compressor.decompress_all(payloads, ctx)
-        # `into` only where `caps.decodes_into`, which is derived from DecodesInto (`decompress_all`
-        # taking `out`; every compressor has the method, so isinstance cannot tell them apart).
-        return cast(DecodesInto, self.compressor).decompress_all(payloads, ctx, out=into)
+        comp = self.compressor
+        if sparse and averages_sparse(comp):  # `sparse` only where caps.sparse_average
+            return comp.decompress_all_sparse(payloads, ctx)
+        if into is not None and decodes_into(comp):  # `into` only where caps.decodes_into
+            return comp.decompress_all(payloads, ctx, out=into)
+        return self.compressor.decompress_all(payloads, ctx)
 
 
 def _decode_target(decodes_into: bool, grad: Tensor, payload: list[Tensor]) -> Tensor | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from compbench.codec.base import CollectiveCompressor, Compressor
+from compbench.codec.base import Compressor, is_collective
 from compbench.comm.base import CommBase, CommTraits, encode
 from compbench.engines.base import Engine, Handle, flat_average
 from compbench.memory.base import Memory
@@ -27,7 +27,7 @@ class AllreduceComm(CommBase):
         self.blocking = compressor.caps.collective
 
     def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
-        if isinstance(self.compressor, CollectiveCompressor):  # Capabilities.collective
+        if is_collective(self.compressor):
             averaged, sent = self.compressor.compress_collective(
                 grad, name, lambda t: self.engine.allreduce(t, name))
             self.book(sent)

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeGuard, runtime_checkable
 
 from torch import Tensor
 
-from compbench.codec.base import PROMISES, Capabilities, Compressor, Ctx, FusesMemory, derive, payload_nbytes
+from compbench.codec.base import (
+    PROMISES,
+    Capabilities,
+    Compressor,
+    Ctx,
+    FusesMemory,
+    derive,
+    fuses_memory,
+    payload_nbytes,
+)
 from compbench.codec.deferred import Deferred
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
@@ -100,6 +109,11 @@ class PackingCommunicator(Communicator, ReducesMany, Protocol):
 PROMISES[CommTraits] = {"sparse_results": SparseResults, "packs": ReducesMany}
 
 
+def sparse_results(comm: Communicator) -> TypeGuard[SparseResults]:
+    """The flag is derived from the Protocol (`codec.base.derive`): a communicator with it has it."""
+    return comm.traits.sparse_results
+
+
 def packs(comm: CommTraits, caps: Capabilities) -> bool:
     """Whether `reduce_many` can take this compressor: a communicator that packs, unless the
     compressor runs its own collective protocol there (PowerSGD's two allreduces per tensor)."""
@@ -114,7 +128,7 @@ def encode(compressor: Compressor, memory: Memory, x: Tensor, name: str, stats: 
     compensation inside its selection pass (`Memory.defer`): same payload, same memory state."""
     with stats.time("compress"):
         fusing: FusesMemory[Deferred] | None = (
-            compressor if partial is None and isinstance(compressor, FusesMemory) else None)
+            compressor if partial is None and fuses_memory(compressor) else None)
         deferred = memory.defer(x, name) if fusing is not None else None
         if fusing is not None and deferred is not None:
             payload, ctx = fusing.compress_deferred(deferred, name)
