@@ -11,6 +11,8 @@ Hydra's own completion (`-sc install=bash`) belongs to its app runner, which com
 
 from __future__ import annotations
 
+from typing import cast
+
 from compbench import registry
 
 BASH = """# compbench completion (bash; zsh: autoload -U +X bashcompinit && bashcompinit first)
@@ -65,7 +67,7 @@ def _train(before: list[str], current: str) -> list[str]:
 def _train_yaml() -> dict:
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.load(registry.conf_dir() / "train.yaml"))  # type: ignore[return-value]
+    return cast(dict, OmegaConf.to_container(OmegaConf.load(registry.conf_dir() / "train.yaml")))
 
 
 def _picked(group: str, before: list[str]) -> str | None:

@@ -80,7 +80,7 @@ def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool =
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-    from yaml import YAMLError  # type: ignore[import-untyped]  # PyYAML ships no stubs
+    from yaml import YAMLError
 
     searched = search_path()
 

@@ -87,7 +87,8 @@ class LoopbackRendezvous:
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
-        self._thread.join()  # type: ignore[union-attr]  # started by start()
+        assert self._thread is not None  # started by start()
+        self._thread.join()
 
 
 def _horovod_envs(np: int, netns: ShapedNamespace | None = None
@@ -266,7 +267,7 @@ def _watch(procs: list[subprocess.Popen], errors: Path) -> tuple[int, str]:
         cause = [f for f in failed if f[1] != PEER_LOST_EXIT]
         if failed and not cause and cause_deadline is None:
             cause_deadline = time.monotonic() + _CAUSE_WAIT_S
-        if cause or (failed and time.monotonic() > cause_deadline):  # type: ignore[operator]  # set above
+        if cause or (failed and cause_deadline is not None and time.monotonic() > cause_deadline):
             rank, code = (cause or failed)[0]
             _stop(procs)
             said = _read_error(errors / f"error.{rank}")

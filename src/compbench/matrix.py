@@ -34,7 +34,7 @@ def completed(run_dir: Path) -> bool:
 def overrides_of(run_dir: Path) -> list[str]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
-    from yaml import YAMLError  # type: ignore[import-untyped]  # PyYAML ships no stubs
+    from yaml import YAMLError
 
     try:
         return [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]

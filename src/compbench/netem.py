@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import re
 import secrets
@@ -57,10 +58,12 @@ def check_rate(key: str, gbps: object, null: str = "") -> float:
 def check_delay(key: str, latency_us: object) -> float:
     """`latency_us` as a float, or ValueError: a finite one-way delay within DELAY_US (not NaN)."""
     low, high = DELAY_US
-    number = isinstance(latency_us, int | float) and not isinstance(latency_us, bool)
-    if not number or not low <= latency_us <= high:  # type: ignore[operator]  # a number past `not number`
+    value: float = math.nan  # what is not a number is out of range, as NaN is
+    if isinstance(latency_us, int | float) and not isinstance(latency_us, bool):
+        value = latency_us
+    if not low <= value <= high:
         raise ValueError(f"{_named(key, latency_us)} must be >= 0 microseconds, at most {high:g} (1 s)")
-    return float(latency_us)  # type: ignore[arg-type]
+    return float(value)
 
 
 def check(gbps: float | None, latency_us: float | None = 0) -> None:

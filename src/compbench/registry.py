@@ -15,7 +15,7 @@ import inspect
 import os
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -96,7 +96,7 @@ def option_config(group: str, name: str) -> dict[str, Any]:
 @cache  # by file, not by name: a plugin installed or removed later in the process is seen
 def _load(path: Path) -> dict[str, Any]:
     from omegaconf.errors import OmegaConfBaseException
-    from yaml import YAMLError  # type: ignore[import-untyped]  # PyYAML ships no stubs
+    from yaml import YAMLError
 
     try:
         node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
@@ -132,19 +132,26 @@ DECLARATIONS = {"compressor": "caps", "memory": "traits", "comm": "traits", "sch
 def declared(group: str, name: str) -> Any:
     """The record option `name` of `group` declares (a compressor's `caps`, a synchronization
     mode's `sync_traits`, the others' `traits`); ValueError naming the option where it has none
-    (a plugin's class written without it)."""
+    (a plugin's class written without it). The flags that promise a method are derived from the
+    class (`codec.base.derive`: a plugin that implements the method has the flag), ValueError where
+    it declares one without the method."""
     cls, attr = component_class(group, name), DECLARATIONS[group]
     record = getattr(cls, attr, None)
     if record is None:
         raise ValueError(f"{group}={name} ({cls.__module__}.{cls.__qualname__}) declares no `{attr}`; "
                          f"a {group} declares what it is there (docs: Your own components and plugins)")
-    return record
+    from compbench.codec.base import derive  # torch, as the class itself: imported where it is used
+
+    try:
+        return derive(record, cls)
+    except TypeError as e:
+        raise ValueError(f"{group}={name}: {e}") from None
 
 
 def plain(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     """A config node as a plain dict (components never see a DictConfig)."""
     if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # a DictConfig: a dict
     return dict(cfg)
 
 

@@ -62,17 +62,22 @@ class KeyRange:
         """None when `value` is allowed, else what it must be ("must be 1 or 3 (...)")."""
         if value is None and self.null:
             return None
-        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        num = None  # `value` where it is a finite number
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            num = value
         if self.choices:
-            ok, need = number and value in self.choices, f"must be {' or '.join(map(str, self.choices))}"
+            ok = num is not None and num in self.choices
+            need = f"must be {' or '.join(map(str, self.choices))}"
         else:
-            ok = (isinstance(value, int) if self.integer else True) and number
-            ok = ok and (self.low is None or value >= self.low) and (self.high is None or value <= self.high)  # type: ignore[operator]  # a number when ok
+            ok = (num is not None and (isinstance(num, int) or not self.integer)
+                  and (self.low is None or num >= self.low) and (self.high is None or num <= self.high))
             need = "must be " + ("an integer" if self.integer else "a number")
-            if self.high is not None:
+            if self.low is not None and self.high is not None:
                 need += f" from {self.low:g} to {self.high:g}"
             elif self.low is not None:
                 need += f" >= {self.low:g}"
+            elif self.high is not None:
+                need += f" <= {self.high:g}"
         if ok:
             return None
         need += f" or null ({self.null})" if self.null else ""

@@ -66,7 +66,9 @@ def _positive_int(value: Any, key: str, minimum: int = 1) -> int:
 
 def _as_list(value: Any) -> list[Any]:
     if OmegaConf.is_list(value):
-        return list(OmegaConf.to_container(value))  # type: ignore[arg-type]
+        items = OmegaConf.to_container(value)
+        assert isinstance(items, list)  # a ListConfig converts to a list
+        return items
     return [value]
 
 

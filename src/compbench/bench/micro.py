@@ -30,12 +30,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from compbench.codec.base import decodes_into
 from compbench.codec.buffers import OutputBuffers
 from compbench.compressors import SELECTION_KEYS, build_compressor, payload_nbytes
 from compbench.compressors.sparse import SparseCompressor
@@ -143,6 +145,10 @@ def _ratio_of(spec_params: dict[str, Any]) -> bool:
     return "ratio" in spec_params
 
 
+def _topk_abs(flat: Tensor, k: int) -> Any:
+    return torch.topk(flat.abs(), k, sorted=False)
+
+
 def floors(x: Tensor, ratios: list[float], timer: Timer, topk: bool) -> dict[str, Any]:
     """Same-run floors for the tensor `x`: read pass, copy, zero fill, exact torch.topk per ratio."""
     flat = x.reshape(-1)
@@ -158,7 +164,7 @@ def floors(x: Tensor, ratios: list[float], timer: Timer, topk: bool) -> dict[str
     if topk:
         for r in ratios:
             k = max(1, math.ceil(flat.numel() * r))
-            out["topk_ms"][str(r)] = timer(lambda k=k: torch.topk(flat.abs(), k, sorted=False))  # type: ignore[misc]  # mypy cannot type a lambda's default binding
+            out["topk_ms"][str(r)] = timer(partial(_topk_abs, flat, k))
     return out
 
 
@@ -197,9 +203,9 @@ def bench_one(name: str, params: dict[str, Any], ratio: float | None, x: Tensor,
         payloads.append(comp.compress(x, tensor)[0])
     buffers = OutputBuffers()
     with_out = comp.caps.decodes_into
-    if with_out:
-        # decodes_into compressors take out= (Capabilities.decodes_into); the Protocol's decode does not
-        dec = timer(lambda: comp.decompress_all(payloads, ctx, out=buffers.get(ctx)))  # type: ignore[call-arg]
+    if with_out and decodes_into(comp):
+        into = comp
+        dec = timer(lambda: into.decompress_all(payloads, ctx, out=buffers.get(ctx)))
     else:
         dec = timer(lambda: comp.decompress_all(payloads, ctx))
 

@@ -236,13 +236,15 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
+def _kilobytes(nbytes: float | None) -> str:
+    return f"{nbytes / 1e3:.1f}" if nbytes else "-"
+
+
 def measured(claim: Claim, r: Results) -> str:
     """The measured column: mean +- spread of every run of the claim (and bytes where they matter)."""
     text = "; ".join(f"{n} {r[n]}" for n in claim.runs)
     if claim.show_bytes:
-        text += "; kB/step " + ", ".join(
-            f"{n} {r[n].bytes_per_step / 1e3:.1f}"  # type: ignore[operator]  # not None: the condition
-            if r[n].bytes_per_step else f"{n} -" for n in claim.runs)
+        text += "; kB/step " + ", ".join(f"{n} {_kilobytes(r[n].bytes_per_step)}" for n in claim.runs)
     return text
 
 

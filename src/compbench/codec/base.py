@@ -9,15 +9,19 @@ same on every rank (shape, dtype, numel, hyper-parameters): that is the `Ctx`. A
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from compbench.values import KeyRange
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 @dataclass
@@ -43,6 +47,11 @@ def make_ctx(x: Tensor, name: str, **meta: Any) -> Ctx:
 class Capabilities:
     """What a compressor is, declared once per class: the config check (compbench.compat), the
     communicators and the recipes read only this record, never the class itself.
+
+    The flags that promise a method (sparse, shared_indices, collective, decodes_into,
+    sparse_average, fuses_memory, random_sample, split_unit, combine="vote") are derived from the
+    class (`derive`, `PROMISES`): a class that implements the flag's Protocol gets it, and a class
+    that declares it without the method is refused when it is defined.
 
     summable: payloads of different ranks may be summed element-wise by an allreduce and the sum
       decoded once (linear decode, the same layout on every rank: none, fp16, shared-seed randk).
@@ -142,6 +151,12 @@ class CompressorBase:
     step: int = 0
     epoch: float = 0.0
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The flags that promise a method are derived from the class (`derive`): refused where a
+        class declares one without its method, set where it has the method."""
+        super().__init_subclass__(**kwargs)
+        cls.caps = derive(cls.caps, cls)
+
     def begin_step(self, step: int, epoch: float) -> None:
         """Called by the trainer before each optimizer step (for seeds, warm-ups, schedules)."""
         self.step = step
@@ -180,15 +195,211 @@ class CompressorBase:
         pass
 
 
+# -- the capabilities that promise a method: one small Protocol each ---------------------------------
+
+@runtime_checkable
+class SparseEntries(Protocol):
+    """`Capabilities.sparse`: the payload names the elements it sends."""
+
+    def sent_indices(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
+        """Flat indices this payload carries (memory=dgc masks its momentum there)."""
+        ...
+
+    def sparse_entries(self, payload: list[Tensor], ctx: Ctx) -> tuple[Tensor, Tensor]:
+        """(flat indices, values) whose scatter-add into zeros is the decode (memory=residual)."""
+        ...
+
+
+@runtime_checkable
+class SharedIndices(Protocol):
+    """`Capabilities.shared_indices`: every rank draws the same indices from a shared seed."""
+
+    def indices(self, numel: int, name: str, device: torch.device | str = "cpu") -> Tensor: ...
+
+
+@runtime_checkable
+class CollectiveCompressor(Protocol):
+    """`Capabilities.collective`: its own collective protocol over comm=allreduce."""
+
+    def compress_collective(self, x: Tensor, name: str,
+                            allreduce_mean: Callable[[Tensor], Tensor]) -> tuple[Tensor, int]:
+        """(the average of `x` over the ranks, the bytes this rank sent), the collectives issued
+        through `allreduce_mean`."""
+        ...
+
+
+@runtime_checkable
+class DecodesInto(Protocol):
+    """`Capabilities.decodes_into`: `decompress_all` decodes into a caller's flat buffer."""
+
+    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor: ...
+
+
+@runtime_checkable
+class SparseAverage(Protocol):
+    """`Capabilities.sparse_average`: the average as a coalesced sparse COO tensor."""
+
+    def decompress_all_sparse(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor: ...
+
+
+D_contra = TypeVar("D_contra", contravariant=True)
+
+
+@runtime_checkable
+class FusesMemory(Protocol[D_contra]):
+    """`Capabilities.fuses_memory`: compresses a memory's deferred compensation in one pass. `D_contra`
+    is `codec.deferred.Deferred`, which this module cannot import (the deferred pass runs the
+    kernels, which import the codec): `FusesMemory[Deferred]` where it is used."""
+
+    def compress_deferred(self, deferred: D_contra, name: str) -> tuple[list[Tensor], Ctx]:
+        """The payload of the compensated tensor; runs `deferred` (sets `deferred.result`)."""
+        ...
+
+
+@runtime_checkable
+class SamplesAtRandom(Protocol):
+    """`Capabilities.random_sample`: the encode reads a uniform sample besides its pass."""
+
+    def sampled_reads(self, numel: int) -> int: ...
+
+
 @runtime_checkable
 class SplitsPayload(Protocol):
-    """A compressor with `Capabilities.split_unit`."""
+    """`Capabilities.split_unit` (non-zero): a whole tensor's payload cut into parts."""
 
     def split(self, payload: list[Tensor], ctx: Ctx, bounds: list[tuple[int, int]],
               names: list[str]) -> list[tuple[list[Tensor], Ctx]]:
         """The payload of each flat element range of `bounds` (each starting at a multiple of
         `split_unit`, or empty) of the whole tensor's `payload`, with its ctx named `names[i]`."""
         ...
+
+
+@runtime_checkable
+class VoteServer(Protocol):
+    """`Capabilities.combine` "vote": a parameter server sends the vote's sign."""
+
+    def server_compress(self, vote: Tensor, name: str) -> tuple[list[Tensor], Ctx]: ...
+
+
+# -- narrowing by the flag: a flag is derived from its Protocol, so a compressor with it implements
+# it (a record read, where isinstance on a Protocol costs microseconds per tensor) ---------------
+
+def is_sparse(c: Compressor) -> TypeGuard[SparseEntries]:
+    return c.caps.sparse
+
+
+def shares_indices(c: Compressor) -> TypeGuard[SharedIndices]:
+    return c.caps.shared_indices
+
+
+def is_collective(c: Compressor) -> TypeGuard[CollectiveCompressor]:
+    return c.caps.collective
+
+
+def decodes_into(c: Compressor) -> TypeGuard[DecodesInto]:
+    return c.caps.decodes_into
+
+
+def averages_sparse(c: Compressor) -> TypeGuard[SparseAverage]:
+    return c.caps.sparse_average
+
+
+def fuses_memory(c: Compressor) -> TypeGuard[FusesMemory[Any]]:
+    return c.caps.fuses_memory
+
+
+def samples_at_random(c: Compressor) -> TypeGuard[SamplesAtRandom]:
+    return c.caps.random_sample
+
+
+def votes(c: Compressor) -> TypeGuard[VoteServer]:
+    return c.caps.combine == "vote"
+
+
+# -- flags derived from the class ---------------------------------------------------------------
+
+# Record type -> {field: the Protocol whose members the field promises}. Each seam registers its
+# record's (compbench.comm.base registers CommTraits'); a boolean field is true exactly when the
+# class implements the Protocol, "combine" promises VoteServer where it is "vote", an int field where
+# it is non-zero.
+PROMISES: dict[type, dict[str, type]] = {
+    Capabilities: {"sparse": SparseEntries, "shared_indices": SharedIndices,
+                   "collective": CollectiveCompressor, "decodes_into": DecodesInto,
+                   "sparse_average": SparseAverage, "fuses_memory": FusesMemory,
+                   "random_sample": SamplesAtRandom, "split_unit": SplitsPayload, "combine": VoteServer},
+}
+
+R = TypeVar("R", bound="DataclassInstance")
+
+
+def protocol_members(proto: type) -> dict[str, list[str] | None]:
+    """What `proto` declares: each method with its parameter names (after self), each data member
+    (an annotation) as None."""
+    members: dict[str, list[str] | None] = {}
+    for klass in reversed(proto.__mro__):
+        if Protocol not in klass.__bases__:
+            continue
+        members.update(dict.fromkeys(vars(klass).get("__annotations__", {})))
+        for name, value in vars(klass).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, staticmethod):
+                members[name] = list(inspect.signature(value.__func__).parameters)
+            elif inspect.isfunction(value):
+                members[name] = list(inspect.signature(value).parameters)[1:]
+            else:  # a property or a class attribute
+                members[name] = None
+    return members
+
+
+def implements(cls: type, proto: type) -> bool:
+    """Whether class `cls` has what `proto` declares: each method, taking the protocol's parameters
+    by name (or any keywords), and each data member, as class attributes. A member set to None
+    (`decompress_all_sparse = None`) is not implemented."""
+    for name, params in protocol_members(proto).items():
+        value = getattr(cls, name, None)
+        if value is None:
+            return False
+        if params is None:
+            continue
+        if not callable(value):
+            return False
+        try:
+            taken = inspect.signature(value).parameters
+        except (TypeError, ValueError):  # a builtin without a signature: its name is all there is
+            continue
+        any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values())
+        if not any_keyword and not set(params) <= set(taken):
+            return False
+    return True
+
+
+def describe(proto: type) -> str:
+    """The members of `proto` as a reader writes them: `split(payload, ctx, bounds, names)`."""
+    return " and ".join(name if params is None else f"{name}({', '.join(params)})"
+                        for name, params in protocol_members(proto).items()) + f" ({proto.__name__})"
+
+
+def derive(record: R, cls: type) -> R:
+    """`record` (a frozen dataclass) as class `cls` has it: each field of `PROMISES` set where `cls`
+    implements the field's Protocol. TypeError, naming the class, the field and the method, where
+    the record declares a field `cls` does not implement, or where a field that is not a boolean
+    (split_unit, combine) does not say what the method it implements does."""
+    changes: dict[str, bool] = {}
+    for flag, proto in PROMISES.get(type(record), {}).items():
+        value = getattr(record, flag)
+        declared = value == "vote" if isinstance(value, str) else bool(value)
+        has = implements(cls, proto)
+        who = f"{cls.__module__}.{cls.__qualname__}"
+        if declared and not has:
+            raise TypeError(f"{who} declares {flag}={value!r} but has no {describe(proto)}; "
+                            f"implement it, or do not declare {flag}")
+        if has and not declared:
+            if not isinstance(value, bool):
+                raise TypeError(f"{who} has {describe(proto)} but declares {flag}={value!r}; "
+                                f"declare the {flag} its method serves")
+            changes[flag] = True
+    return replace(record, **changes) if changes else record
 
 
 def same_layout(compressor: Compressor, shape: torch.Size) -> bool:

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from compbench.codec.base import Ctx, same_layout
+from compbench.codec.base import Ctx, averages_sparse, decodes_into, same_layout
 from compbench.codec.buffers import acc_dtype
 from compbench.comm.base import CommBase, CommTraits, encode
 from compbench.engines.base import Handle
@@ -22,6 +22,7 @@ class AllgatherComm(CommBase):
     `Communicator.reduce`); otherwise decoded into the gradient it was handed where it can be."""
 
     traits: ClassVar[CommTraits] = CommTraits(sparse_results=True, packs=True)
+    sparse_names: frozenset[str] = frozenset()  # set by the pipeline (see Communicator.reduce)
 
     def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
         finish = self._gather(name, [(name, grad)], memory)
@@ -60,11 +61,12 @@ class AllgatherComm(CommBase):
         return finish
 
     def _decode(self, payloads: list[list[Tensor]], ctx: Ctx, sparse: bool, into: Tensor | None) -> Tensor:
-        if sparse:
-            return self.compressor.decompress_all_sparse(payloads, ctx)  # type: ignore[attr-defined]
-        if into is None:
-            return self.compressor.decompress_all(payloads, ctx)
-        return self.compressor.decompress_all(payloads, ctx, out=into)  # type: ignore[call-arg]
+        comp = self.compressor
+        if sparse and averages_sparse(comp):  # `sparse` only where caps.sparse_average
+            return comp.decompress_all_sparse(payloads, ctx)
+        if into is not None and decodes_into(comp):  # `into` only where caps.decodes_into
+            return comp.decompress_all(payloads, ctx, out=into)
+        return self.compressor.decompress_all(payloads, ctx)
 
 
 def _decode_target(decodes_into: bool, grad: Tensor, payload: list[Tensor]) -> Tensor | None:

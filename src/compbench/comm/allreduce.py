@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from compbench.codec.base import Compressor
+from compbench.codec.base import Compressor, is_collective
 from compbench.comm.base import CommBase, CommTraits, encode
 from compbench.engines.base import Engine, Handle, flat_average
 from compbench.memory.base import Memory
@@ -27,8 +27,8 @@ class AllreduceComm(CommBase):
         self.blocking = compressor.caps.collective
 
     def reduce(self, grad: Tensor, name: str, memory: Memory) -> Handle:
-        if self.compressor.caps.collective:
-            averaged, sent = self.compressor.compress_collective(  # type: ignore[attr-defined]
+        if is_collective(self.compressor):
+            averaged, sent = self.compressor.compress_collective(
                 grad, name, lambda t: self.engine.allreduce(t, name))
             self.book(sent)
             return Handle.done(averaged)

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeGuard, runtime_checkable
 
 from torch import Tensor
 
-from compbench.codec.base import Capabilities, Compressor, Ctx, payload_nbytes
+from compbench.codec.base import (
+    PROMISES,
+    Capabilities,
+    Compressor,
+    Ctx,
+    FusesMemory,
+    derive,
+    fuses_memory,
+    payload_nbytes,
+)
+from compbench.codec.deferred import Deferred
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
 from compbench.stats import StepStats
@@ -16,6 +26,8 @@ from compbench.stats import StepStats
 @dataclass(frozen=True)
 class CommTraits:
     """What a communicator accepts, declared once per class; the config check reads only this.
+    `sparse_results` and `packs` promise members (`SparseResults`, `ReducesMany`): they are derived
+    from the class as a compressor's are (`codec.base.derive`).
 
     engines: the engines it runs on.
     needs_summable: payloads are summed by an allreduce: only `Capabilities.summable` compressors,
@@ -70,7 +82,14 @@ class Communicator(Protocol):
 
 
 @runtime_checkable
-class PackingCommunicator(Communicator, Protocol):
+class SparseResults(Protocol):
+    """A communicator with `traits.sparse_results`: the names whose average it hands back sparse."""
+
+    sparse_names: frozenset[str]
+
+
+@runtime_checkable
+class ReducesMany(Protocol):
     """A communicator with `traits.packs`."""
 
     def reduce_many(self, name: str, items: list[tuple[str, Tensor]], memory: Memory) -> Handle:
@@ -80,6 +99,19 @@ class PackingCommunicator(Communicator, Protocol):
         averaged tensors in the order of `items` (sparse for names in `sparse_names`, as `reduce`).
         Books one compressed exchange: what this rank put on the wire for all of them."""
         ...
+
+
+@runtime_checkable
+class PackingCommunicator(Communicator, ReducesMany, Protocol):
+    """A communicator with `traits.packs`, as the pipeline holds it."""
+
+
+PROMISES[CommTraits] = {"sparse_results": SparseResults, "packs": ReducesMany}
+
+
+def sparse_results(comm: Communicator) -> TypeGuard[SparseResults]:
+    """The flag is derived from the Protocol (`codec.base.derive`): a communicator with it has it."""
+    return comm.traits.sparse_results
 
 
 def packs(comm: CommTraits, caps: Capabilities) -> bool:
@@ -95,9 +127,11 @@ def encode(compressor: Compressor, memory: Memory, x: Tensor, name: str, stats: 
     A compressor that fuses the memory (`Capabilities.fuses_memory`) runs the memory's deferred
     compensation inside its selection pass (`Memory.defer`): same payload, same memory state."""
     with stats.time("compress"):
-        deferred = memory.defer(x, name) if partial is None and compressor.caps.fuses_memory else None
-        if deferred is not None:
-            payload, ctx = compressor.compress_deferred(deferred, name)  # type: ignore[attr-defined]
+        fusing: FusesMemory[Deferred] | None = (
+            compressor if partial is None and fuses_memory(compressor) else None)
+        deferred = memory.defer(x, name) if fusing is not None else None
+        if fusing is not None and deferred is not None:
+            payload, ctx = fusing.compress_deferred(deferred, name)
             y = deferred.result
             assert y is not None, f"{compressor.name}: compress_deferred must run the compensation"
         else:
@@ -114,10 +148,14 @@ class CommBase:
 
     traits: ClassVar[CommTraits] = CommTraits()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """`traits.sparse_results` and `traits.packs` are derived from the class (`derive`)."""
+        super().__init_subclass__(**kwargs)
+        cls.traits = derive(cls.traits, cls)
+
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         self.engine, self.compressor, self.stats = engine, compressor, stats
         self.blocking = self.traits.blocking
-        self.sparse_names: frozenset[str] = frozenset()  # see Communicator.reduce (traits.sparse_results)
 
     @staticmethod
     def check_options(**options: Any) -> None:

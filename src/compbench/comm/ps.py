@@ -28,7 +28,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from compbench.codec.base import Compressor, Ctx, SplitsPayload, same_layout
+from compbench.codec.base import Compressor, Ctx, SplitsPayload, same_layout, votes
 from compbench.comm.base import BlockingComm, CommTraits, encode
 from compbench.engines import wire
 from compbench.engines.base import Engine, Handle
@@ -193,9 +193,9 @@ class PSComm(BlockingComm):
         """The server's payload for the average of its shard: the compressor's own server rule
         when it has one (signum: the vote's sign), else a compress, with server error feedback
         for biased compressors."""
-        if self.compressor.caps.combine == "vote":
+        if votes(self.compressor):  # Capabilities.combine "vote"
             with self.stats.time("compress"):
-                return self.compressor.server_compress(averaged, name)[0]  # type: ignore[attr-defined]
+                return self.compressor.server_compress(averaged, name)[0]
         memory = self.server_memory if self.server_feedback else NoMemory()
         return encode(self.compressor, memory, averaged, name, self.stats)[0]
 

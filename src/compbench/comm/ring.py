@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from compbench.codec.base import Ctx, payload_nbytes
+from compbench.codec.base import Ctx, payload_nbytes, shares_indices
 from compbench.comm.base import BlockingComm, CommTraits, encode
 from compbench.comm.ps import shard_bounds
 from compbench.memory.base import Memory
@@ -81,8 +81,8 @@ class RingComm(BlockingComm):
         (randk) are drawn again for that name, exactly as the sender drew them."""
         numel = bound[1] - bound[0]
         ctx = replace(template, name=cname, shape=torch.Size([numel]))
-        if self.compressor.caps.shared_indices:
-            indices = self.compressor.indices(numel, cname, template.device)  # type: ignore[attr-defined]  # shared_indices
+        if shares_indices(self.compressor):
+            indices = self.compressor.indices(numel, cname, template.device)
             ctx.meta = {**ctx.meta, "indices": indices}
         return ctx
 

@@ -122,7 +122,7 @@ class DGC(SparseCompressor):
         self.seed = int(seed)
 
     @property
-    def ratio(self) -> float:  # type: ignore[override]
+    def ratio(self) -> float:  # type: ignore[override]  # read-only: a schedule over the set ratio
         """The ratio in force at the current epoch (warm-up schedule, then the configured ratio)."""
         e = math.floor(self.epoch)
         if e < self.warmup_epochs:

@@ -118,10 +118,10 @@ def _quantize(flat: Tensor, levels: int, bucket_size: int, noise: Tensor) -> tup
 
     noise.add_(float(levels))
     noise_head, noise_tail = _buckets(noise, bucket_size)
-    if head is not None:
-        noise_head.addcmul_(head, scale[: head.shape[0], None])  # type: ignore[union-attr]  # with head
-    if tail is not None:
-        noise_tail.addcmul_(tail, scale[-1:])  # type: ignore[union-attr]  # with tail
+    if head is not None and noise_head is not None:  # noise has flat's buckets
+        noise_head.addcmul_(head, scale[: head.shape[0], None])
+    if tail is not None and noise_tail is not None:
+        noise_tail.addcmul_(tail, scale[-1:])
     # |s*x/norm| <= s up to fp32 rounding; the clamp keeps the codes in range.
     noise.clamp_(0.0, float(2 * levels))
     return noise.to(torch.uint8), norms

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from compbench.codec.base import ERROR_FEEDBACK_RECIPE, Capabilities, Ctx, check_ratio, make_ctx
-from compbench.compressors.sparse import SparseCompressor, make_generator
+from compbench.compressors.sparse import Sparsifier, make_generator
 
 
 def _draw_indices(n: int, k: int, gen: torch.Generator) -> Tensor:
@@ -39,7 +39,7 @@ def _sorted_distinct(a: np.ndarray) -> np.ndarray:
     return s[np.concatenate(([True], s[1:] != s[:-1]))]
 
 
-class RandK(SparseCompressor):
+class RandK(Sparsifier):
     """Random-k sparsification with indices shared by all ranks (seeded by seed, step, tensor name).
 
     Payload: [values fp32] only; the indices are regenerated from the seed, so they sit in the
@@ -82,13 +82,14 @@ class RandK(SparseCompressor):
             values.mul_(n / idx.numel())
         return [values], make_ctx(x, name, indices=idx)
 
-    # Not decodes_into: randk's decode takes no `out` buffer (SparseCompressor's optional one).
-    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:  # type: ignore[override]
+    # Not decodes_into (its decode takes no `out` buffer), nor sparse_average: a Sparsifier, not a
+    # SparseCompressor ([values, indices] payloads).
+    def decompress(self, payload: list[Tensor], ctx: Ctx) -> Tensor:
         out = torch.zeros(ctx.numel, dtype=payload[0].dtype, device=payload[0].device)
         out[ctx.meta["indices"]] = payload[0]
         return out.to(ctx.dtype).view(ctx.shape)
 
-    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:  # type: ignore[override]
+    def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
         # Same indices on every rank: sum the values, scatter once.
         total = payloads[0][0].clone() if len(payloads) == 1 else torch.stack([p[0] for p in payloads]).sum(0)
         return self.decompress([total.div_(len(payloads))], ctx)

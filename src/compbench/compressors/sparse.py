@@ -244,13 +244,15 @@ def exact_topk_indices(values: Tensor | None, k: int, ws: Workspace,
 
     `deferred` (then `values` is None): a memory's compensation, run as the summary pass.
     """
+    flat: Tensor | None = None
     if deferred is not None:
         n = deferred.numel
         if k >= n or n <= 65536 or 8 * k > n:
             return exact_topk_indices(deferred.apply(), k, ws)
     else:
-        n = values.detach().numel()  # type: ignore[union-attr]
-    flat = None if deferred is not None else values.detach().reshape(-1)  # type: ignore[union-attr]
+        assert values is not None, "exact_topk_indices: values, or a deferred compensation"
+        flat = values.detach().reshape(-1)
+        n = flat.numel()
     if flat is not None and k >= n:
         return torch.arange(n, device=flat.device)
     if flat is not None and (flat.device.type != "cpu" or n <= 65536 or 8 * k > n):
@@ -333,11 +335,9 @@ def sparse_average(payloads: list[list[Tensor]], ctx: Ctx) -> Tensor:
                                    check_invariants=False)
 
 
-class SparseCompressor(CompressorBase):
-    """Base of the [values, indices] sparsifiers: decode, fused decode, sent indices, workspace."""
+class Sparsifier(CompressorBase):
+    """Base of the sparsifiers that select k = ceil(n * ratio) elements: ratio and workspace."""
 
-    caps = Capabilities(sparse=True, decodes_into=True, sparse_average=True, recipe=ERROR_FEEDBACK_RECIPE,
-                        why_not_summable="sends rank-dependent indices")
     ratio: float = 0.01
 
     def __init__(self) -> None:
@@ -346,6 +346,13 @@ class SparseCompressor(CompressorBase):
     def k_for(self, numel: int) -> int:
         """Number of elements to send for a tensor of `numel` elements at the current ratio."""
         return min(numel, num_selected(numel, self.ratio))
+
+
+class SparseCompressor(Sparsifier):
+    """Base of the [values, indices] sparsifiers: decode, fused decode, sparse average, sent indices."""
+
+    caps = Capabilities(sparse=True, decodes_into=True, sparse_average=True, recipe=ERROR_FEEDBACK_RECIPE,
+                        why_not_summable="sends rank-dependent indices")
 
     def decompress(self, payload: list[Tensor], ctx: Ctx, out: Tensor | None = None) -> Tensor:
         """Dense decode; into the caller's buffer `out` when given (see `decode_buffer`)."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -34,7 +35,8 @@ class ShardedLoader:
         self.epoch = 0
 
     def _indices(self) -> Tensor:
-        return shard_indices(len(self.dataset), self.rank, self.size, self.seed, self.epoch,  # type: ignore[arg-type]
+        n = len(cast(Sized, self.dataset))  # map-style: indexed, with a length
+        return shard_indices(n, self.rank, self.size, self.seed, self.epoch,
                              shuffle=self.train, drop_last=self.train)
 
     def __len__(self) -> int:

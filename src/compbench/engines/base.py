@@ -24,7 +24,7 @@ class Handle:
     __slots__ = ("_finish", "_result", "_done")
 
     def __init__(self, finish: Callable[[], Any]) -> None:
-        self._finish = finish
+        self._finish: Callable[[], Any] | None = finish
         self._done = False
         self._result: Any = None
 
@@ -37,9 +37,10 @@ class Handle:
 
     def wait(self) -> Any:
         if not self._done:
+            assert self._finish is not None  # dropped only once done
             self._result = self._finish()
             self._done = True
-            self._finish = None  # type: ignore[assignment]  # drop references to buffers
+            self._finish = None  # drop references to buffers
         return self._result
 
 
@@ -52,7 +53,7 @@ class Engine(Protocol):
     local_size: int
 
     def allreduce_async(self, t: Tensor, name: str, average: bool = True) -> Handle: ...
-    def allreduce_inplace_async(self, t: Tensor, name: str) -> Handle: ...
+    def allreduce_inplace_async(self: Engine, t: Tensor, name: str) -> Handle: ...
     def allgather_async(self, tensors: list[Tensor], name: str) -> Handle: ...
     def allreduce(self, t: Tensor, name: str, average: bool = True) -> Tensor: ...
     def allgather(self, tensors: list[Tensor], name: str) -> list[list[Tensor]]: ...
@@ -72,52 +73,53 @@ class Engine(Protocol):
 
 
 class EngineBase:
-    """Blocking conveniences shared by both engines."""
+    """Blocking conveniences shared by both engines: a mixin of an `Engine` (its methods take `self`
+    as one, so they type-check against the collectives the engine itself provides)."""
 
-    def allreduce(self, t: Tensor, name: str, average: bool = True) -> Tensor:
-        return self.allreduce_async(t, name, average).wait()  # type: ignore[attr-defined]
+    def allreduce(self: Engine, t: Tensor, name: str, average: bool = True) -> Tensor:
+        return self.allreduce_async(t, name, average).wait()
 
-    def allreduce_inplace_async(self, t: Tensor, name: str) -> Handle:
+    def allreduce_inplace_async(self: Engine, t: Tensor, name: str) -> Handle:
         """Average `t` over the ranks into `t` itself (the dense gradient path: no clone, no copy
         back); the handle returns `t`. Engines override it with a truly in-place collective."""
-        averaged = self.allreduce_async(t, name)  # type: ignore[attr-defined]
+        averaged = self.allreduce_async(t, name)
         return Handle(lambda: t.copy_(averaged.wait()))
 
-    def allgather(self, tensors: list[Tensor], name: str) -> list[list[Tensor]]:
-        return self.allgather_async(tensors, name).wait()  # type: ignore[attr-defined]
+    def allgather(self: Engine, tensors: list[Tensor], name: str) -> list[list[Tensor]]:
+        return self.allgather_async(tensors, name).wait()
 
-    def allgather_payload_async(self, payload: list[Tensor], name: str, bound: int | None) -> Handle:
+    def allgather_payload_async(self: Engine, payload: list[Tensor], name: str, bound: int | None) -> Handle:
         """One compressed exchange of comm=allgather as ONE collective. `bound`: None when every
         rank's payload has this rank's layout (the compressor declares exact `wire_bytes`), else the
         most bytes any rank's payload can take (`max_wire_bytes`), the same on every rank.
         `handle.wait()` -> (every rank's payload, the bytes this rank really put on the wire).
         This default (engines without a framed path) is the uneven allgather, booking the payload."""
-        gathered = self.allgather_async(payload, name)  # type: ignore[attr-defined]
+        gathered = self.allgather_async(payload, name)
         sent = sum(t.numel() * t.element_size() for t in payload)
         return Handle(lambda: (gathered.wait(), sent))
 
-    def allgather_uneven_async(self, payload: list[Tensor], name: str) -> Handle:
+    def allgather_uneven_async(self: Engine, payload: list[Tensor], name: str) -> Handle:
         """Every rank's payload (same tensors and dtypes, first dimensions that differ by rank and
         no bound worth padding to) as one framed collective; an engine whose allgather needs equal
         sizes exchanges the frames' lengths first and pads to the longest. `handle.wait()` ->
         (every rank's payload, the bytes this rank put on the wire, padding included). This
         default (engines that gather uneven frames) books the payload."""
-        gathered = self.allgather_async(payload, name)  # type: ignore[attr-defined]
+        gathered = self.allgather_async(payload, name)
         sent = sum(t.numel() * t.element_size() for t in payload)
         return Handle(lambda: (gathered.wait(), sent))
 
-    def shift(self, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]:
+    def shift(self: Engine, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]:
         """Send `payload` to rank `dst` and receive rank `src`'s; every rank calls it together (a
         ring hop). Two all-to-alls in which only `dst` gets data: a header, then the bytes.
         Engines with point-to-point sends override it."""
-        size = self.size  # type: ignore[attr-defined]
+        size = self.size
         only = [0] * size
         only[dst] = wire.HEADER_LEN
-        head, _ = self.alltoall(wire.header(payload), only, f"{name}.head")  # type: ignore[attr-defined]
+        head, _ = self.alltoall(wire.header(payload), only, f"{name}.head")
         specs = wire.parse_header(head)
         blob = wire.to_bytes(payload)
         only[dst] = blob.numel()
-        received, _ = self.alltoall(blob, only, f"{name}.blob")  # type: ignore[attr-defined]
+        received, _ = self.alltoall(blob, only, f"{name}.blob")
         assert received.numel() == wire.nbytes(specs), (src, received.numel())
         return wire.from_bytes(received, specs)
 

@@ -48,7 +48,9 @@ class Kernel:
         """The C++ declaration the schema implies (Tensor -> const at::Tensor&, Tensor(a!) and
         Tensor(b!), Tensor(c!) -> at::Tensor&, float -> double, int -> int64_t, bool -> bool; a tuple of
         tensors -> std::tuple, () -> void)."""
-        args, returns = _ARGS.fullmatch(self.schema).groups()  # type: ignore[union-attr]
+        match = _ARGS.fullmatch(self.schema)
+        assert match is not None, f"{self.name}: schema {self.schema!r} is not (args) -> returns"
+        args, returns = match.groups()
         params = ", ".join(f"{_cpp_type(t)} {n}" for t, n in (a.rsplit(" ", 1) for a in _split(args)))
         return f"{_cpp_return(returns)} {self.name}({params});"
 

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from compbench.codec.base import Compressor, Ctx
+from compbench.codec.base import Compressor, Ctx, is_sparse
 from compbench.codec.deferred import Deferred
 from compbench.kernels.cpu import DGC, DGC_NESTEROV
 from compbench.memory.base import MemoryTraits, fusable
@@ -114,7 +114,8 @@ class DGCMemory:
             v = self.velocities[name] = v.clone()
         # `needs_sparse`: the config check pairs this memory with sparsifiers only, which name
         # what they sent.
-        sent = compressor.sent_indices(payload, ctx).to(v.device)  # type: ignore[attr-defined]
+        assert is_sparse(compressor), f"memory=dgc needs a sparsifier, not {compressor.name}"
+        sent = compressor.sent_indices(payload, ctx).to(v.device)
         v.view(-1).index_fill_(0, sent, 0)
         if self.momentum_masking:
             self.momentums[name].view(-1).index_fill_(0, sent, 0)

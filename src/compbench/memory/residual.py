@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from compbench.codec.base import Compressor, Ctx
+from compbench.codec.base import Compressor, Ctx, is_sparse
 from compbench.codec.deferred import Deferred
 from compbench.kernels.cpu import RESIDUAL
 from compbench.memory.base import NO_STATE, MemoryTraits, fusable
@@ -74,8 +74,8 @@ class ResidualMemory:
             r = self.residuals[name] = r.clone()  # a payload viewing the buffer must stay intact until sent
         if x.data_ptr() != r.data_ptr():
             r.copy_(x)  # what was compressed is not the buffer itself (a ring hop added a partial sum)
-        if compressor.caps.sparse:
-            indices, values = compressor.sparse_entries(payload, ctx)  # type: ignore[attr-defined]
+        if is_sparse(compressor):
+            indices, values = compressor.sparse_entries(payload, ctx)
             r.view(-1).index_add_(0, indices, values.to(r.dtype), alpha=-1)
         else:
             r.sub_(compressor.decompress(payload, ctx))

@@ -116,7 +116,9 @@ class Cell:
         step = self.mean("step_ms")
         if not (sent and rate and step):
             return None
-        workers = int(self.done[0].results["environment"]["world_size"])  # type: ignore[index]  # done
+        results = self.done[0].results
+        assert results is not None  # a done run has its results
+        workers = int(results["environment"]["world_size"])
         return sent * workers / (rate * step / 1e3)
 
 

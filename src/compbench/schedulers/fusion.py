@@ -124,7 +124,9 @@ class Part:
             return
         flat, pos = averaged.reshape(-1), 0
         for _, p in self.members:
-            land(p.grad, flat[pos : pos + p.numel()].view(p.grad.shape))  # type: ignore[arg-type, union-attr]  # sent: has one
+            grad = p.grad
+            assert grad is not None  # sent: has one
+            land(grad, flat[pos : pos + p.numel()].view(grad.shape))
             pos += p.numel()
 
 
@@ -164,7 +166,8 @@ class PackedPart:
             if result.is_sparse:  # the averaged sparse payload (pipeline.sparse_names), as Part's
                 p.grad = result
             else:
-                land(p.grad, result)  # type: ignore[arg-type]  # sent: has one
+                assert p.grad is not None  # sent: has one
+                land(p.grad, result)
 
 
 class Group:
@@ -246,7 +249,9 @@ def reslice_state(state: dict, old: list[tuple[str, torch.Size]], new: list[tupl
             return out
         return {k: convert(v) for k, v in d.items()}
 
-    return convert(state)  # type: ignore[return-value]
+    converted = convert(state)
+    assert isinstance(converted, dict)  # a dict converts to a dict
+    return converted
 
 
 def regroup_state(pipeline: GradientPipeline, old: list[Group], new: list[Group]) -> None:

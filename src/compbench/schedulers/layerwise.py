@@ -99,8 +99,10 @@ class Layerwise:
             self._submit_ready()
 
     def _submit_ready(self) -> None:
+        pipeline = self.pipeline
+        assert pipeline is not None  # armed by before_backward
         while self._next < len(self.groups) and self._missing[self._next] == 0:
-            self.groups[self._next].submit(self.pipeline, dense=self.dense_step)  # type: ignore[arg-type]  # armed
+            self.groups[self._next].submit(pipeline, dense=self.dense_step)
             self._next += 1
 
     def synchronize(self, pipeline: GradientPipeline) -> None:

@@ -157,7 +157,8 @@ class MergeComp(Layerwise):
             self._use(pipeline, self.search.next() or (4, 1.0))
         else:
             n = len(self.params)
-            if self.requested > n:  # type: ignore[operator]  # an int here: "auto" handled above
+            assert not isinstance(self.requested, str)  # "auto" is handled above
+            if self.requested > n:
                 warnings.warn(f"scheduler.groups={self.requested} > {n} tensors: using {n}", stacklevel=2)
             self._use(pipeline, (int(self.requested), 1.0))
 

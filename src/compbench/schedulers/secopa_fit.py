@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -52,8 +53,6 @@ def fit_line(xs: list[float], ts: list[float]) -> Line:
     return Line(w=w, b=b, overhead=floor)
 
 
-# The timed lambdas below bind loop variables as defaults (lambda x=x: ...), which mypy cannot type:
-# they carry `type: ignore[misc]`.
 def best_time(fn: Callable[[], Any], reps: int) -> float:
     """The least wall time of `reps` calls of `fn` in seconds, after one untimed warm-up call:
     interference from other processes (a shared machine) only ever adds time."""
@@ -77,9 +76,9 @@ def probe_compressor(compressor: Any, sizes: tuple[int, ...] = PROBE_SIZES, reps
     for m in sizes:
         x = torch.randn(int(m), generator=gen)
         name = f"secopa.probe.{m}"
-        t_enc = best_time(lambda x=x, name=name: comp.compress(x, name), reps)  # type: ignore[misc]
+        t_enc = best_time(partial(comp.compress, x, name), reps)
         payload, ctx = comp.compress(x, name)
-        t_dec = best_time(lambda payload=payload, ctx=ctx: comp.decompress(payload, ctx), reps)  # type: ignore[misc]
+        t_dec = best_time(partial(comp.decompress, payload, ctx), reps)
         samples.append({"numel": int(m), "wire_bytes": payload_nbytes(payload), "enc_s": t_enc,
                         "dec_s": t_dec})
     enc = fit_line([s["numel"] for s in samples], [s["enc_s"] for s in samples])
@@ -93,7 +92,7 @@ def probe_aggr(sizes: tuple[int, ...] = PROBE_SIZES, reps: int = 5) -> Line:
     times = []
     for m in sizes:
         a, b = torch.zeros(int(m)), torch.ones(int(m))
-        times.append(best_time(lambda a=a, b=b: a.add_(b), reps))  # type: ignore[misc]
+        times.append(best_time(partial(a.add_, b), reps))
     return fit_line([float(m) for m in sizes], times)
 
 
@@ -119,11 +118,11 @@ def probe_engine(engine: Any, sizes: tuple[int, ...] = ENGINE_SIZES, reps: int =
     for x in sizes:
         x = int(x)
         buf, mine, whole = torch.ones(n * x), torch.ones(x), torch.ones(n * x)
-        gather.append(best_time(lambda buf=buf, x=x: engine.alltoall(buf, [x] * n, "secopa.probe.a2a"), reps))  # type: ignore[misc]
-        bcast.append(best_time(lambda mine=mine: engine.allgather([mine], "secopa.probe.ag"), reps))  # type: ignore[misc]
+        gather.append(best_time(partial(engine.alltoall, buf, [x] * n, "secopa.probe.a2a"), reps))
+        bcast.append(best_time(partial(engine.allgather, [mine], "secopa.probe.ag"), reps))
         # A ring allreduce of N*x floats is 2(N-1) hops of x floats.
         hops = 2 * max(1, n - 1)
-        send.append(best_time(lambda whole=whole: engine.allreduce(whole, "secopa.probe.ar"), reps) / hops)  # type: ignore[misc]
+        send.append(best_time(partial(engine.allreduce, whole, "secopa.probe.ar"), reps) / hops)
     xs = [float(x) for x in sizes]
     return {"gather": fit_line(xs, gather), "bcast": fit_line(xs, bcast), "send": fit_line(xs, send)}
 

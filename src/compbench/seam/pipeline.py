@@ -23,8 +23,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from compbench.codec.base import Compressor
-from compbench.comm.base import Communicator, PackingCommunicator, packs
+from compbench.codec.base import Compressor, samples_at_random
+from compbench.comm.base import Communicator, PackingCommunicator, packs, sparse_results
 from compbench.engines.base import Engine, Handle, flat_average
 from compbench.memory.base import Memory
 from compbench.seam.selection import Selection
@@ -51,12 +51,12 @@ class GradientPipeline:
     def sparse_names(self) -> frozenset[str]:
         """Tensors whose optimizer steps from the decoded sparse payload (a coalesced COO .grad) in
         one pass: a communicator with `traits.sparse_results` hands their average back undecoded."""
-        return self.comm.sparse_names if self.comm.traits.sparse_results else frozenset()  # type: ignore[attr-defined]
+        return self.comm.sparse_names if sparse_results(self.comm) else frozenset()
 
     @sparse_names.setter
     def sparse_names(self, names: frozenset[str]) -> None:
-        if self.comm.traits.sparse_results:
-            self.comm.sparse_names = frozenset(names)  # type: ignore[attr-defined]
+        if sparse_results(self.comm):
+            self.comm.sparse_names = frozenset(names)
 
     def begin_step(self, step: int, epoch: float) -> None:
         self.step = step
@@ -122,8 +122,8 @@ class GradientPipeline:
         non-finite one is zeroed where the step is going to be dropped (`guard_nonfinite`)."""
         if self.guard_nonfinite and not bool(torch.isfinite(grad).all()):
             grad = torch.zeros_like(grad)  # the trainer skips this step anyway; keep the memory finite
-        if self.compressor.caps.random_sample:
-            self.stats.sampled_reads += self.compressor.sampled_reads(grad.numel())  # type: ignore[attr-defined]
+        if samples_at_random(self.compressor):
+            self.stats.sampled_reads += self.compressor.sampled_reads(grad.numel())
         return grad
 
     def _dense(self, grad: Tensor, name: str) -> Handle:
