@@ -23,7 +23,7 @@ import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -96,7 +96,7 @@ def _show(v: Any) -> str:
 
 def run_config(cfg: DictConfig) -> dict[str, Any]:
     """The run's config as plain data (what a checkpoint stores)."""
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # a DictConfig gives a dict
 
 
 # -- reading ----------------------------------------------------------------------------------------

@@ -310,7 +310,7 @@ class Trainer:
             "other_ms": None,
             "bytes_sent_per_step": sent,
             "bytes_dense_per_step": dense,
-            "ratio_effective": (dense / sent) if sent else None,  # type: ignore[operator]  # booked with sent
+            "ratio_effective": (dense / sent) if sent and dense is not None else None,
             "bytes_allreduce_per_step": per_step("comm/bytes_allreduce"),
             "compressed_calls_per_step": per_step("comm/calls_compressed"),
             "dense_calls_per_step": per_step("comm/calls_dense"),
