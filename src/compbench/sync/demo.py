@@ -36,8 +36,9 @@ from compbench.memory.base import ScalesInput
 from compbench.sync import SyncTraits
 from compbench.sync.step import StepSync
 
+# No weight decay unless the user sets it: the reference's DeMo defaults to weight_decay=0.
 RECIPE = {"compressor": "chunk_dct", "memory": "residual", "memory.beta": 0.999, "comm": "allgather",
-          "scheduler": "bucket"}
+          "scheduler": "bucket", "optim.weight_decay": 0.0}
 
 
 class DeMoStep(torch.optim.Optimizer):
