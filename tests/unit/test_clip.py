@@ -48,7 +48,8 @@ def test_a_bad_clip_value_is_refused_naming_the_key(value):
 
 
 def test_modes_that_exchange_the_momentum_refuse_clipping():
-    with pytest.raises(ValueError, match="so optim.clip_grad_norm=1 would not be used; drop optim.clip_grad_norm"):
+    refused = "so optim.clip_grad_norm=1 would not be used; drop optim.clip_grad_norm"
+    with pytest.raises(ValueError, match=refused):
         config.check(config.compose([*TINY, "sync=demo", "optim.clip_grad_norm=1"]))
 
 
