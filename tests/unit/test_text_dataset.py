@@ -1,5 +1,6 @@
 """dataset=text: a folder of the user's .txt files, split by file, char or byte tokens; one line for
-a folder that is missing, empty or unreadable, or a file that is not UTF-8 in char mode."""
+a folder that is missing, empty or unreadable, or a file that is not UTF-8 in char mode. And the
+larger GPT presets (model=gpt_10m, gpt2_small) at their references' sizes."""
 
 from __future__ import annotations
 
@@ -119,3 +120,19 @@ def test_gpt_trains_on_a_folder_on_two_ranks(tmp_path):
     r = results(out)
     assert r["summary"]["steps"] == 6 and r["summary"]["final_eval_loss"] > 0
     assert r["data"]["val_files"] == ["a.txt", "more1.txt", "sub/c.txt"]
+
+
+@pytest.mark.parametrize("preset, tokens, positions, count", [
+    ("gpt2_small", 50257, 1024, 124_439_808),  # GPT-2 small's 124M (tied embeddings)
+    ("gpt2_small", 256, 1024, 86_039_040),  # with dataset=text's bytes
+    ("gpt_10m", 65, 256, 10_770_816),  # nanoGPT's shakespeare-char model
+])
+def test_gpt_presets_have_their_references_sizes(preset, tokens, positions, count):
+    from compbench import config
+    from compbench.seam.build import build_model
+
+    cfg = config.compose([f"model={preset}", "dataset=text", f"dataset.vocab_size={tokens}",
+                          f"dataset.block_size={positions}"])
+    with torch.device("meta"):
+        model = build_model(cfg)
+    assert sum(p.numel() for p in model.parameters()) == count
