@@ -209,6 +209,9 @@ def _check_optim(cfg: DictConfig) -> None:
             require_number(f"optim.{key}", o[key], 0)
     if "lr_gamma" in o:
         require_number("optim.lr_gamma", o.lr_gamma, 0, strict=True)
+    if o.get("clip_grad_norm") is not None:
+        require_number("optim.clip_grad_norm", o.clip_grad_norm, 0, strict=True,
+                       fix="the largest gradient norm, e.g. optim.clip_grad_norm=1.0 (null: no clipping)")
     if "momentum" in o and o.momentum >= 1:
         raise ValueError(f"optim.momentum={show(o.momentum)} must be below 1 (it would never decay); "
                          "e.g. optim.momentum=0.9")
@@ -234,13 +237,14 @@ def _check_optimizer_takes(cls: type, o: DictConfig) -> None:
     arguments, the schedule's aside: one it does not take is refused here, not by a worker's TypeError."""
     import inspect
 
+    from compbench.optim.clip import CLIP_KEY
     from compbench.optim.schedule import SCHEDULE_KEYS
 
     params = inspect.signature(cls).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return
     for key in map(str, o):
-        if key not in ("name", *SCHEDULE_KEYS) and key not in params:
+        if key not in ("name", CLIP_KEY, *SCHEDULE_KEYS) and key not in params:
             raise ValueError(f"optim.{key}: optim.name={o.name} takes no such argument; remove it "
                              f"(~optim.{key}) or give your optimizer its own conf/optim/NAME.yaml")
 

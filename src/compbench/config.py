@@ -145,9 +145,12 @@ def _recipe_to_apply(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     choices = dict(cfg.hydra.runtime.choices)
     user = _user_keys(overrides)
     sync_traits = registry.declared("sync", choices["sync"])
-    # a setting of a group whose option the user picked belongs to the recipe's option, not theirs
+    # a setting of a group whose option the recipe picks belongs to that option, not to the one the
+    # user picked instead (sync=demo memory=none drops memory.beta); a setting of a group the recipe
+    # does not pick (optim.weight_decay) applies to whichever option the user took
     applied = {k: v for k, v in sync_traits.recipe.items()
-               if k not in user and k.partition(".")[0] not in user - {k}}
+               if k not in user and not (k.partition(".")[0] in sync_traits.recipe
+                                         and k.partition(".")[0] in user - {k})}
     choices.update({k: v for k, v in applied.items() if k in GROUPS})
     caps = registry.declared("compressor", choices["compressor"])
     comm_traits = registry.declared("comm", choices["comm"])

@@ -41,10 +41,12 @@ def test_matches_the_oracle_bit_for_bit(scheduler):
 def test_recipe_composes_demo_from_the_pipeline():
     cfg = config.compose(["sync=demo"])
     assert dict(cfg.recipe) == {"compressor": "chunk_dct", "memory": "residual", "memory.beta": 0.999,
-                                "comm": "allgather", "scheduler": "bucket"}
+                                "comm": "allgather", "scheduler": "bucket", "optim.weight_decay": 0.0}
+    assert cfg.optim.weight_decay == 0.0  # the reference's default, not optim=sgd's 5e-4
     assert config.recipe_sources(cfg) == "sync=demo"
     mine = config.compose(["sync=demo", "compressor=topk", "memory.beta=0.9"])  # a user's setting wins
     assert mine.choices.compressor == "topk" and mine.memory.beta == 0.9
+    assert config.compose(["sync=demo", "optim.weight_decay=1e-4"]).optim.weight_decay == 1e-4
     assert config.recipe_sources(mine) == "sync=demo"
 
 

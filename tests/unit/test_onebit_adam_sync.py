@@ -8,11 +8,13 @@ N * lcm(N, 8) the oracle pads (its padding enters the scale) and compbench does 
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
 
 from compbench import config
+from compbench.sync.onebit_adam import OnebitAdamStep
 from tests.oracles.onebit_adam import OnebitAdam
 from tests.oracles.runs import run_mode, run_oracle
 from tests.unit.test_onebit_adam_optim import HP, grad, init_params
@@ -84,7 +86,53 @@ def test_only_the_padded_tensors_depart_from_the_oracle():
 def test_recipe_composes_onebit_adam_from_the_pipeline():
     cfg = config.compose(["sync=onebit_adam", "optim=adamw"])
     assert dict(cfg.recipe) == {"compressor": "rms_sign", "memory": "residual", "comm": "ps",
-                                "scheduler": "mergecomp", "scheduler.groups": 1}
+                                "scheduler": "mergecomp", "scheduler.groups": 1, "optim.weight_decay": 0.0}
+    assert cfg.optim.weight_decay == 0.0  # DeepSpeed's default, not optim=adamw's 0.05
+    mine = config.compose(["sync=onebit_adam", "optim=adamw", "optim.weight_decay=0.01"])  # the user's wins
+    assert mine.optim.weight_decay == 0.01 and "optim.weight_decay" not in mine.recipe
     swapped = config.check(config.compose(["sync=onebit_adam", "optim=adamw", "compressor=qsgd",
                                            "memory=none"]))
     assert swapped.choices.compressor == "qsgd" and swapped.choices.comm == "ps"
+
+
+def _half_silent(rank: int, step: int, j: int, shape) -> torch.Tensor:
+    """The oracle tests' gradients, but tensor 0's first half never gets any (an unseen token's rows)."""
+    g = grad(rank, step, j, shape)
+    if j == 0:
+        g[: shape[0] // 2] = 0.0
+    return g
+
+
+def test_the_freeze_reports_and_guards_a_variance_with_zeros(capsys):
+    start = init_params(SHAPES)
+    out = run_mode([*MODE, "scheduler=bucket"], start, _half_silent, STEPS,
+                   inspect=lambda engine, sync, optimizer: _state(engine, sync, optimizer)[0])
+    silent = SHAPES[0][0] // 2 * SHAPES[0][1]
+    total = sum(math.prod(s) for s in SHAPES)
+    line = (f"1-bit Adam froze its variance at step {HP['freeze_step'] - 1}: {silent} of {total} entries are "
+            f"zero or below 1e-16; raised to their tensor's mean variance so that their updates stay finite")
+    assert capsys.readouterr().out.count(line) == 1  # rank 0 only, once
+    for params, _, states in out:
+        assert all(torch.isfinite(p).all() for p in params)
+        v = states[0]["exp_avg_sq"]
+        assert torch.equal(v[: SHAPES[0][0] // 2], torch.full_like(v[: SHAPES[0][0] // 2],
+                                                                    v[SHAPES[0][0] // 2:].mean().item()))
+        # each compressed step moves a guarded entry by about lr, not lr * m / eps
+        moved = (params[0] - start[0])[: SHAPES[0][0] // 2].abs().max().item()
+        assert moved < 10 * HP["lr"] * STEPS
+
+
+def test_a_variance_without_zeros_is_left_as_it_is(capsys):
+    run_mode([*MODE, "scheduler=bucket"], init_params(SHAPES), grad, STEPS)
+    total = sum(math.prod(s) for s in SHAPES)
+    assert f"1-bit Adam froze its variance at step 2: 0 of {total} entries are zero or below 1e-16\n" \
+        in capsys.readouterr().out
+
+
+def test_a_variance_tiny_everywhere_is_refused():
+    p = torch.nn.Parameter(torch.zeros(4))
+    p.grad = torch.zeros(4)
+    opt = OnebitAdamStep([p], lr=0.1, freeze_step=1)
+    opt.step()  # the state
+    with pytest.raises(ValueError, match=r"all 4 entries zero or below 1e-16 .*raise sync.freeze_step"):
+        opt.step()

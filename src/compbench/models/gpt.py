@@ -1,4 +1,6 @@
-"""`model=gpt`: a small causal transformer in the nanoGPT style, for `dataset=shakespeare`.
+"""`model=gpt`: a small causal transformer in the nanoGPT style, for `dataset=shakespeare` and
+`dataset=text`; `model=gpt_10m` and `model=gpt2_small` are the same model in the references' larger
+shapes (nanoGPT's shakespeare-char, GPT-2 small).
 
 Pre-norm blocks (LayerNorm -> causal self-attention -> residual, LayerNorm -> GELU MLP of 4x the
 width -> residual), learned positions, a final LayerNorm, and the output layer tied to the token
@@ -96,3 +98,15 @@ def gpt(vocab_size: int, block_size: int = 128, n_layer: int = 4, n_embd: int = 
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"model.dropout={dropout} must be in [0, 1)")
     return GPT(vocab_size, block_size, n_layer, n_embd, n_head, dropout)
+
+
+def gpt_10m(vocab_size: int, block_size: int = 256, n_layer: int = 6, n_embd: int = 384, n_head: int = 6,
+            dropout: float = 0.0) -> nn.Module:
+    """`model=gpt_10m`: nanoGPT's shakespeare-char shape (10.8M parameters at 65 tokens, 256 positions)."""
+    return gpt(vocab_size, block_size, n_layer, n_embd, n_head, dropout)
+
+
+def gpt2_small(vocab_size: int, block_size: int = 1024, n_layer: int = 12, n_embd: int = 768,
+               n_head: int = 12, dropout: float = 0.0) -> nn.Module:
+    """`model=gpt2_small`: GPT-2 small's shape (124M parameters at its 50257 tokens and 1024 positions)."""
+    return gpt(vocab_size, block_size, n_layer, n_embd, n_head, dropout)

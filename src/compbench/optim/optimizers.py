@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from compbench.kernels import cpu
+from compbench.optim.clip import CLIP_KEY
 from compbench.optim.schedule import SCHEDULE_KEYS
 
 # Settings of the `optim` group that shape the learning-rate schedule, whatever the optimizer.
@@ -258,7 +259,7 @@ def param_groups(model: nn.Module, memory_owns_momentum: bool,
 
 
 def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any) -> torch.optim.Optimizer:
-    for key in SCHEDULE_KEYS:
+    for key in (*SCHEDULE_KEYS, CLIP_KEY):  # the trainer's, not the optimizer class's
         kwargs.pop(key, None)
     if kwargs.get("lr", 1) <= 0:
         raise ValueError(f"optim={name}: lr={kwargs['lr']} must be > 0")

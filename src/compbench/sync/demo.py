@@ -18,7 +18,8 @@ schedule as the reference's does. The recipe (`RECIPE`, applied unless the user 
 compressor=chunk_dct, memory=residual with memory.beta=0.999 (the reference's decay), comm=allgather,
 scheduler=bucket (the whole model's coefficients in one allgather). Any compressor, memory and
 communicator can take their place (DeMo's DCT against top-k: compressor=topk). The optimizer takes
-`optim.lr` and `optim.weight_decay` from optim=sgd and the schedule.
+`optim.lr` and `optim.weight_decay` from optim=sgd and the schedule, with no weight decay unless the
+user sets optim.weight_decay (the recipe: the reference's default, not optim=sgd's 5e-4).
 
 The former implementation, which exchanged inside its own optimizer step, is the test oracle
 (tests/oracles/demo.py): this mode reproduces its parameters and momenta bit for bit.
@@ -36,8 +37,9 @@ from compbench.memory.base import ScalesInput
 from compbench.sync import SyncTraits
 from compbench.sync.step import StepSync
 
+# No weight decay unless the user sets it: the reference's DeMo defaults to weight_decay=0.
 RECIPE = {"compressor": "chunk_dct", "memory": "residual", "memory.beta": 0.999, "comm": "allgather",
-          "scheduler": "bucket"}
+          "scheduler": "bucket", "optim.weight_decay": 0.0}
 
 
 class DeMoStep(torch.optim.Optimizer):

@@ -78,6 +78,11 @@ from compbench.values import is_int, is_number
 TIMINGS = ("after", "before")
 
 
+# Every inner step clipped to gradient norm 1.0 unless the user sets optim.clip_grad_norm: the
+# references' inner loop (OpenDiLoCo's, SparseLoCo's templar) clips so.
+RECIPE = {"optim.clip_grad_norm": 1.0}
+
+
 def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                   nesterov: bool = True, fragments: int = 1, overlap: int = 0, mix: float = 0.0,
                   timing: str = "after", eager: bool = False) -> None:
@@ -136,7 +141,7 @@ class DiLoCo:
     the module)."""
 
     name = "diloco"
-    sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps")
+    sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps", recipe=RECIPE)
     check_options = staticmethod(check_options)
     scheduler = None
 

@@ -12,6 +12,12 @@ optimizer is 1-bit Adam's update rule (`OnebitAdamStep`), its exchange the pipel
   re-compression: the reference's compressed_allreduce), m takes the average, v stays, the update.
 - Update (both stages): p -= lr * (m / (sqrt(v) + eps) + weight_decay * p). No bias correction: the
   reference takes a `bias_correction` flag and never reads it.
+- The freeze guard (a deviation from the reference): at the freeze, rank 0 prints how many entries of
+  v are zero or below eps^2 (no gradient in the warm-up: an always-black pixel's weights, an unseen
+  token's embedding). After a sign compressor m is never zero there, so DeepSpeed's update m / eps
+  is huge and the run turns to NaN; compbench raises those entries to the mean of their tensor's
+  other entries (`OnebitAdamStep.guard_frozen_variance`), and refuses a variance that is tiny
+  everywhere. Where no entry is below eps^2 nothing changes (the oracle tests).
 
 The recipe (applied unless the user sets the key): compressor=rms_sign, memory=residual, comm=ps,
 scheduler=mergecomp with scheduler.groups=1: the whole model's momentum as one flat buffer, as
@@ -19,7 +25,8 @@ DeepSpeed's engine hands it to the reference (one scale; one all-to-all and one 
 scheduler=bucket keeps one scale per tensor, as the reference has for tensors it sees one by one,
 in the same two collectives. Another compressor or communicator can take their place. The
 optimizer takes `optim.lr`, `optim.betas` and `optim.weight_decay` from optim=adamw and the
-schedule; `sync.eps`, `sync.freeze_step` are the mode's.
+schedule, with no weight decay unless the user sets optim.weight_decay (the recipe: DeepSpeed's
+default, not optim=adamw's 0.05); `sync.eps`, `sync.freeze_step` are the mode's.
 
 The former implementation, which exchanged inside its own optimizer step, is the test oracle
 (tests/oracles/onebit_adam.py): this mode reproduces its parameters and states bit for bit (per
@@ -46,8 +53,9 @@ from compbench.sync.step import StepSync
 
 # DeepSpeed's engine hands 1-bit Adam one flat fp32 buffer per parameter group: the whole model's
 # momentum in one flat buffer here too (one scale, one all-to-all and one all-gather per step).
+# No weight decay unless the user sets it: DeepSpeed's OnebitAdam defaults to weight_decay=0.
 RECIPE = {"compressor": "rms_sign", "memory": "residual", "comm": "ps", "scheduler": "mergecomp",
-          "scheduler.groups": 1}
+          "scheduler.groups": 1, "optim.weight_decay": 0.0}
 
 
 def check_options(freeze_step: int = 100, eps: float = 1e-8) -> None:
@@ -73,6 +81,8 @@ class OnebitAdamStep(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         freeze_step=freeze_step, initialized=False, frozen=False)
         super().__init__(params, defaults)
+        # Set by the step that freezes v: (entries raised, entries, threshold), for the mode to print.
+        self.freeze_report: tuple[int, int, float] | None = None
 
     @property
     def initialized(self) -> bool:
@@ -136,7 +146,34 @@ class OnebitAdamStep(torch.optim.Optimizer):
             self._set_flags(initialized=True)
         elif not frozen and last_step is not None and last_step >= self.param_groups[0]["freeze_step"]:
             self._set_flags(frozen=True)
+            self.freeze_report = self.guard_frozen_variance()
         return loss
+
+    @torch.no_grad()
+    def guard_frozen_variance(self) -> tuple[int, int, float]:
+        """At the freeze: every entry of v below eps^2 (zero: no gradient in the warm-up) is raised to
+        the mean of its tensor's other entries (of the whole model's, where a tensor has none), so
+        that its compressed updates, m / (sqrt(v) + eps) with m never zero after a sign compressor,
+        stay of the size of the others' instead of m / eps (DeepSpeed leaves v as it is; with zeros
+        the run turns to NaN). Returns (entries raised, entries, the threshold); a variance that is
+        tiny everywhere is refused (ValueError, one line)."""
+        threshold = float(self.param_groups[0]["eps"]) ** 2
+        variances = [self.state[p]["exp_avg_sq"] for group in self.param_groups for p in group["params"]
+                     if p in self.state]
+        tiny = [v < threshold for v in variances]
+        count = sum(int(t.sum()) for t in tiny)
+        total = sum(v.numel() for v in variances)
+        if count == 0:
+            return 0, total, threshold
+        kept = [v[~t] for v, t in zip(variances, tiny, strict=True)]
+        if count == total:
+            raise ValueError(f"1-bit Adam froze its variance with all {total} entries zero or below "
+                             f"{threshold:g} (no gradient in the warm-up); raise sync.freeze_step")
+        model_mean = torch.cat([k.flatten() for k in kept]).mean()
+        for v, t, k in zip(variances, tiny, kept, strict=True):
+            if k.numel() < v.numel():
+                v.masked_fill_(t, k.mean() if k.numel() else model_mean)
+        return count, total, threshold
 
 
 class OnebitAdamSync(StepSync):
@@ -151,6 +188,7 @@ class OnebitAdamSync(StepSync):
         check_options(freeze_step, eps)
         super().__init__(pipeline, scheduler)
         self.freeze_step, self.eps = int(freeze_step), float(eps)
+        self.step = 0  # the trainer's step (begin_step), for the freeze's line
 
     def setup(self, model: nn.Module) -> nn.Module:
         self.numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -165,6 +203,7 @@ class OnebitAdamSync(StepSync):
 
     def begin_step(self, step: int, epoch: float) -> None:
         super().begin_step(step, epoch)
+        self.step = step
         self.pipeline.dense_now = not self.optimizer.frozen  # the warm-up averages the gradients dense
 
     def before_backward(self) -> None:
@@ -177,6 +216,16 @@ class OnebitAdamSync(StepSync):
         plan = super().exchange_plan()
         warmup = max(plan.warmup_steps, self.freeze_step, 2)  # step 0 and the reference's call 2 at least
         return replace(plan, overlaps_backward=False, warmup_steps=warmup)
+
+    def after_step(self) -> None:
+        report, self.optimizer.freeze_report = self.optimizer.freeze_report, None
+        if report is not None and self.pipeline.engine.rank == 0:
+            raised, total, threshold = report
+            guard = ("; raised to their tensor's mean variance so that their updates stay finite (a "
+                     "deviation from DeepSpeed; a larger sync.freeze_step lets them see gradients)"
+                     if raised else "")
+            print(f"1-bit Adam froze its variance at step {self.step}: {raised} of {total} entries are "
+                  f"zero or below {threshold:g}{guard}", flush=True)
 
     def synchronize(self) -> None:
         if not self.optimizer.initialized:  # step 0 creates the state: nothing is sent

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from compbench import registry
 from compbench.data.loader import ShardedLoader
 from compbench.errors import as_peer_lost
+from compbench.optim.clip import clip_grad_norm
 from compbench.optim.schedule import build_schedule
 from compbench.results import (
     PHASES,
@@ -103,6 +104,9 @@ class Trainer:
             self.compressor, self.memory = self.pipeline.compressor, self.pipeline.memory
         self.model = self.sync.setup(self.model)
         self.optimizer = self.sync.make_optimizer(self.model, registry.plain(cfg.optim))
+        # optim.clip_grad_norm: what the optimizer's step reads is clipped (the averaged gradient per
+        # step; each inner step's own gradient in diloco), compbench.optim.clip.
+        self.clip = cfg.optim.get("clip_grad_norm")
         self.epochs = s.epochs
         self.lr_schedule = build_schedule(self.optimizer, len(self.train_loader), self.epochs,
                                           **registry.plain(cfg.optim))
@@ -191,6 +195,8 @@ class Trainer:
                 continue
             self.sync.synchronize()  # per step: memory -> compress -> communicate -> decompress
             with stats.time("optimizer"):
+                if self.clip is not None:
+                    clip_grad_norm(self.model.parameters(), float(self.clip))
                 self.optimizer.step()
                 self.lr_schedule.step()
             self.sync.after_step()  # a periodic mode ends its round here
