@@ -167,6 +167,10 @@ def _check_engine(cfg: DictConfig) -> None:
             if not torch.cuda.is_available():
                 raise ValueError("engine.backend=nccl needs CUDA GPUs and none is visible; "
                                  "use engine.backend=gloo (or auto)")
+            # Training keeps the model and its gradients in host memory (the GPU runs the kernels'
+            # benchmarks and parity tests), and NCCL reduces only CUDA tensors.
+            raise ValueError("engine.backend=nccl needs CUDA tensors, and compbench trains on the CPU; "
+                             "use engine.backend=gloo (or auto)")
     from compbench.launch import external_engine
 
     if external_engine() is None:  # under horovodrun / torchrun the launcher decides the ranks

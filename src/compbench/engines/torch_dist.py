@@ -1,4 +1,4 @@
-"""`engine=torch`: torch.distributed (gloo on CPU, nccl on CUDA)."""
+"""`engine=torch`: torch.distributed over gloo (the trained tensors live in host memory)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ class TorchEngine(EngineBase):
     name = "torch"
 
     def __init__(self, backend: str = "auto", timeout_s: float = 300.0) -> None:
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "auto":  # the trained tensors live in host memory (compbench trains on the CPU)
+            backend = "gloo"
         if not dist.is_initialized():
             dist.init_process_group(
                 backend,
