@@ -30,7 +30,6 @@ def provide(provider: Callable[[], GeneratedSources]) -> None:
     _provider[:] = [provider]
 
 
-
 def sources() -> GeneratedSources:
     """The generated sources handed in, else none."""
     return _provider[0]() if _provider else GeneratedSources()
