@@ -87,11 +87,12 @@ def _losses(**runs: tuple[float, float | None]) -> dict[str, Stat]:
 def _published() -> dict[str, Stat]:
     """Results shaped as the papers report them: classic compressors lose, randk worst; DiLoCo within
     3% at 1/30 of the bytes; SparseLoCo below DiLoCo at ~90x fewer; DeMo within 4% at ~85x fewer;
-    1-bit Adam within 1%."""
+    1-bit Adam within 1%; 1-bit LAMB within 1% of LAMB at 1/5 of its bytes."""
     dense = 3.25e6
     return _losses(ddp_adamw=(1.80, dense), topk_adamw=(2.10, 0.08e6), randk_adamw=(2.60, 0.08e6),
                    diloco=(1.85, dense / 30), sparseloco=(1.80, dense / 30 / 90),
-                   demo=(1.87, dense / 85), onebit_adam=(1.82, dense / 6))
+                   demo=(1.87, dense / 85), onebit_adam=(1.82, dense / 6), lamb=(1.90, dense),
+                   onebit_lamb=(1.91, dense / 5))
 
 
 def test_text_suite_names_known_runs_and_composes(tmp_path):
@@ -150,6 +151,9 @@ def test_text_checks_fail_when_the_finding_does_not_hold():
     # 1-bit Adam 5% off either way does not match.
     assert not checks["onebit-adam-matches-adam"]({**r, "onebit-adam": Stat((1.88, 1.90), dense / 6)})
     assert not checks["onebit-adam-matches-adam"]({**r, "onebit-adam": Stat((1.70, 1.72), dense / 6)})
+    # 1-bit LAMB 5% above LAMB, or at only 3x fewer bytes.
+    assert not checks["onebit-lamb-matches-lamb"]({**r, "onebit-lamb": Stat((1.99, 2.01), dense / 5)})
+    assert not checks["onebit-lamb-matches-lamb"]({**r, "onebit-lamb": Stat((1.90, 1.92), dense / 3)})
 
 
 def test_text_method_table_rows_give_loss_bytes_ratio_and_tokens():

@@ -17,7 +17,7 @@ from tests.threaded_engine import ThreadWorld
 from tests.unit.test_combinations import ALTERNATIVE, _compose
 
 COMMS = ("allgather", "allreduce")  # the pipeline's two collective shapes; test_combinations has the rest
-OPTIM = {"demo": "sgd", "onebit_adam": "adamw", "diloco": "adamw"}
+OPTIM = {"demo": "sgd", "onebit_adam": "adamw", "onebit_lamb": "adamw", "diloco": "adamw"}
 
 
 def _with_sync(base, sync: str):
@@ -28,6 +28,8 @@ def _with_sync(base, sync: str):
             cfg.sync.inner_steps = 2  # a round and a half in 3 steps
         if sync == "onebit_adam":
             cfg.sync.freeze_step = 1  # compressed from the second step on
+        if sync == "onebit_lamb":
+            cfg.sync.freeze_step = 2  # its least: one LAMB step, compressed from the third step on
         cfg.optim = registry.option_config("optim", OPTIM[sync])
         cfg.optim.lr_schedule = "constant"
         cfg.choices.update(sync=sync, optim=OPTIM[sync])

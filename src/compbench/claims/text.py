@@ -6,12 +6,14 @@ Setting (every run adds BASE, then its own overrides, then `seed=S`): STEPS step
 training set is ~1,080 steps per epoch, so a run sees about half of it), a constant learning rate
 after a linear warm-up of 5% of an epoch (54 steps; a cosine over `epochs` would be cut off by
 max_steps at an arbitrary point), evaluated at the end on 512 windows of the held-out plays.
-SEEDS=2 seeds per run: 7 runs x 2 seeds = 14 trainings.
+SEEDS=2 seeds per run: 9 runs x 2 seeds = 18 trainings.
 
 Runs: DDP-AdamW (dense allreduce of the gradients every step), top-k and random-k at 1% with
 residual error feedback under AdamW over allgather, DiLoCo with H=30 inner AdamW steps, SparseLoCo
 (experiment=sparseloco: H=30, 1.56% chunked top-k in 2 bits), DeMo (optim=sgd: lr DEMO_LR, no weight
-decay), 1-bit Adam with a dense warm-up of 15% of the steps (sync.freeze_step).
+decay), 1-bit Adam with a dense warm-up of 15% of the steps (sync.freeze_step), LAMB (sync=onebit_lamb
+never frozen: DeepSpeed's 1-bit LAMB warm-up is LAMB, without bias correction) and 1-bit LAMB with
+the same 15% warm-up, both at optim.lr LAMB_LR (LAMB's step is relative to each tensor's norm).
 
 Budget: the full suite in 60 minutes on 2 cores, --quick in 10; measured on this project's 2-core
 machine, see docs/results.md "Text workload".
@@ -35,7 +37,9 @@ QUICK_STEPS = 240    # per run, --quick
 SEEDS = 2
 H = 30               # DiLoCo's and SparseLoCo's inner steps per round
 DEMO_LR = 1e-3       # DeMo's sign step (optim=sgd's lr): tuned on 200 steps, see docs/results.md
-WARMUP = 0.15        # 1-bit Adam's dense warm-up, a fraction of the steps
+WARMUP = 0.15        # 1-bit Adam's and 1-bit LAMB's dense warm-up, a fraction of the steps
+LAMB_LR = 1e-2       # LAMB's and 1-bit LAMB's optim.lr: 80-step probe, see docs/guide/claims.md
+LAMB_FEWER = 4.6     # 1-bit LAMB's published communication-volume reduction
 NEAR = 0.05          # "approaches", "stays near": at most 5% above DDP-AdamW's loss
 MATCH = 0.02         # "matches": within 2% of DDP-AdamW's loss
 FEWER = 30           # ">= 30x fewer bytes"
@@ -48,7 +52,7 @@ QUICK = (*_COMMON, f"max_steps={QUICK_STEPS}")
 
 
 def runs(steps: int) -> Mapping[str, tuple[str, ...]]:
-    """name -> overrides on top of BASE (QUICK): only 1-bit Adam's warm-up depends on the steps."""
+    """name -> overrides on top of BASE (QUICK): only the 1-bit methods' warm-ups depend on the steps."""
     return {
         "ddp-adamw": ("optim=adamw", "compressor=none", "comm=allreduce"),
         "topk-adamw": ("optim=adamw", "compressor=topk", "ratio=0.01", "memory=residual", "comm=allgather"),
@@ -57,6 +61,9 @@ def runs(steps: int) -> Mapping[str, tuple[str, ...]]:
         "sparseloco": ("experiment=sparseloco", "optim=adamw", f"sync.inner_steps={H}"),
         "demo": ("sync=demo", "optim=sgd", f"optim.lr={DEMO_LR:g}", "optim.weight_decay=0"),
         "onebit-adam": ("optim=adamw", "sync=onebit_adam", f"sync.freeze_step={round(WARMUP * steps)}"),
+        "lamb": ("optim=adamw", f"optim.lr={LAMB_LR:g}", "sync=onebit_lamb", f"sync.freeze_step={steps + 1}"),
+        "onebit-lamb": ("optim=adamw", f"optim.lr={LAMB_LR:g}", "sync=onebit_lamb",
+                        f"sync.freeze_step={round(WARMUP * steps)}"),
     }
 
 
@@ -100,6 +107,11 @@ def _onebit(r: Results) -> bool:
     return abs(r["onebit-adam"].mean - r["ddp-adamw"].mean) <= MATCH * r["ddp-adamw"].mean
 
 
+def _onebit_lamb(r: Results) -> bool:
+    matches = abs(r["onebit-lamb"].mean - r["lamb"].mean) <= MATCH * r["lamb"].mean
+    return matches and fewer_bytes(r["onebit-lamb"], r["lamb"], LAMB_FEWER)
+
+
 CLAIMS: tuple[Claim, ...] = (
     Claim("adamw-classic-compressors", "1-bit Adam (Tang et al., ICML 2021), 0/1 Adam (Lu et al., 2022)",
           "topk, randk at ratio 0.01 with memory=residual over allgather, optim=adamw",
@@ -122,6 +134,12 @@ CLAIMS: tuple[Claim, ...] = (
           f"sync=onebit_adam, dense warm-up {WARMUP:.0%} of the steps, then 1-bit momentum with EF",
           f"1-bit Adam matches Adam after the warm-up: mean loss within {MATCH:.0%} of DDP-AdamW's",
           ("ddp-adamw", "onebit-adam"), _onebit, show_bytes=True),
+    Claim("onebit-lamb-matches-lamb", "1-bit LAMB (Li et al., HiPC 2022)",
+          f"sync=onebit_lamb at optim.lr {LAMB_LR:g}, dense LAMB warm-up {WARMUP:.0%} of the steps, then "
+          "1-bit momentum with EF and the frozen trust ratio, vs the same never frozen (LAMB)",
+          f"1-bit LAMB matches LAMB's convergence at up to {LAMB_FEWER:g}x less communication (the paper's "
+          f"finding): mean loss within {MATCH:.0%} of LAMB's at >= {LAMB_FEWER:g}x fewer bytes per step",
+          ("lamb", "onebit-lamb"), _onebit_lamb, show_bytes=True),
 )
 
 TEXT = Suite(

@@ -12,10 +12,11 @@ Whether a step talks, and what it sends, is the synchronizer's:
 - `diloco` (periodic): workers step their own optimizer H times without talking; in `after_step`
   every H steps the outer gradient goes through the same pipeline and an outer optimizer moves the
   global parameters (SparseLoCo and quantized Streaming DiLoCo are compositions of it).
-- `demo`, `onebit_adam` (optimizer level): per-step modes whose optimizer is DeMo's or 1-bit
-  Adam's update rule; what they exchange (DeMo's momentum is the error-feedback memory, 1-bit Adam's
-  the momentum the optimizer mixes into `p.grad`) goes through the same pipeline, with their
-  recipes' compressor (chunk_dct, rms_sign), memory and communicator unless the user picks others.
+- `demo`, `onebit_adam`, `onebit_lamb` (optimizer level): per-step modes whose optimizer is DeMo's,
+  1-bit Adam's or 1-bit LAMB's update rule; what they exchange (DeMo's momentum is the error-feedback
+  memory, 1-bit Adam's and 1-bit LAMB's the momentum the optimizer mixes into `p.grad`) goes through
+  the same pipeline, with their recipes' compressor (chunk_dct, rms_sign), memory and communicator
+  unless the user picks others.
 
 Every synchronizer saves and loads its per-rank state (memories, compressor and communicator
 state, outer optimizer, local parameters where ranks diverge) through `state_dict`, so that a

@@ -71,13 +71,15 @@ class OnebitAdamStep(torch.optim.Optimizer):
     `exp_avg_sq`; per group (the same in all groups): `initialized`, `frozen`. The freeze is global,
     decided with the first group's `freeze_step`."""
 
+    label, mode = "1-bit Adam", "onebit_adam"  # in messages (sync=onebit_lamb's optimizer derives from it)
+
     def __init__(self, params: Iterable[Any], *, lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, freeze_step: int = 100) -> None:
         if not lr >= 0.0 or not weight_decay >= 0.0:
-            raise ValueError(f"sync=onebit_adam: optim.lr={lr} and optim.weight_decay={weight_decay} "
+            raise ValueError(f"sync={self.mode}: optim.lr={lr} and optim.weight_decay={weight_decay} "
                              "must be >= 0")
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"sync=onebit_adam: optim.betas={list(betas)} must be two numbers in [0, 1)")
+            raise ValueError(f"sync={self.mode}: optim.betas={list(betas)} must be two numbers in [0, 1)")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         freeze_step=freeze_step, initialized=False, frozen=False)
         super().__init__(params, defaults)
@@ -103,8 +105,8 @@ class OnebitAdamStep(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is not None:
                     if p.grad.is_sparse:
-                        raise ValueError("sync=onebit_adam does not take sparse gradients; use a dense "
-                                         "embedding")
+                        raise ValueError(f"sync={self.mode} does not take sparse gradients; use a "
+                                         "dense embedding")
                     yield group, p, p.grad
 
     @torch.no_grad()
@@ -167,7 +169,7 @@ class OnebitAdamStep(torch.optim.Optimizer):
             return 0, total, threshold
         kept = [v[~t] for v, t in zip(variances, tiny, strict=True)]
         if count == total:
-            raise ValueError(f"1-bit Adam froze its variance with all {total} entries zero or below "
+            raise ValueError(f"{self.label} froze its variance with all {total} entries zero or below "
                              f"{threshold:g} (no gradient in the warm-up); raise sync.freeze_step")
         model_mean = torch.cat([k.flatten() for k in kept]).mean()
         for v, t, k in zip(variances, tiny, kept, strict=True):
@@ -224,8 +226,8 @@ class OnebitAdamSync(StepSync):
             guard = ("; raised to their tensor's mean variance so that their updates stay finite (a "
                      "deviation from DeepSpeed; a larger sync.freeze_step lets them see gradients)"
                      if raised else "")
-            print(f"1-bit Adam froze its variance at step {self.step}: {raised} of {total} entries are "
-                  f"zero or below {threshold:g}{guard}", flush=True)
+            print(f"{self.optimizer.label} froze its variance at step {self.step}: {raised} of {total} "
+                  f"entries are zero or below {threshold:g}{guard}", flush=True)
 
     def synchronize(self) -> None:
         if not self.optimizer.initialized:  # step 0 creates the state: nothing is sent
