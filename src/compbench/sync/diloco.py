@@ -141,7 +141,8 @@ class DiLoCo:
     the module)."""
 
     name = "diloco"
-    sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps", recipe=RECIPE)
+    sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps", recipe=RECIPE,
+                                                   replicas_diverge=True)
     check_options = staticmethod(check_options)
     scheduler = None
 
