@@ -47,9 +47,11 @@ TAGS: dict[str, tuple[str, str]] = {
     "compress/sampled_reads": ("elements", "elements the encodes read at random places (thresholds' uniform "
                                            "samples), per worker and step"),
     # Modes whose workers' parameters differ between exchanges (SyncTraits.replicas_diverge) only.
-    "eval/loss_averaged": ("nats", "eval/loss of the workers' averaged parameters (eval/loss: each worker's own)"),
+    "eval/loss_averaged": ("nats", "eval/loss of the workers' averaged parameters (eval/loss: each "
+                                   "worker's own)"),
     "eval/acc1_averaged": ("%", "eval/acc1 of the workers' averaged parameters"),
-    "replica/distance": ("x", "mean over workers of ||theta_r - mean theta|| / ||mean theta|| at each evaluation"),
+    "replica/distance": ("x", "mean over workers of ||theta_r - mean theta|| / ||mean theta|| at each "
+                              "evaluation"),
 }
 
 # A language-model run (compbench.train.task) writes these instead of eval/acc1 and train/throughput.

@@ -41,7 +41,8 @@ def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _workers(world: int) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
     workers = [_model() for _ in range(world)]
-    inner = [torch.optim.AdamW(w.parameters(), lr=0.01, betas=(0.9, 0.999), weight_decay=0.05) for w in workers]
+    inner = [torch.optim.AdamW(w.parameters(), lr=0.01, betas=(0.9, 0.999), weight_decay=0.05)
+             for w in workers]
     return workers, inner
 
 
@@ -102,7 +103,7 @@ def _noloco_reference(world: int) -> list[list[torch.Tensor]]:
             for rank in range(world):
                 group = next(g for g in pairs if rank in g)
                 row = []
-                for i, p in enumerate(workers[rank].parameters()):
+                for i in range(len(phi[rank])):
                     mean_phi = sum(phi[r][i] for r in group) / len(group)
                     mean_g = sum(list(workers[r].parameters())[i] - phi[r][i] for r in group) / len(group)
                     m = mom[rank][i]
@@ -223,7 +224,8 @@ def test_sparta_state_round_trips_mid_run():
         for k in range(4, 7):
             step(0, k)
             step(1, k)
-        return [torch.equal(a, b) for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True)]
+        pairs = zip(models[0].parameters(), models[1].parameters(), strict=True)
+        return [torch.equal(a, b) for a, b in pairs]
 
     assert all(all(same) for same in ThreadWorld(2).run(body))
 
@@ -255,6 +257,9 @@ def test_resume_mid_round_is_exact_and_the_replicas_are_diagnosed(tmp_path, mode
     assert "replica/distance" in results(full)["curve"][-1]
 
 
+UNUSED = "would not be used; drop compressor= (or use sync=step)"
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["sync=sparta", "sync.p=0"], "sync.p=0 must be a number in (0, 1] (the fraction of parameter entries "
                                   "averaged each step); pass sync.p=0.005 (ExoGym's)"),
@@ -262,10 +267,10 @@ def test_resume_mid_round_is_exact_and_the_replicas_are_diagnosed(tmp_path, mode
                                     "entries averaged each step); pass sync.p=0.005 (ExoGym's)"),
     (["sync=noloco", "sync.group_size=1"], "sync.group_size=1 must be an integer >= 2 (workers averaging "
                                            "together each round); pass sync.group_size=2 (pairs, NoLoCo's)"),
-    (["sync=noloco", "compressor=qsgd"], "sync=noloco synchronizes by itself, so compressor=qsgd would not be "
-                                         "used; drop compressor= (or use sync=step)"),
-    (["sync=sparta", "compressor=topk"], "sync=sparta synchronizes by itself, so compressor=topk would not be "
-                                         "used; drop compressor= (or use sync=step)"),
+    (["sync=noloco", "compressor=qsgd"],
+     f"sync=noloco synchronizes by itself, so compressor=qsgd {UNUSED}"),
+    (["sync=sparta", "compressor=topk"],
+     f"sync=sparta synchronizes by itself, so compressor=topk {UNUSED}"),
     (["sync=sparta_diloco", "sync.inner_steps=0"], "sync.inner_steps=0 must be an integer >= 1 (steps per "
                                                    "round)"),
 ])
@@ -299,7 +304,8 @@ def test_diagnostics_measure_the_spread_and_restore_the_local_parameters():
     norm = torch.cat([m.reshape(-1) for m in mean]).norm()
     spread = torch.cat([(x - m).reshape(-1) for x, m in zip(b0, mean, strict=True)]).norm()
     assert out0["replica/distance"] == pytest.approx(float(spread / norm), rel=1e-5)
-    assert out0 == out1 and out0["eval/loss_averaged"] == pytest.approx(float(sum(m.sum() for m in mean)), rel=1e-5)
+    assert out0 == out1
+    assert out0["eval/loss_averaged"] == pytest.approx(float(sum(m.sum() for m in mean)), rel=1e-5)
 
 
 def test_only_modes_whose_replicas_differ_are_diagnosed():

@@ -128,7 +128,8 @@ class NoLoCo:
     def outer_step(self, taken: int) -> None:
         flat = torch.cat([p.detach().reshape(-1) for p in self.params])
         with self.stats.time("comm"):
-            mean = self.engine.allreduce_group(flat, "noloco", groups(self.engine.size, self.group_size, taken))
+            partition = groups(self.engine.size, self.group_size, taken)
+            mean = self.engine.allreduce_group(flat, "noloco", partition)
         self.stats.add_dense_allreduce(flat.numel() * flat.element_size(), calls=1)
         with self.stats.time("optimizer"):
             pos = 0
@@ -160,7 +161,8 @@ class NoLoCo:
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner, self.rounds = int(state["inner"]), int(state["rounds"])
-        for mine, saved in zip(self.outer_params + self.momentum + self.params,
-                               state["outer_params"] + state["momentum"] + state["local_params"], strict=True):
-            mine.copy_(saved)
+        mine = [*self.outer_params, *self.momentum, *self.params]
+        saved = [*state["outer_params"], *state["momentum"], *state["local_params"]]
+        for t, value in zip(mine, saved, strict=True):
+            t.copy_(value)
         self.inner_optimizer.load_state_dict(state["inner_optimizer"])

@@ -28,6 +28,7 @@ Deviations from the reference, each documented:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -51,7 +52,8 @@ def check_p(p: float, seed: int) -> None:
         raise ValueError(f"sync.p={p} must be a number in (0, 1] (the fraction of parameter entries averaged "
                          f"each step); pass sync.p={P_DEFAULT} (ExoGym's)")
     if not is_int(seed) or seed < 0:
-        raise ValueError(f"sync.seed={seed} must be an integer >= 0 (the masks' seed, the same on every worker)")
+        raise ValueError(f"sync.seed={seed} must be an integer >= 0 (the masks' seed, the same on every "
+                         "worker)")
 
 
 def check_options(p: float = P_DEFAULT, seed: int = 0) -> None:
@@ -59,14 +61,14 @@ def check_options(p: float = P_DEFAULT, seed: int = 0) -> None:
     check_p(p, seed)
 
 
-def masks(params: list[Tensor], p: float, seed: int, step: int) -> list[Tensor]:
+def masks(params: Sequence[Tensor], p: float, seed: int, step: int) -> list[Tensor]:
     """Step `step`'s Bernoulli(p) masks, one per tensor: the same on every rank."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     return [(torch.rand(t.shape, generator=gen) < p).to(t.device) for t in params]
 
 
 @torch.no_grad()
-def sparse_average(engine: Engine, stats: StepStats, params: list[Tensor], p: float, seed: int,
+def sparse_average(engine: Engine, stats: StepStats, params: Sequence[Tensor], p: float, seed: int,
                    step: int) -> int:
     """Average the picked entries of `params` over the workers in place; returns how many."""
     picked = masks(params, p, seed, step)
@@ -156,7 +158,7 @@ class SpartaDiLoCo(DiLoCo):
     """DiLoCo's rounds with SPARTA's sparse averaging after every inner step (see the module)."""
 
     name = "sparta_diloco"
-    check_options = staticmethod(check_combined)
+    check_options: ClassVar[Callable[..., None]] = staticmethod(check_combined)
     sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps", recipe=RECIPE,
                                                    replicas_diverge=True)
 

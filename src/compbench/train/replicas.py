@@ -30,7 +30,8 @@ def diagnose(model: nn.Module, engine: Engine,
     params = [p for p in model.parameters() if p.requires_grad]
     local = [p.detach().clone() for p in params]
     mean = flat_average(engine, "replicas", local).wait()
-    spread = torch.stack([(p - m).float().pow(2).sum() for p, m in zip(local, mean, strict=True)]).sum().sqrt()
+    spread = torch.stack([(p - m).float().pow(2).sum()
+                          for p, m in zip(local, mean, strict=True)]).sum().sqrt()
     norm = torch.stack([m.float().pow(2).sum() for m in mean]).sum().sqrt()
     ratio: Tensor = spread / norm if norm > 0 else spread
     distance = float(engine.allreduce(ratio.reshape(1), "replicas.distance")[0])
