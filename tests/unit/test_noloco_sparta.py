@@ -280,6 +280,20 @@ def test_settings_that_do_not_fit_are_refused(overrides, message):
     assert str(e.value) == message
 
 
+@pytest.mark.filterwarnings("ignore:engine.np=")
+def test_groups_that_do_not_fit_the_workers_are_refused_in_the_parent(monkeypatch):
+    monkeypatch.delenv("HOROVOD_DYNAMIC_PROCESS_SETS", raising=False)
+    with pytest.raises(ValueError) as e:
+        config.check(config.compose([*COMMON, "sync=noloco", "engine=torch", "engine.np=3"]))
+    assert str(e.value) == ("sync.group_size=2 does not divide engine.np=3 (every worker in one group each "
+                            "round); pass engine.np=4 or a sync.group_size that divides it")
+    with pytest.raises(ValueError) as e:
+        config.check(config.compose([*COMMON, "sync=noloco", "engine=horovod", "engine.np=4"]))
+    assert "set HOROVOD_DYNAMIC_PROCESS_SETS=1 in the environment or use engine=torch" in str(e.value)
+    # one pair of every worker: the global allreduce, nothing to set
+    config.check(config.compose([*COMMON, "sync=noloco", "engine=horovod", "engine.np=2"]))
+
+
 def test_diagnostics_measure_the_spread_and_restore_the_local_parameters():
     def body(engine):
         model = _model()
