@@ -175,6 +175,28 @@ def _check_engine(cfg: DictConfig) -> None:
 
     if external_engine() is None:  # under horovodrun / torchrun the launcher decides the ranks
         _check_worker_count(np)
+        _check_groups(cfg, np)
+
+
+def _check_groups(cfg: DictConfig, np: int) -> None:
+    """A mode averaging within groups of workers (sync=noloco's `group_size`): the groups must divide
+    the workers, and Horovod needs dynamic process sets for groups smaller than the world."""
+    sync = cfg.get("sync") or {}
+    value = sync.get("group_size")
+    if not is_int(value):
+        return  # its own check refuses a bad value
+    size = int(cast(int, value))
+    if size < 2 or np <= size:
+        return  # a group of every worker is the world
+    if np % size:
+        raise ValueError(f"sync.group_size={size} does not divide engine.np={np} (every worker in one group "
+                         f"each round); pass engine.np={-(-np // size) * size} or a sync.group_size that "
+                         "divides it")
+    horovod = "horovod" in str(cfg.engine.get("_target_", ""))
+    if horovod and os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") != "1":
+        raise ValueError(f"sync.group_size={size} with engine.np={np} averages within groups, which Horovod "
+                         "allows only with dynamic process sets; set HOROVOD_DYNAMIC_PROCESS_SETS=1 in the "
+                         "environment or use engine=torch")
 
 
 def _check_worker_count(np: int) -> None:

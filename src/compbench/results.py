@@ -46,6 +46,12 @@ TAGS: dict[str, tuple[str, str]] = {
     "comm/calls_dense": ("calls", "collectives started per step for tensors sent dense"),
     "compress/sampled_reads": ("elements", "elements the encodes read at random places (thresholds' uniform "
                                            "samples), per worker and step"),
+    # Modes whose workers' parameters differ between exchanges (SyncTraits.replicas_diverge) only.
+    "eval/loss_averaged": ("nats", "eval/loss of the workers' averaged parameters (eval/loss: each "
+                                   "worker's own)"),
+    "eval/acc1_averaged": ("%", "eval/acc1 of the workers' averaged parameters"),
+    "replica/distance": ("x", "mean over workers of ||theta_r - mean theta|| / ||mean theta|| at each "
+                              "evaluation"),
 }
 
 # A language-model run (compbench.train.task) writes these instead of eval/acc1 and train/throughput.
@@ -58,7 +64,9 @@ LM_TAGS: dict[str, tuple[str, str]] = {
     "eval/ppl": ("x", "perplexity on the validation works: exp(eval/loss)"),
     "eval/ood_loss": ("nats", "cross-entropy per token on the out-of-domain text (dataset.ood)"),
     "eval/ood_ppl": ("x", "perplexity on the out-of-domain text: exp(eval/ood_loss)"),
+    "eval/ppl_averaged": ("x", "eval/ppl of the workers' averaged parameters"),
 }
+LM_TAGS.pop("eval/acc1_averaged")
 DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}}
 
 _MEDIAN = f"median of {{tag}} after {WARMUP_STEPS} warm-up steps ({{unit}})"
@@ -98,7 +106,14 @@ SUMMARY: dict[str, str] = {
     "final_ood_loss": "eval/ood_loss after the last evaluation (nats per token)",
     "final_ood_ppl": "eval/ood_ppl after the last evaluation: exp(final_ood_loss)",
     "tokens_per_s": _MEDIAN.format(tag="train/tokens_per_s", unit="tokens/s"),
+    # modes whose replicas differ between exchanges
+    "final_loss_averaged": "eval/loss_averaged at the last evaluation: the workers' averaged parameters",
+    "final_acc1_averaged": "eval/acc1_averaged at the last evaluation (%)",
+    "final_replica_distance": "replica/distance at the last evaluation",
 }
+# The replica diagnostics' tags at the last evaluation -> their summary keys.
+REPLICA_SUMMARY = {"eval/loss_averaged": "final_loss_averaged", "eval/acc1_averaged": "final_acc1_averaged",
+                   "replica/distance": "final_replica_distance"}
 
 
 def split_ms(summary: Mapping[str, Any]) -> dict[str, float] | None:

@@ -92,7 +92,8 @@ def _published() -> dict[str, Stat]:
     return _losses(ddp_adamw=(1.80, dense), topk_adamw=(2.10, 0.08e6), randk_adamw=(2.60, 0.08e6),
                    diloco=(1.85, dense / 30), sparseloco=(1.80, dense / 30 / 90),
                    demo=(1.87, dense / 85), onebit_adam=(1.82, dense / 6), lamb=(1.90, dense),
-                   onebit_lamb=(1.91, dense / 5))
+                   onebit_lamb=(1.91, dense / 5), noloco=(1.86, dense / 30), sparta=(1.84, dense / 200),
+                   sparta_diloco=(1.83, dense / 30 + dense / 200))
 
 
 def test_text_suite_names_known_runs_and_composes(tmp_path):
@@ -154,6 +155,21 @@ def test_text_checks_fail_when_the_finding_does_not_hold():
     # 1-bit LAMB 5% above LAMB, or at only 3x fewer bytes.
     assert not checks["onebit-lamb-matches-lamb"]({**r, "onebit-lamb": Stat((1.99, 2.01), dense / 5)})
     assert not checks["onebit-lamb-matches-lamb"]({**r, "onebit-lamb": Stat((1.90, 1.92), dense / 3)})
+
+
+def test_noloco_and_sparta_checks_fail_when_the_finding_does_not_hold():
+    from compbench.claims.text import CLAIMS as TEXT_CLAIMS
+
+    checks = {c.id: c.check for c in TEXT_CLAIMS}
+    r = _published()
+    dense = r["ddp-adamw"].bytes_per_step
+    # NoLoCo 10% above DiLoCo's loss.
+    assert not checks["noloco-close-to-diloco"]({**r, "noloco": Stat((2.03, 2.05), dense / 30)})
+    # SPARTA far above DDP's loss, or at only 10x fewer bytes.
+    assert not checks["sparta-near-ddp"]({**r, "sparta": Stat((2.10, 2.12), dense / 200)})
+    assert not checks["sparta-near-ddp"]({**r, "sparta": Stat((1.84, 1.84), dense / 10)})
+    # SPARTA + DiLoCo no better than DiLoCo.
+    assert not checks["sparta-improves-diloco"]({**r, "sparta-diloco": Stat((1.86, 1.88), dense / 29)})
 
 
 def test_text_method_table_rows_give_loss_bytes_ratio_and_tokens():

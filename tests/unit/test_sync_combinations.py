@@ -17,14 +17,15 @@ from tests.threaded_engine import ThreadWorld
 from tests.unit.test_combinations import ALTERNATIVE, _compose
 
 COMMS = ("allgather", "allreduce")  # the pipeline's two collective shapes; test_combinations has the rest
-OPTIM = {"demo": "sgd", "onebit_adam": "adamw", "onebit_lamb": "adamw", "diloco": "adamw"}
+OPTIM = {"demo": "sgd", "onebit_adam": "adamw", "onebit_lamb": "adamw", "diloco": "adamw", "noloco": "adamw",
+         "sparta": "adamw", "sparta_diloco": "adamw"}
 
 
 def _with_sync(base, sync: str):
     cfg = base.copy()
     with open_dict(cfg):
         cfg.sync = registry.option_config("sync", sync)
-        if sync == "diloco":
+        if sync in ("diloco", "noloco", "sparta_diloco"):
             cfg.sync.inner_steps = 2  # a round and a half in 3 steps
         if sync == "onebit_adam":
             cfg.sync.freeze_step = 1  # compressed from the second step on
@@ -81,6 +82,11 @@ def _sweep(tmp_path, sync: str, compressors, max_steps: int | None = None, **set
 BASELINES = ("ddp", "horovod_optimizer")
 
 
+# DiLoCo's outer step with SPARTA's averaging in between: the same pipeline as sync=diloco's, swept
+# with a few compressors (every one already goes through sync=diloco's sweep).
+SUBSETS = {"sparta_diloco": ("none", "topk", "qsgd", "fp16")}
+
+
 @pytest.mark.parametrize("sync", [s for s in registry.options("sync") if s not in ("step", *BASELINES)])
 def test_every_sync_mode_is_refused_or_trains(sync, tmp_path):
-    _sweep(tmp_path, sync, registry.options("compressor"))
+    _sweep(tmp_path, sync, SUBSETS.get(sync, registry.options("compressor")))

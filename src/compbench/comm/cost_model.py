@@ -70,6 +70,15 @@ def ring_allreduce(acc: dict[str, float], shape: Shape, nbytes: float, calls: fl
     _add(acc, shape, calls, calls * rounds, calls * rounds / n * nbytes, calls * rounds * nbytes)
 
 
+def group_allreduce(acc: dict[str, float], shape: Shape, nbytes: float, calls: float, group: int) -> None:
+    """N/g rings of g workers at once (NoLoCo's pairs): 2(g-1) rounds of S/g per hop in each; the
+    groups are random, so a worker's hops cross machine links as a ring's of the world do."""
+    g = max(1, min(group, shape.workers))
+    rounds = 2 * (g - 1)
+    _add(acc, shape, calls, calls * rounds, calls * rounds / g * nbytes,
+         calls * rounds * nbytes * shape.workers / g)
+
+
 def ring_allgather(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0,
                    senders: int | None = None) -> None:
     """N-1 rounds, each passing one rank's payload along; `senders` ranks (one per node: the
@@ -105,7 +114,10 @@ def features(row: dict, shape: Shape) -> dict[str, float]:
     dense_calls = float(row.get("dense_calls_per_step") or 0)
     allreduced = float(row.get("bytes_allreduce_per_step") or 0)
     sent = float(row.get("bytes_sent_per_step") or 0) - allreduced
-    if dense_calls:  # the dense path: the engine's asynchronous allreduce, whatever the communicator
+    group = int(row.get("group") or 0)  # an allreduce inside groups of workers (ExchangePlan.group)
+    if dense_calls and group:
+        group_allreduce(dense_acc, shape, allreduced / dense_calls, dense_calls, group)
+    elif dense_calls:  # the dense path: the engine's asynchronous allreduce, whatever the communicator
         ring_allreduce(dense_acc, shape, allreduced / dense_calls, dense_calls)
     if calls:
         # comm=hierarchical moves the compressed tensors' fp32 gradients inside a machine

@@ -68,6 +68,10 @@ class Engine(Protocol):
     def broadcast_(self, t: Tensor, root: int = 0, name: str = "bcast") -> Tensor: ...
     def broadcast_object(self, obj: Any, root: int = 0) -> Any: ...
     def shift(self, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]: ...
+    def allreduce_group(self, t: Tensor, name: str, groups: list[list[int]]) -> Tensor:
+        """The average of `t` over the ranks of this rank's group; `groups` partitions the ranks
+        and is the same list, in the same order, on every rank (every rank calls it together)."""
+        ...
     def barrier(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -108,6 +112,14 @@ class EngineBase:
         sent = sum(t.numel() * t.element_size() for t in payload)
         return Handle(lambda: (gathered.wait(), sent))
 
+    def allreduce_group(self: Engine, t: Tensor, name: str, groups: list[list[int]]) -> Tensor:
+        """Engines without subgroup collectives: every rank's `t` gathered, this rank's group's
+        averaged (right, but each rank receives every rank's tensor). The real engines override it
+        with a collective of the group only."""
+        group = own_group(groups, self.rank, self.size)
+        gathered = self.allgather([t.reshape(-1)], name)
+        return torch.stack([gathered[r][0] for r in group]).mean(0).view(t.shape)
+
     def shift(self: Engine, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]:
         """Send `payload` to rank `dst` and receive rank `src`'s; every rank calls it together (a
         ring hop). Two all-to-alls in which only `dst` gets data: a header, then the bytes.
@@ -122,6 +134,13 @@ class EngineBase:
         received, _ = self.alltoall(blob, only, f"{name}.blob")
         assert received.numel() == wire.nbytes(specs), (src, received.numel())
         return wire.from_bytes(received, specs)
+
+
+def own_group(groups: list[list[int]], rank: int, size: int) -> list[int]:
+    """This rank's group of the partition `groups` (checked: every rank exactly once)."""
+    if sorted(r for g in groups for r in g) != list(range(size)):
+        raise ValueError(f"groups {groups} do not partition the {size} ranks")
+    return next(g for g in groups if rank in g)
 
 
 def flat_average(engine: Engine, name: str, tensors: list[Tensor]) -> Handle:

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from compbench.engines import wire
-from compbench.engines.base import EngineBase, Handle
+from compbench.engines.base import EngineBase, Handle, own_group
 
 
 class HorovodEngine(EngineBase):
@@ -23,6 +23,7 @@ class HorovodEngine(EngineBase):
         hvd.init()
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         self.local_size = hvd.local_size()
+        self._sets: dict[tuple[int, ...], Any] = {}  # allreduce_group: process sets by ranks
 
     # Horovod matches operations across ranks by name. Names only need to be unique among operations
     # in flight, and stable names (one per tensor) let Horovod's response cache skip negotiation.
@@ -82,6 +83,28 @@ class HorovodEngine(EngineBase):
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         return self.hvd.broadcast_object(obj, root_rank=root, name="bcast_obj")
+
+    def allreduce_group(self, t: Tensor, name: str, groups: list[list[int]]) -> Tensor:
+        """One allreduce inside this rank's Horovod process set. A group smaller than the world
+        needs process sets added after `hvd.init`: Horovod allows it only with
+        HOROVOD_DYNAMIC_PROCESS_SETS=1 in the job's environment (compbench does not turn it on for
+        every run); `add_process_set` is collective, so every rank adds every group of the
+        partition, in its order, the first time it appears. The whole world is the global set."""
+        group = own_group(groups, self.rank, self.size)
+        if len(group) == 1:
+            return t.clone()
+        if len(group) == self.size:
+            return self.hvd.allreduce(t, name=name, op=self.hvd.Average)
+        for ranks in groups:
+            key = tuple(sorted(ranks))
+            if key not in self._sets:
+                try:
+                    self._sets[key] = self.hvd.add_process_set(list(key))
+                except ValueError as e:
+                    raise RuntimeError("averaging within a group of workers on engine=horovod needs "
+                                       "HOROVOD_DYNAMIC_PROCESS_SETS=1 in the environment") from e
+        return self.hvd.allreduce(t, name=name, op=self.hvd.Average,
+                                  process_set=self._sets[tuple(sorted(group))])
 
     def barrier(self) -> None:
         self.hvd.barrier()

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from compbench.engines import wire
-from compbench.engines.base import EngineBase, Handle
+from compbench.engines.base import EngineBase, Handle, own_group
 
 _TAG_HEADER, _TAG_BLOB = 11, 12
 
@@ -49,6 +49,7 @@ class TorchEngine(EngineBase):
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
         self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.size))
         self._capacity: dict[str, int] = {}  # allgather_payload_async: frame bytes per name
+        self._groups: dict[tuple[int, ...], Any] = {}  # allreduce_group: process groups by ranks
 
     def allreduce_async(self, t: Tensor, name: str, average: bool = True) -> Handle:
         out = t.clone()  # like Horovod: the caller's tensor is left alone
@@ -213,6 +214,25 @@ class TorchEngine(EngineBase):
         for work in pending:
             work.wait()
         return wire.from_bytes(blob_in, specs)
+
+    def allreduce_group(self, t: Tensor, name: str, groups: list[list[int]]) -> Tensor:
+        """One all_reduce inside this rank's process group. `new_group` is collective over the whole
+        world: every rank creates every group of the partition, in its order, the first time it
+        appears (the partition is the same on every rank, so the calls match); the whole world is
+        the default group."""
+        group = own_group(groups, self.rank, self.size)
+        if len(group) == 1:
+            return t.clone()
+        handle = None
+        if len(group) < self.size:
+            for ranks in groups:
+                key = tuple(sorted(ranks))
+                if key not in self._groups:
+                    self._groups[key] = dist.new_group(list(key))
+            handle = self._groups[tuple(sorted(group))]
+        out = t.clone()
+        dist.all_reduce(out, group=handle)
+        return out.div_(len(group))
 
     def barrier(self) -> None:
         dist.barrier()

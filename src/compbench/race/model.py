@@ -56,6 +56,8 @@ class Profile:
                **{k: float(s.get(k) or 0.0) * every for k in (
                    "bytes_sent_per_step", "bytes_allreduce_per_step", "bytes_dense_per_step",
                    "compressed_calls_per_step", "dense_calls_per_step")}}
+        if plan.get("pattern") == "group_allreduce":  # NoLoCo: the allreduce runs inside groups
+            row["group"] = float(plan.get("group", 0))
         return cls(fixed_ms=float(s["step_ms"]) - float(s.get("comm_ms") or 0.0),
                    compute_ms=float(s.get("compute_ms") or 0.0), row=row, every=every,
                    hidden_steps=int(plan.get("hidden_steps", 0)),

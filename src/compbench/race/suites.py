@@ -63,6 +63,8 @@ TEXT = Race(
         "demo": ("sync=demo", "optim=sgd", "optim.lr=1e-3", "optim.weight_decay=0"),
         "onebit-adam": ("optim=adamw", "sync=onebit_adam", "sync.freeze_step=40"),
         "onebit-lamb": ("optim=adamw", "optim.lr=1e-2", "sync=onebit_lamb", "sync.freeze_step=40"),
+        "noloco": ("optim=adamw", "sync=noloco", f"sync.inner_steps={H}"),
+        "sparta": ("optim=adamw", "sync=sparta"),
     },
     baseline="ddp-adamw", links_mbps=(10, 100, 1000), target="target_loss=2.3", budget_s=90, seeds=2,
     quick_target="target_loss=2.7", quick_budget_s=20, units="tokens")

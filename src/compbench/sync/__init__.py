@@ -56,6 +56,9 @@ class SyncTraits:
       ("allreduce"); with it, the communicator's `traits.pattern` applies.
     recipe: the settings the mode runs with unless the user sets the key (group choices such as
       "compressor": "chunk_dct", and keys such as "memory.beta"), applied before the compressor's own.
+    replicas_diverge: the workers' parameters differ between exchanges (local steps, partial
+      averaging): each evaluation then also evaluates the workers' averaged parameters and records
+      the distance between the replicas (compbench.train.replicas).
     """
 
     pipeline: bool = True
@@ -66,6 +69,7 @@ class SyncTraits:
     engines: tuple[str, ...] = ("horovod", "torch")
     pattern: str | None = None
     recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention
+    replicas_diverge: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,13 +80,16 @@ class ExchangePlan:
     it travels (diloco's overlap, its eager update) or behind back-propagation
     (`overlaps_backward`: a per-step exchange started from backward hooks); the first
     `warmup_steps` steps exchange the gradients dense instead (1-bit Adam's warm-up, a compressor's
-    `dense_steps`)."""
+    `dense_steps`); `group`: the workers of one allreduce where it runs inside groups
+    (pattern "group_allreduce", NoLoCo's pairs), 0 for the whole world."""
 
     every: int = 1
     pattern: str = "allreduce"
     hidden_steps: int = 0
     overlaps_backward: bool = False
     warmup_steps: int = 0
+    # pattern="group_allreduce": the allreduce runs inside groups of `group` workers, not the world
+    group: int = 0
 
 
 def fits_any_model(model: nn.Module, **options: Any) -> None:

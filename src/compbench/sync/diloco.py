@@ -61,6 +61,7 @@ The selection rules apply per tensor, with the round's index counting as the ste
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -141,8 +142,9 @@ class DiLoCo:
     the module)."""
 
     name = "diloco"
-    sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps", recipe=RECIPE)
-    check_options = staticmethod(check_options)
+    sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps", recipe=RECIPE,
+                                                   replicas_diverge=True)
+    check_options: ClassVar[Callable[..., None]] = staticmethod(check_options)  # a subclass adds settings
     scheduler = None
 
     @staticmethod

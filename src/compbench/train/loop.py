@@ -22,6 +22,7 @@ from compbench.optim.schedule import build_schedule
 from compbench.results import (
     PHASES,
     RATE_TAGS,
+    REPLICA_SUMMARY,
     ROUND_MEAN,
     SPLIT,
     SUMMARY,
@@ -44,6 +45,7 @@ from compbench.train.checkpoint import (
 )
 from compbench.train.metrics import Recorder, run_hparams
 from compbench.train.progress import Progress
+from compbench.train.replicas import diagnose
 from compbench.train.task import task_of
 
 
@@ -278,14 +280,20 @@ class Trainer:
         for name, b in self.model.named_buffers():
             self.engine.broadcast_(b.data, 0, f"bn.{name}")
         self.model.eval()
-        sums = self.task.eval_sums(self.model, self.eval_loaders)  # correct and samples, or nats and tokens
-        metrics = self.task.metrics(self.engine.allreduce(sums, "eval", average=False))
+        metrics = self.eval_metrics()
+        if self.sync.sync_traits.replicas_diverge and self.engine.size > 1:
+            # the workers' parameters differ: their average's metrics and their distance too
+            metrics.update(diagnose(self.model, self.engine, self.eval_metrics))
         if self.recorder:
             for tag, value in metrics.items():
                 self.recorder.scalar(tag, value, self.step)
             print(f"epoch {epoch:.2f}/{self.epochs}: {self.task.describe(metrics)}  step {self.step}  "
                   f"{self.progress.train_s:.1f} s", flush=True)
         return metrics
+
+    def eval_metrics(self) -> dict[str, float]:
+        sums = self.task.eval_sums(self.model, self.eval_loaders)  # correct and samples, or nats and tokens
+        return self.task.metrics(self.engine.allreduce(sums, "eval", average=False))
 
     def period(self) -> int:
         """Steps per round of the synchronization mode (1: it talks every step)."""
@@ -328,6 +336,9 @@ class Trainer:
         }
         if not self.settings.eval:
             summary["not_evaluated"] = "eval=false"
+        for tag, key in REPLICA_SUMMARY.items():  # modes whose replicas differ (compbench.train.replicas)
+            if tag in final:
+                summary[key] = final[tag]
         split = split_ms(summary)
         summary["other_ms"] = split["other"] if split else None
         r.finish()
