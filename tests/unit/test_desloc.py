@@ -27,7 +27,8 @@ def _reference() -> tuple[list[list[torch.Tensor]], list[list[dict]]]:
     """Algorithm 1 in plain torch: every worker's AdamW on its own batches; after step s (s steps
     taken) the moments are replaced by their mean if s % K_u (K_v) == 0, the parameters if s % K_x == 0."""
     workers = [_model() for _ in range(WORLD)]
-    opts = [torch.optim.AdamW(w.parameters(), lr=0.01, betas=(0.9, 0.999), weight_decay=0.05) for w in workers]
+    opts = [torch.optim.AdamW(w.parameters(), lr=0.01, betas=(0.9, 0.999), weight_decay=0.05)
+            for w in workers]
     for step in range(STEPS):
         for rank, (w, opt) in enumerate(zip(workers, opts, strict=True)):
             x, y = _batch(rank, step)
@@ -126,7 +127,8 @@ def test_resume_mid_period_is_exact_with_a_compressor_and_error_feedback():
 
     for (model, opt), (model2, opt2), summary in ThreadWorld(WORLD).run(body):
         assert summary["param_syncs"] == STEPS // KX and summary["steps"] == STEPS
-        _assert_equal([p.detach() for p in model.parameters()], [p.detach() for p in model2.parameters()], "params")
+        _assert_equal([p.detach() for p in model.parameters()], [p.detach() for p in model2.parameters()],
+                      "params")
         _assert_equal(opt.state_dict(), opt2.state_dict(), "optimizer")
 
 

@@ -259,7 +259,8 @@ def param_groups(model: nn.Module, memory_owns_momentum: bool,
              "weight_decay": 0.0, "dgc": dgc}]
 
 
-def model_groups(model: nn.Module, groups: list[dict[str, Any]], optim: dict[str, Any]) -> list[dict[str, Any]]:
+def model_groups(model: nn.Module, groups: list[dict[str, Any]],
+                 optim: dict[str, Any]) -> list[dict[str, Any]]:
     """`groups` as the optimizer takes them for `model`: optim=muon's split into the hidden weight
     matrices (Muon) and the rest (AdamW), `optim.muon.matrices`; the groups unchanged otherwise."""
     if optim.get("name") != "muon":
@@ -278,5 +279,5 @@ def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any
 
 def plain_optimizer(model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
     """The `optim` group's optimizer over every trainable parameter, in one group."""
-    return build_optimizer(model_groups(model, [{"params": [p for p in model.parameters() if p.requires_grad]}],
-                                        optim), **optim)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return build_optimizer(model_groups(model, [{"params": params}], optim), **optim)

@@ -65,8 +65,9 @@ class DesLoc:
 
     name = "desloc"
     sync_traits: ClassVar[SyncTraits] = SyncTraits(
-        per_step=False, period_key="param_period", period_keys=("first_moment_period", "second_moment_period"),
-        optimizers=("adamw", "adam"), recipe=RECIPE)
+        per_step=False, period_key="param_period",
+        period_keys=("first_moment_period", "second_moment_period"), optimizers=("adamw", "adam"),
+        recipe=RECIPE)
     check_options = staticmethod(check_options)
     check_model = staticmethod(fits_any_model)
     scheduler = None
