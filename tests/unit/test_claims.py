@@ -87,11 +87,14 @@ def _losses(**runs: tuple[float, float | None]) -> dict[str, Stat]:
 def _published() -> dict[str, Stat]:
     """Results shaped as the papers report them: classic compressors lose, randk worst; DiLoCo within
     3% at 1/30 of the bytes; SparseLoCo below DiLoCo at ~90x fewer; DeMo within 4% at ~85x fewer;
-    1-bit Adam within 1%."""
+    1-bit Adam within 1%; MuLoCo below AdamW-DiLoCo at the same bytes; DES-LOC within 1% of Local Adam
+    at half its bytes."""
     dense = 3.25e6
     return _losses(ddp_adamw=(1.80, dense), topk_adamw=(2.10, 0.08e6), randk_adamw=(2.60, 0.08e6),
                    diloco=(1.85, dense / 30), sparseloco=(1.80, dense / 30 / 90),
-                   demo=(1.87, dense / 85), onebit_adam=(1.82, dense / 6))
+                   demo=(1.87, dense / 85), onebit_adam=(1.82, dense / 6),
+                   muloco=(1.78, dense / 30 / 14), diloco_adamw_2bit=(1.86, dense / 30 / 14),
+                   local_adam=(1.83, 3 * dense / 10), desloc=(1.84, 1.5 * dense / 10))
 
 
 def test_text_suite_names_known_runs_and_composes(tmp_path):
@@ -169,3 +172,19 @@ def test_text_method_table_rows_give_loss_bytes_ratio_and_tokens():
 def test_suite_option_picks_the_text_claims_for_only():
     with pytest.raises(ValueError, match="unknown claim nope; choose from adamw-classic-compressors"):
         runner.main(["--suite", "text", "--only", "nope"])
+
+
+def test_muloco_and_desloc_checks_fail_when_the_finding_does_not_hold():
+    from compbench.claims.text import CLAIMS as TEXT_CLAIMS
+
+    checks = {c.id: c.check for c in TEXT_CLAIMS}
+    r = _published()
+    q2 = r["muloco"].bytes_per_step
+    # MuLoCo not below AdamW-DiLoCo beyond seed noise, or at 1.5x its bytes.
+    assert not checks["muloco-beats-adamw-diloco"]({**r, "muloco": Stat((1.85, 1.87), q2)})
+    assert not checks["muloco-beats-adamw-diloco"]({**r, "muloco": Stat((1.77, 1.79), 1.5 * q2)})
+    # DES-LOC 5% above Local Adam, or at 2/3 of its bytes instead of 1/2.
+    local = r["local-adam"]
+    sent = local.bytes_per_step
+    assert not checks["desloc-halves-local-adam"]({**r, "desloc": Stat((1.91, 1.93), sent / 2)})
+    assert not checks["desloc-halves-local-adam"]({**r, "desloc": Stat((1.83, 1.85), sent / 1.5)})

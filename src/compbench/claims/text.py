@@ -6,20 +6,26 @@ Setting (every run adds BASE, then its own overrides, then `seed=S`): STEPS step
 training set is ~1,080 steps per epoch, so a run sees about half of it), a constant learning rate
 after a linear warm-up of 5% of an epoch (54 steps; a cosine over `epochs` would be cut off by
 max_steps at an arbitrary point), evaluated at the end on 512 windows of the held-out plays.
-SEEDS=2 seeds per run: 7 runs x 2 seeds = 14 trainings.
+SEEDS=2 seeds per run: 11 runs x 2 seeds = 22 trainings.
 
 Runs: DDP-AdamW (dense allreduce of the gradients every step), top-k and random-k at 1% with
 residual error feedback under AdamW over allgather, DiLoCo with H=30 inner AdamW steps, SparseLoCo
 (experiment=sparseloco: H=30, 1.56% chunked top-k in 2 bits), DeMo (optim=sgd: lr DEMO_LR, no weight
-decay), 1-bit Adam with a dense warm-up of 15% of the steps (sync.freeze_step).
+decay), 1-bit Adam with a dense warm-up of 15% of the steps (sync.freeze_step); MuLoCo
+(experiment=muloco: H=30 inner Muon steps, sign-compressed outer gradients with error feedback) and
+AdamW-DiLoCo with the same compressed outer gradients (experiment=muloco optim=adamw); DES-LOC
+(sync=desloc, K_x=10, K_u=3 K_x, K_v=6 K_x, the paper's recommendation) and Local Adam (sync=desloc
+with all three periods K_x).
 
-Budget: the full suite in 60 minutes on 2 cores, --quick in 10; measured on this project's 2-core
-machine, see docs/results.md "Text workload".
+Budget: the first seven runs in 60 minutes on 2 cores, --quick in 10, measured on this project's
+2-core machine (see docs/results.md "Text workload"); the four MuLoCo and DES-LOC runs add about 4/7
+of that (`--only muloco-beats-adamw-diloco,desloc-halves-local-adam` runs just them).
 
 Checks (decided before the runs; the final validation loss is lower-is-better):
 - "loses to" / "beats": the seeds' [min, max] intervals of the losses are disjoint, in that order.
 - "approaches" / "stays near": the mean loss is at most NEAR (5%) above DDP-AdamW's.
 - "matches": the mean losses differ by at most MATCH (2%) of DDP-AdamW's.
+- "at equal bytes": bytes sent per step within SAME (5%) of each other.
 - "at >= Nx fewer bytes": bytes sent per step (results.json's bytes_sent_per_step, a mean over
   whole rounds for DiLoCo-type runs) at most 1/N of the other run's.
 """
@@ -39,6 +45,8 @@ WARMUP = 0.15        # 1-bit Adam's dense warm-up, a fraction of the steps
 NEAR = 0.05          # "approaches", "stays near": at most 5% above DDP-AdamW's loss
 MATCH = 0.02         # "matches": within 2% of DDP-AdamW's loss
 FEWER = 30           # ">= 30x fewer bytes"
+SAME = 0.05          # "at equal bytes": bytes per step within 5% of each other
+KX = 10              # DES-LOC's parameter period (its moments': 3 KX and 6 KX); Local Adam's period
 
 _COMMON = ("model=gpt", "dataset=shakespeare", "engine.np=2", "batch_size=32", "epochs=1",
            "optim.lr_schedule=constant", "optim.warmup_epochs=0.05", "progress=false", "checkpoint=false",
@@ -57,6 +65,12 @@ def runs(steps: int) -> Mapping[str, tuple[str, ...]]:
         "sparseloco": ("experiment=sparseloco", "optim=adamw", f"sync.inner_steps={H}"),
         "demo": ("sync=demo", "optim=sgd", f"optim.lr={DEMO_LR:g}", "optim.weight_decay=0"),
         "onebit-adam": ("optim=adamw", "sync=onebit_adam", f"sync.freeze_step={round(WARMUP * steps)}"),
+        "muloco": ("experiment=muloco", f"sync.inner_steps={H}"),
+        "diloco-adamw-2bit": ("experiment=muloco", "optim=adamw", f"sync.inner_steps={H}"),
+        "desloc": ("sync=desloc", "optim=adamw", f"sync.param_period={KX}",
+                   f"sync.first_moment_period={3 * KX}", f"sync.second_moment_period={6 * KX}"),
+        "local-adam": ("sync=desloc", "optim=adamw", f"sync.param_period={KX}",
+                       f"sync.first_moment_period={KX}", f"sync.second_moment_period={KX}"),
     }
 
 
@@ -79,6 +93,12 @@ def fewer_bytes(a: Stat, b: Stat, factor: float) -> bool:
     return sent is not None and other is not None and other > 0 and sent * factor <= other
 
 
+def same_bytes(a: Stat, b: Stat) -> bool:
+    """a and b send the same bytes per step, within SAME."""
+    sent, other = a.bytes_per_step, b.bytes_per_step
+    return sent is not None and other is not None and other > 0 and abs(sent - other) <= SAME * other
+
+
 def _classic(r: Results) -> bool:
     return loses(r["topk-adamw"], r["ddp-adamw"]) and loses(r["randk-adamw"], r["topk-adamw"])
 
@@ -98,6 +118,16 @@ def _demo(r: Results) -> bool:
 
 def _onebit(r: Results) -> bool:
     return abs(r["onebit-adam"].mean - r["ddp-adamw"].mean) <= MATCH * r["ddp-adamw"].mean
+
+
+def _muloco(r: Results) -> bool:
+    return loses(r["diloco-adamw-2bit"], r["muloco"]) and same_bytes(r["muloco"], r["diloco-adamw-2bit"])
+
+
+def _desloc(r: Results) -> bool:
+    # Local Adam sends x, u and v every K_x steps; DES-LOC (1 + 1/3 + 1/6)/3 = 1/2 of it: 2x, 5% slack.
+    return (abs(r["desloc"].mean - r["local-adam"].mean) <= MATCH * r["local-adam"].mean
+            and fewer_bytes(r["desloc"], r["local-adam"], 2 / 1.05))
 
 
 CLAIMS: tuple[Claim, ...] = (
@@ -122,6 +152,17 @@ CLAIMS: tuple[Claim, ...] = (
           f"sync=onebit_adam, dense warm-up {WARMUP:.0%} of the steps, then 1-bit momentum with EF",
           f"1-bit Adam matches Adam after the warm-up: mean loss within {MATCH:.0%} of DDP-AdamW's",
           ("ddp-adamw", "onebit-adam"), _onebit, show_bytes=True),
+    Claim("muloco-beats-adamw-diloco", "MuLoCo (Therien, Huang, Rish, Belilovsky, 2025)",
+          f"experiment=muloco (H={H} inner Muon steps, EF-SignSGD outer gradients, error feedback) vs "
+          "the same with optim=adamw",
+          "MuLoCo beats AdamW-DiLoCo at equal bytes (lower loss, seed intervals disjoint; bytes per step "
+          f"within {SAME:.0%})",
+          ("diloco-adamw-2bit", "muloco"), _muloco, show_bytes=True),
+    Claim("desloc-halves-local-adam", "DES-LOC (Iacob et al., 2025)",
+          f"sync=desloc K_x={KX}, K_u={3 * KX}, K_v={6 * KX} vs Local Adam (all three every {KX} steps)",
+          f"DES-LOC matches Local Adam (mean loss within {MATCH:.0%}) at >= 2x fewer bytes per step (the "
+          "paper's 2x less than Local Adam)",
+          ("local-adam", "desloc"), _desloc, show_bytes=True),
 )
 
 TEXT = Suite(

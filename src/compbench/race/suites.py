@@ -6,9 +6,10 @@ workers x batch 32 x 64 tokens, constant lr after a 5% warm-up), engine=torch, v
 windows of the held-out works (no out-of-domain text: the race needs one loss). Methods at their
 wire floor: DDP-AdamW (dense allreduce of the gradients, overlapping back-propagation), DiLoCo
 (H=30) and Streaming DiLoCo (3 fragments, 4-bit QSGD outer gradients) with the eager update,
-SparseLoCo (experiment=sparseloco, eager), DeMo and 1-bit Adam (their recipes: one collective set per
-step). Target: validation loss 2.3 (DDP-AdamW gets there in ~225 steps, ~40 s on an idle 2-core
-machine); budget 90 s of training per run.
+SparseLoCo (experiment=sparseloco, eager), MuLoCo (experiment=muloco: Muon inner steps, 1-bit
+outer gradients with error feedback, eager), DES-LOC (sync=desloc at K_x=10, K_u=30, K_v=60), DeMo
+and 1-bit Adam (their recipes: one collective set per step). Target: validation loss 2.3 (DDP-AdamW
+gets there in ~225 steps, ~40 s on an idle 2-core machine); budget 90 s of training per run.
 
 cnn: the seeds' compressors on Fashion-MNIST (model=cnn, 2 workers x batch 64, the claims suite's
 setting): fp32, DGC and DRAGONN at 0.1%, top-k at 1%, QSGD (8 bits) and PowerSGD (rank 1), each with
@@ -59,6 +60,9 @@ TEXT = Race(
         "streaming": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.fragments=3",
                       "sync.eager=true", "compressor=qsgd", "compressor.levels=7", "comm=allgather"),
         "sparseloco": ("experiment=sparseloco", "optim=adamw", f"sync.inner_steps={H}", "sync.eager=true"),
+        "muloco": ("experiment=muloco", f"sync.inner_steps={H}", "sync.eager=true"),
+        "desloc": ("sync=desloc", "optim=adamw", "sync.param_period=10", "sync.first_moment_period=30",
+                   "sync.second_moment_period=60"),
         "demo": ("sync=demo", "optim=sgd", "optim.lr=1e-3", "optim.weight_decay=0"),
         "onebit-adam": ("optim=adamw", "sync=onebit_adam", "sync.freeze_step=40"),
     },
