@@ -227,7 +227,7 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
     if name in _OPTIMIZERS:
         return _OPTIMIZERS[name]
     if "." not in name:
-        raise ValueError(f"optim.name={name} is unknown; use sgd, adam, adamw, muon or package.module.Class "
+        raise ValueError(f"optim.name={name} is unknown; use sgd, adam, adamw or package.module.Class "
                          "(a torch.optim.Optimizer of your own)")
     from compbench import registry
 
