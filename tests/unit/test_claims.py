@@ -93,7 +93,7 @@ def _published() -> dict[str, Stat]:
     return _losses(ddp_adamw=(1.80, dense), topk_adamw=(2.10, 0.08e6), randk_adamw=(2.60, 0.08e6),
                    diloco=(1.85, dense / 30), sparseloco=(1.80, dense / 30 / 90),
                    demo=(1.87, dense / 85), onebit_adam=(1.82, dense / 6),
-                   muloco=(1.78, dense / 30 / 14), diloco_adamw_2bit=(1.86, dense / 30 / 14),
+                   muloco=(1.78, dense / 30 / 14), diloco_adamw_ef=(1.86, dense / 30 / 14),
                    local_adam=(1.83, 3 * dense / 10), desloc=(1.84, 1.5 * dense / 10))
 
 

@@ -66,7 +66,7 @@ def runs(steps: int) -> Mapping[str, tuple[str, ...]]:
         "demo": ("sync=demo", "optim=sgd", f"optim.lr={DEMO_LR:g}", "optim.weight_decay=0"),
         "onebit-adam": ("optim=adamw", "sync=onebit_adam", f"sync.freeze_step={round(WARMUP * steps)}"),
         "muloco": ("experiment=muloco", f"sync.inner_steps={H}"),
-        "diloco-adamw-2bit": ("experiment=muloco", "optim=adamw", f"sync.inner_steps={H}"),
+        "diloco-adamw-ef": ("experiment=muloco", "optim=adamw", f"sync.inner_steps={H}"),
         "desloc": ("sync=desloc", "optim=adamw", f"sync.param_period={KX}",
                    f"sync.first_moment_period={3 * KX}", f"sync.second_moment_period={6 * KX}"),
         "local-adam": ("sync=desloc", "optim=adamw", f"sync.param_period={KX}",
@@ -121,7 +121,7 @@ def _onebit(r: Results) -> bool:
 
 
 def _muloco(r: Results) -> bool:
-    return loses(r["diloco-adamw-2bit"], r["muloco"]) and same_bytes(r["muloco"], r["diloco-adamw-2bit"])
+    return loses(r["diloco-adamw-ef"], r["muloco"]) and same_bytes(r["muloco"], r["diloco-adamw-ef"])
 
 
 def _desloc(r: Results) -> bool:
@@ -157,7 +157,7 @@ CLAIMS: tuple[Claim, ...] = (
           "the same with optim=adamw",
           "MuLoCo beats AdamW-DiLoCo at equal bytes (lower loss, seed intervals disjoint; bytes per step "
           f"within {SAME:.0%})",
-          ("diloco-adamw-2bit", "muloco"), _muloco, show_bytes=True),
+          ("diloco-adamw-ef", "muloco"), _muloco, show_bytes=True),
     Claim("desloc-halves-local-adam", "DES-LOC (Iacob et al., 2025)",
           f"sync=desloc K_x={KX}, K_u={3 * KX}, K_v={6 * KX} vs Local Adam (all three every {KX} steps)",
           f"DES-LOC matches Local Adam (mean loss within {MATCH:.0%}) at >= 2x fewer bytes per step (the "
