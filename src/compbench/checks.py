@@ -229,6 +229,13 @@ def _check_optim(cfg: DictConfig) -> None:
     name = o.get("name", "optim")
     cls = optimizer_class(str(name))  # a known name or an importable Optimizer class, before any worker
     _check_optimizer_takes(cls, o)
+    own_check = getattr(cls, "check_options", None)  # an optimizer's own keys (optim=muon's)
+    if own_check is not None:
+        import inspect
+
+        plain = cast(dict[str, Any], OmegaConf.to_container(o, resolve=True))
+        takes = inspect.signature(own_check).parameters
+        own_check(**{k: v for k, v in plain.items() if k in takes})
     require_number("optim.lr", o.get("lr"), 0, strict=True, fix=f"e.g. optim.lr={_default_lr(name)}")
     for key in ("momentum", "weight_decay", "warmup_epochs", "lr_min_factor"):
         if key in o:

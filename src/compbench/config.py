@@ -239,10 +239,12 @@ def check(cfg: DictConfig) -> DictConfig:
 
 def _check_rounds_fit(cfg: DictConfig, sync: SyncTraits) -> None:
     """A periodic mode whose round is longer than the run would never exchange all it holds."""
-    key, steps = sync.period_key, cfg.get("max_steps")
-    if key and steps is not None and cfg.sync[key] > steps:
-        raise ValueError(f"sync.{key}={cfg.sync[key]} is more than max_steps={steps}: the run would end "
-                         f"before its first round does; pass sync.{key}={steps} or max_steps={cfg.sync[key]}")
+    steps = cfg.get("max_steps")
+    for key in (sync.period_key, *sync.period_keys) if sync.period_key else ():
+        if steps is not None and cfg.sync[key] > steps:
+            raise ValueError(f"sync.{key}={cfg.sync[key]} is more than max_steps={steps}: the run would end "
+                             f"before its first round does; pass sync.{key}={steps} or "
+                             f"max_steps={cfg.sync[key]}")
 
 
 def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:

@@ -87,44 +87,54 @@ def _losses(**runs: tuple[float, float | None]) -> dict[str, Stat]:
 def _published() -> dict[str, Stat]:
     """Results shaped as the papers report them: classic compressors lose, randk worst; DiLoCo within
     3% at 1/30 of the bytes; SparseLoCo below DiLoCo at ~90x fewer; DeMo within 4% at ~85x fewer;
-    1-bit Adam within 1%; 1-bit LAMB within 1% of LAMB at 1/5 of its bytes."""
+    1-bit Adam within 1%; the field suite's: 1-bit LAMB within 1% of LAMB at 1/5 of its bytes, MuLoCo
+    below AdamW-DiLoCo at the same bytes, DES-LOC within 1% of Local Adam at half its bytes."""
     dense = 3.25e6
     return _losses(ddp_adamw=(1.80, dense), topk_adamw=(2.10, 0.08e6), randk_adamw=(2.60, 0.08e6),
                    diloco=(1.85, dense / 30), sparseloco=(1.80, dense / 30 / 90),
                    demo=(1.87, dense / 85), onebit_adam=(1.82, dense / 6), lamb=(1.90, dense),
                    onebit_lamb=(1.91, dense / 5), noloco=(1.86, dense / 30), sparta=(1.84, dense / 200),
-                   sparta_diloco=(1.83, dense / 30 + dense / 200))
+                   sparta_diloco=(1.83, dense / 30 + dense / 200),
+                   muloco=(1.78, dense / 30 / 14), diloco_adamw_ef=(1.86, dense / 30 / 14),
+                   local_adam=(1.83, 3 * dense / 10), desloc=(1.84, 1.5 * dense / 10))
 
 
 def test_text_suite_names_known_runs_and_composes(tmp_path):
     from compbench import config
+    from compbench.claims.field import CLAIMS as FIELD_CLAIMS
+    from compbench.claims.field import QUICK_RUNS as FIELD_QUICK_RUNS
+    from compbench.claims.field import RUNS as FIELD_RUNS
     from compbench.claims.text import CLAIMS as TEXT_CLAIMS
     from compbench.claims.text import QUICK, QUICK_RUNS
     from compbench.claims.text import RUNS as TEXT_RUNS
 
-    assert len({c.id for c in TEXT_CLAIMS}) == len(TEXT_CLAIMS)
-    assert not {c.id for c in TEXT_CLAIMS} & {c.id for c in CLAIMS}
+    ids = [c.id for c in (*TEXT_CLAIMS, *FIELD_CLAIMS, *CLAIMS)]
+    assert len(set(ids)) == len(ids)
     for claim in TEXT_CLAIMS:
         assert set(claim.runs) <= set(TEXT_RUNS) == set(QUICK_RUNS), claim.id
+    for claim in FIELD_CLAIMS:
+        assert set(claim.runs) <= set(FIELD_RUNS) == set(FIELD_QUICK_RUNS), claim.id
     assert TEXT_RUNS["onebit-adam"][-1] == "sync.freeze_step=90" and QUICK_RUNS["onebit-adam"][-1] == \
         "sync.freeze_step=36"  # 15% of 600 and of 240 steps
     # The quick setting composes and passes the check (its corpus is checked at run time, not here).
-    for name, overrides in QUICK_RUNS.items():
+    for name, overrides in {**QUICK_RUNS, **FIELD_QUICK_RUNS}.items():
         cfg = config.check(config.compose([*QUICK, *overrides, "seed=0", f"output_dir={tmp_path / name}"]))
         assert cfg.max_steps == 240 and cfg.choices["model"] == "gpt", name
     assert not any(tmp_path.iterdir())
 
 
 def test_text_checks_hold_on_published_shaped_results():
+    from compbench.claims.field import CLAIMS as FIELD_CLAIMS
     from compbench.claims.text import CLAIMS as TEXT_CLAIMS
 
     r = _published()
-    for claim in TEXT_CLAIMS:
+    for claim in (*TEXT_CLAIMS, *FIELD_CLAIMS):
         assert claim.check(r), claim.id
 
 
 def test_text_checks_fail_when_the_finding_does_not_hold():
     """Each check, one broken result at a time; a lower loss is better, so the directions matter."""
+    from compbench.claims.field import CLAIMS as FIELD_CLAIMS
     from compbench.claims.text import CLAIMS as TEXT_CLAIMS
 
     checks = {c.id: c.check for c in TEXT_CLAIMS}
@@ -153,14 +163,15 @@ def test_text_checks_fail_when_the_finding_does_not_hold():
     assert not checks["onebit-adam-matches-adam"]({**r, "onebit-adam": Stat((1.88, 1.90), dense / 6)})
     assert not checks["onebit-adam-matches-adam"]({**r, "onebit-adam": Stat((1.70, 1.72), dense / 6)})
     # 1-bit LAMB 5% above LAMB, or at only 3x fewer bytes.
-    assert not checks["onebit-lamb-matches-lamb"]({**r, "onebit-lamb": Stat((1.99, 2.01), dense / 5)})
-    assert not checks["onebit-lamb-matches-lamb"]({**r, "onebit-lamb": Stat((1.90, 1.92), dense / 3)})
+    field = {c.id: c.check for c in FIELD_CLAIMS}
+    assert not field["onebit-lamb-matches-lamb"]({**r, "onebit-lamb": Stat((1.99, 2.01), dense / 5)})
+    assert not field["onebit-lamb-matches-lamb"]({**r, "onebit-lamb": Stat((1.90, 1.92), dense / 3)})
 
 
 def test_noloco_and_sparta_checks_fail_when_the_finding_does_not_hold():
-    from compbench.claims.text import CLAIMS as TEXT_CLAIMS
+    from compbench.claims.field import CLAIMS as FIELD_CLAIMS
 
-    checks = {c.id: c.check for c in TEXT_CLAIMS}
+    checks = {c.id: c.check for c in FIELD_CLAIMS}
     r = _published()
     dense = r["ddp-adamw"].bytes_per_step
     # NoLoCo 10% above DiLoCo's loss.
@@ -189,3 +200,19 @@ def test_text_method_table_rows_give_loss_bytes_ratio_and_tokens():
 def test_suite_option_picks_the_text_claims_for_only():
     with pytest.raises(ValueError, match="unknown claim nope; choose from adamw-classic-compressors"):
         runner.main(["--suite", "text", "--only", "nope"])
+
+
+def test_muloco_and_desloc_checks_fail_when_the_finding_does_not_hold():
+    from compbench.claims.field import CLAIMS as FIELD_CLAIMS
+
+    checks = {c.id: c.check for c in FIELD_CLAIMS}
+    r = _published()
+    q2 = r["muloco"].bytes_per_step
+    # MuLoCo not below AdamW-DiLoCo beyond seed noise, or at 1.5x its bytes.
+    assert not checks["muloco-beats-adamw-diloco"]({**r, "muloco": Stat((1.85, 1.87), q2)})
+    assert not checks["muloco-beats-adamw-diloco"]({**r, "muloco": Stat((1.77, 1.79), 1.5 * q2)})
+    # DES-LOC 5% above Local Adam, or at 2/3 of its bytes instead of 1/2.
+    local = r["local-adam"]
+    sent = local.bytes_per_step
+    assert not checks["desloc-halves-local-adam"]({**r, "desloc": Stat((1.91, 1.93), sent / 2)})
+    assert not checks["desloc-halves-local-adam"]({**r, "desloc": Stat((1.83, 1.85), sent / 1.5)})

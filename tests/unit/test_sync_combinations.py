@@ -18,7 +18,7 @@ from tests.unit.test_combinations import ALTERNATIVE, _compose
 
 COMMS = ("allgather", "allreduce")  # the pipeline's two collective shapes; test_combinations has the rest
 OPTIM = {"demo": "sgd", "onebit_adam": "adamw", "onebit_lamb": "adamw", "diloco": "adamw", "noloco": "adamw",
-         "sparta": "adamw", "sparta_diloco": "adamw"}
+         "sparta": "adamw", "sparta_diloco": "adamw", "desloc": "adamw"}
 
 
 def _with_sync(base, sync: str):
@@ -27,6 +27,8 @@ def _with_sync(base, sync: str):
         cfg.sync = registry.option_config("sync", sync)
         if sync in ("diloco", "noloco", "sparta_diloco"):
             cfg.sync.inner_steps = 2  # a round and a half in 3 steps
+        if sync == "desloc":  # parameters and first moment every 2 steps (a period and a half), v every 3
+            cfg.sync.update(param_period=2, first_moment_period=2, second_moment_period=3)
         if sync == "onebit_adam":
             cfg.sync.freeze_step = 1  # compressed from the second step on
         if sync == "onebit_lamb":

@@ -1,7 +1,8 @@
-"""`compbench claims [--suite cnn|text] [--quick] [--out DIR] [--only ID,...] [--seeds N] [key=value ...]`.
+"""`compbench claims [--suite cnn|text|field] [--quick] [--out DIR] [--only ID,...] [--seeds N] [k=v ...]`.
 
 Suites: cnn (the default: the seed papers' findings on Fashion-MNIST, compbench.claims.findings) and
-text (the transformer-era findings on Shakespeare with model=gpt, compbench.claims.text). There is no
+text (the transformer-era findings on Shakespeare with model=gpt, compbench.claims.text) and field
+(the field's other methods on the text workload, compbench.claims.field). There is no
 `--suite all`: the suites differ in data, model and budget, and each writes its own folder; run them
 one after the other.
 
@@ -27,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from compbench.args import ArgumentParser
+from compbench.claims.field import FIELD
 from compbench.claims.findings import CNN, Claim, Results, Stat, Suite, measured
 from compbench.claims.text import TEXT
 from compbench.errors import INTERRUPTED_EXIT
@@ -35,7 +37,7 @@ from compbench.matrix import Job, check_jobs, run_jobs, summary_of
 HEADER = ("claim", "source", "setting", "expected", "measured (mean +- spread over seeds)", "holds?")
 METHOD_HEADER = ("method", "overrides", "final val loss (mean +- spread)", "kB sent/step", "effective ratio",
                  "tokens/s")
-SUITES = {s.name: s for s in (CNN, TEXT)}
+SUITES = {s.name: s for s in (CNN, TEXT, FIELD)}
 
 
 def main(argv: list[str]) -> int:
@@ -43,12 +45,12 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=tuple(SUITES), default="cnn",
                         help="cnn (default): Fashion-MNIST, the seed papers; text: Shakespeare, model=gpt, "
-                             "the transformer-era methods")
+                             "the transformer-era methods; field: the field's other methods on the same")
     parser.add_argument("--quick", action="store_true",
                         help="smoke version, 1 seed (~10 minutes; not evidence): "
                              + "; ".join(s.quick_help for s in SUITES.values()))
     parser.add_argument("--out", default=None,
-                        help="output folder (default outputs/claims[-quick], outputs/claims-text[-quick])")
+                        help="output folder (default outputs/claims[-quick], outputs/claims-SUITE[-quick])")
     parser.add_argument("--only", default=None, help="comma-separated claim ids (default: all)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default 2; --quick 1)")
     parser.add_argument("overrides", nargs="*", help="key=value applied to every run")

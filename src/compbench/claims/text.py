@@ -6,16 +6,13 @@ Setting (every run adds BASE, then its own overrides, then `seed=S`): STEPS step
 training set is ~1,080 steps per epoch, so a run sees about half of it), a constant learning rate
 after a linear warm-up of 5% of an epoch (54 steps; a cosine over `epochs` would be cut off by
 max_steps at an arbitrary point), evaluated at the end on 512 windows of the held-out plays.
-SEEDS=2 seeds per run: 12 runs x 2 seeds = 24 trainings.
+SEEDS=2 seeds per run: 7 runs x 2 seeds = 14 trainings.
 
 Runs: DDP-AdamW (dense allreduce of the gradients every step), top-k and random-k at 1% with
 residual error feedback under AdamW over allgather, DiLoCo with H=30 inner AdamW steps, SparseLoCo
 (experiment=sparseloco: H=30, 1.56% chunked top-k in 2 bits), DeMo (optim=sgd: lr DEMO_LR, no weight
-decay), 1-bit Adam with a dense warm-up of 15% of the steps (sync.freeze_step), LAMB (sync=onebit_lamb
-never frozen: DeepSpeed's 1-bit LAMB warm-up is LAMB, without bias correction) and 1-bit LAMB with
-the same 15% warm-up, both at optim.lr LAMB_LR (LAMB's step is relative to each tensor's norm), NoLoCo with H=30
-(sync=noloco: with 2 workers its one pair is both, so the row tests its outer update, not its
-gossip), SPARTA (sync=sparta, p=0.005) and SPARTA + DiLoCo (sync=sparta_diloco, H=30).
+decay), 1-bit Adam with a dense warm-up of 15% of the steps (sync.freeze_step). The field's other
+methods have their own suite on the same workload (`--suite field`, compbench.claims.field).
 
 Budget: the full suite in 60 minutes on 2 cores, --quick in 10; measured on this project's 2-core
 machine, see docs/results.md "Text workload".
@@ -39,14 +36,10 @@ QUICK_STEPS = 240    # per run, --quick
 SEEDS = 2
 H = 30               # DiLoCo's and SparseLoCo's inner steps per round
 DEMO_LR = 1e-3       # DeMo's sign step (optim=sgd's lr): tuned on 200 steps, see docs/results.md
-WARMUP = 0.15        # 1-bit Adam's and 1-bit LAMB's dense warm-up, a fraction of the steps
-LAMB_LR = 1e-2       # LAMB's and 1-bit LAMB's optim.lr: 80-step probe, see docs/guide/claims.md
-LAMB_FEWER = 4.6     # 1-bit LAMB's published communication-volume reduction
+WARMUP = 0.15        # 1-bit Adam's (and 1-bit LAMB's, the field suite) dense warm-up: a fraction of steps
 NEAR = 0.05          # "approaches", "stays near": at most 5% above DDP-AdamW's loss
 MATCH = 0.02         # "matches": within 2% of DDP-AdamW's loss
 FEWER = 30           # ">= 30x fewer bytes"
-SPARTA_P = 0.005     # SPARTA's fraction of the parameters averaged per step (ExoGym's default)
-SPARTA_FEWER = 100   # SPARTA: 1/p = 200x fewer bytes than DDP's per step, half of it as the bound
 
 _COMMON = ("model=gpt", "dataset=shakespeare", "engine.np=2", "batch_size=32", "epochs=1",
            "optim.lr_schedule=constant", "optim.warmup_epochs=0.05", "progress=false", "checkpoint=false",
@@ -65,13 +58,6 @@ def runs(steps: int) -> Mapping[str, tuple[str, ...]]:
         "sparseloco": ("experiment=sparseloco", "optim=adamw", f"sync.inner_steps={H}"),
         "demo": ("sync=demo", "optim=sgd", f"optim.lr={DEMO_LR:g}", "optim.weight_decay=0"),
         "onebit-adam": ("optim=adamw", "sync=onebit_adam", f"sync.freeze_step={round(WARMUP * steps)}"),
-        "lamb": ("optim=adamw", f"optim.lr={LAMB_LR:g}", "sync=onebit_lamb", f"sync.freeze_step={steps + 1}"),
-        "onebit-lamb": ("optim=adamw", f"optim.lr={LAMB_LR:g}", "sync=onebit_lamb",
-                        f"sync.freeze_step={round(WARMUP * steps)}"),
-        "noloco": ("optim=adamw", "sync=noloco", f"sync.inner_steps={H}"),
-        "sparta": ("optim=adamw", "sync=sparta", f"sync.p={SPARTA_P:g}"),
-        "sparta-diloco": ("optim=adamw", "sync=sparta_diloco", f"sync.p={SPARTA_P:g}",
-                          f"sync.inner_steps={H}"),
     }
 
 
@@ -115,21 +101,6 @@ def _onebit(r: Results) -> bool:
     return abs(r["onebit-adam"].mean - r["ddp-adamw"].mean) <= MATCH * r["ddp-adamw"].mean
 
 
-def _onebit_lamb(r: Results) -> bool:
-    matches = abs(r["onebit-lamb"].mean - r["lamb"].mean) <= MATCH * r["lamb"].mean
-    return matches and fewer_bytes(r["onebit-lamb"], r["lamb"], LAMB_FEWER)
-
-
-def _noloco(r: Results) -> bool:
-    return near(r["noloco"], r["diloco"])
-
-
-def _sparta(r: Results) -> bool:
-    return near(r["sparta"], r["ddp-adamw"]) and fewer_bytes(r["sparta"], r["ddp-adamw"], SPARTA_FEWER)
-
-
-def _sparta_diloco(r: Results) -> bool:
-    return r["sparta-diloco"].mean < r["diloco"].mean
 
 
 CLAIMS: tuple[Claim, ...] = (
@@ -154,24 +125,6 @@ CLAIMS: tuple[Claim, ...] = (
           f"sync=onebit_adam, dense warm-up {WARMUP:.0%} of the steps, then 1-bit momentum with EF",
           f"1-bit Adam matches Adam after the warm-up: mean loss within {MATCH:.0%} of DDP-AdamW's",
           ("ddp-adamw", "onebit-adam"), _onebit, show_bytes=True),
-    Claim("onebit-lamb-matches-lamb", "1-bit LAMB (Li et al., HiPC 2022)",
-          f"sync=onebit_lamb at optim.lr {LAMB_LR:g}, dense LAMB warm-up {WARMUP:.0%} of the steps, then "
-          "1-bit momentum with EF and the frozen trust ratio, vs the same never frozen (LAMB)",
-          f"1-bit LAMB matches LAMB's convergence at up to {LAMB_FEWER:g}x less communication (the paper's "
-          f"finding): mean loss within {MATCH:.0%} of LAMB's at >= {LAMB_FEWER:g}x fewer bytes per step",
-          ("lamb", "onebit-lamb"), _onebit_lamb, show_bytes=True),
-    Claim("noloco-close-to-diloco", "NoLoCo (Kolehmainen et al., 2025)",
-          f"sync=noloco, H={H}, groups of 2, outer lr 0.7, momentum 0.3 (2 workers: one pair, both)",
-          f"NoLoCo close to DiLoCo without a global all-reduce: its loss within {NEAR:.0%} of DiLoCo's",
-          ("diloco", "noloco"), _noloco, show_bytes=True),
-    Claim("sparta-near-ddp", "SPARTA (ExoGym, Exo Labs 2025)",
-          f"sync=sparta, p={SPARTA_P:g} of the parameters averaged after every local AdamW step",
-          f"SPARTA trains near DDP-AdamW (loss within {NEAR:.0%}) at >= {SPARTA_FEWER}x fewer bytes per step",
-          ("ddp-adamw", "sparta"), _sparta, show_bytes=True),
-    Claim("sparta-improves-diloco", "SPARTA + DiLoCo (ExoGym, Exo Labs 2025)",
-          f"sync=sparta_diloco (p={SPARTA_P:g} every step, DiLoCo H={H}) vs sync=diloco",
-          "SPARTA's sparse averaging inside DiLoCo's rounds lowers DiLoCo's loss (lower mean loss)",
-          ("diloco", "sparta-diloco"), _sparta_diloco, show_bytes=True),
 )
 
 TEXT = Suite(

@@ -1,4 +1,4 @@
-"""Optimizers (SGD, Adam, AdamW) and the trainer's parameter groups.
+"""Optimizers (SGD, Adam, AdamW, Muon with AdamW: optim.muon) and the trainer's parameter groups.
 
 The learning rate is for the global batch: it is not scaled by the number of workers, so the same
 config trained on 1 worker with batch 2b or 2 workers with batch b takes the same steps.
@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from compbench.kernels import cpu
 from compbench.optim.clip import CLIP_KEY
+from compbench.optim.muon import Muon, matrices, tag_groups
 from compbench.optim.schedule import SCHEDULE_KEYS
 
 # Settings of the `optim` group that shape the learning-rate schedule, whatever the optimizer.
@@ -216,11 +217,11 @@ _EMPTY = torch.empty(0)
 _EMPTY_LONG = torch.empty(0, dtype=torch.int64)
 
 
-_OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "muon": Muon}
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
-    """`optim.name`'s class: sgd, adam or adamw, or "package.module.Class" (a torch.optim.Optimizer
+    """`optim.name`'s class: sgd, adam, adamw or muon, or "package.module.Class" (a torch.optim.Optimizer
     of a user's package, taking the optim group's other keys as keyword arguments); ValueError (one
     line, naming the key) for anything else."""
     if name in _OPTIMIZERS:
@@ -247,7 +248,7 @@ def param_groups(model: nn.Module, memory_owns_momentum: bool,
     compress_threshold > 0 a small tensor fused into a compressed group is an approximation."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not memory_owns_momentum:
-        return [{"params": params}]
+        return model_groups(model, [{"params": params}], optim)
     if optim["name"] != "sgd":
         raise ValueError(f"memory=dgc applies momentum itself, with DGC's SGD; optim={optim['name']} would "
                          f"apply its own on top: use optim=sgd (or memory=residual)")
@@ -256,6 +257,16 @@ def param_groups(model: nn.Module, memory_owns_momentum: bool,
     return [{"params": [p for p in params if not compressed(p)]},
             {"params": [p for p in params if compressed(p)], "momentum": 0.0, "nesterov": False,
              "weight_decay": 0.0, "dgc": dgc}]
+
+
+def model_groups(model: nn.Module, groups: list[dict[str, Any]],
+                 optim: dict[str, Any]) -> list[dict[str, Any]]:
+    """`groups` as the optimizer takes them for `model`: optim=muon's split into the hidden weight
+    matrices (Muon) and the rest (AdamW), `optim.muon.matrices`; the groups unchanged otherwise."""
+    if optim.get("name") != "muon":
+        return groups
+    picked = matrices(model)
+    return tag_groups(groups, lambda p: p in picked)
 
 
 def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any) -> torch.optim.Optimizer:
@@ -268,4 +279,5 @@ def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any
 
 def plain_optimizer(model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
     """The `optim` group's optimizer over every trainable parameter, in one group."""
-    return build_optimizer([{"params": [p for p in model.parameters() if p.requires_grad]}], **optim)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return build_optimizer(model_groups(model, [{"params": params}], optim), **optim)

@@ -1,4 +1,4 @@
-"""`compbench race [--suite text|cnn] [--quick] [--out DIR] [--only M,...] [--links MBPS,...]
+"""`compbench race [--suite text|field|cnn] [--quick] [--out DIR] [--only M,...] [--links MBPS,...]
 [--seeds N] [key=value ...]`: which method reaches a target quality first over a given link.
 
 Runs every method of the race (compbench.race.suites) on every link (net.emulate_gbps: a shaped
@@ -31,8 +31,8 @@ def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="compbench race", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=tuple(RACES), default="text",
-                        help="text (default): model=gpt on Shakespeare; cnn: the seeds' compressors on "
-                             "Fashion-MNIST")
+                        help="text (default): model=gpt on Shakespeare; field: the field's other methods on "
+                             "the same; cnn: the seeds' compressors on Fashion-MNIST")
     parser.add_argument("--quick", action="store_true", help="one seed, a nearer target, a shorter budget "
                                                              "(~10 minutes; not evidence)")
     parser.add_argument("--out", default=None, help="output folder (default outputs/race-SUITE[-quick])")

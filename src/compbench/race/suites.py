@@ -6,10 +6,14 @@ workers x batch 32 x 64 tokens, constant lr after a 5% warm-up), engine=torch, v
 windows of the held-out works (no out-of-domain text: the race needs one loss). Methods at their
 wire floor: DDP-AdamW (dense allreduce of the gradients, overlapping back-propagation), DiLoCo
 (H=30) and Streaming DiLoCo (3 fragments, 4-bit QSGD outer gradients) with the eager update,
-SparseLoCo (experiment=sparseloco, eager), DeMo, 1-bit Adam and 1-bit LAMB (optim.lr 1e-2, the
-claims suite's) with their recipes: one collective set per step. Target: validation loss 2.3
-(DDP-AdamW gets there in ~225 steps, ~40 s on an idle 2-core machine); budget 90 s of training per
-run.
+SparseLoCo (experiment=sparseloco, eager), DeMo and 1-bit Adam with their recipes: one collective
+set per step. Target: validation loss 2.3 (DDP-AdamW gets there in ~225 steps, ~40 s on an idle
+2-core machine); budget 90 s of training per run.
+
+field: the field's other methods on the text workload, with DDP-AdamW and DiLoCo as references:
+MuLoCo (experiment=muloco: Muon inner steps, 1-bit outer gradients with error feedback, eager),
+DES-LOC (sync=desloc at K_x=10, K_u=30, K_v=60), 1-bit LAMB (optim.lr 1e-2, the claims suite's),
+NoLoCo (H=30) and SPARTA (p=0.005). The text race's links, target and budget.
 
 cnn: the seeds' compressors on Fashion-MNIST (model=cnn, 2 workers x batch 64, the claims suite's
 setting): fp32, DGC and DRAGONN at 0.1%, top-k at 1%, QSGD (8 bits) and PowerSGD (rank 1), each with
@@ -62,12 +66,24 @@ TEXT = Race(
         "sparseloco": ("experiment=sparseloco", "optim=adamw", f"sync.inner_steps={H}", "sync.eager=true"),
         "demo": ("sync=demo", "optim=sgd", "optim.lr=1e-3", "optim.weight_decay=0"),
         "onebit-adam": ("optim=adamw", "sync=onebit_adam", "sync.freeze_step=40"),
+    },
+    baseline="ddp-adamw", links_mbps=(10, 100, 1000), target="target_loss=2.3", budget_s=90, seeds=2,
+    quick_target="target_loss=2.7", quick_budget_s=20, units="tokens")
+
+FIELD = Race(
+    name="field", base=TEXT.base,
+    methods={
+        "ddp-adamw": TEXT.methods["ddp-adamw"],
+        "diloco": TEXT.methods["diloco"],
+        "muloco": ("experiment=muloco", f"sync.inner_steps={H}", "sync.eager=true"),
+        "desloc": ("sync=desloc", "optim=adamw", "sync.param_period=10", "sync.first_moment_period=30",
+                   "sync.second_moment_period=60"),
         "onebit-lamb": ("optim=adamw", "optim.lr=1e-2", "sync=onebit_lamb", "sync.freeze_step=40"),
         "noloco": ("optim=adamw", "sync=noloco", f"sync.inner_steps={H}"),
         "sparta": ("optim=adamw", "sync=sparta"),
     },
-    baseline="ddp-adamw", links_mbps=(10, 100, 1000), target="target_loss=2.3", budget_s=90, seeds=2,
-    quick_target="target_loss=2.7", quick_budget_s=20, units="tokens")
+    baseline="ddp-adamw", links_mbps=TEXT.links_mbps, target=TEXT.target, budget_s=TEXT.budget_s,
+    seeds=TEXT.seeds, quick_target=TEXT.quick_target, quick_budget_s=TEXT.quick_budget_s, units="tokens")
 
 CNN = Race(
     name="cnn",
@@ -84,4 +100,4 @@ CNN = Race(
     baseline="fp32", links_mbps=(10, 100, 1000), target="target_acc1=85", budget_s=60, seeds=2,
     quick_target="target_acc1=75", quick_budget_s=20, units="samples")
 
-RACES = {r.name: r for r in (TEXT, CNN)}
+RACES = {r.name: r for r in (TEXT, FIELD, CNN)}

@@ -12,6 +12,8 @@ Whether a step talks, and what it sends, is the synchronizer's:
 - `diloco` (periodic): workers step their own optimizer H times without talking; in `after_step`
   every H steps the outer gradient goes through the same pipeline and an outer optimizer moves the
   global parameters (SparseLoCo and quantized Streaming DiLoCo are compositions of it).
+- `desloc` (periodic): DES-LOC, Adam's parameters and its two moments averaged through the same
+  pipeline, each on its own period.
 - `demo`, `onebit_adam`, `onebit_lamb` (optimizer level): per-step modes whose optimizer is DeMo's,
   1-bit Adam's or 1-bit LAMB's update rule; what they exchange (DeMo's momentum is the error-feedback
   memory, 1-bit Adam's and 1-bit LAMB's the momentum the optimizer mixes into `p.grad`) goes through
@@ -48,6 +50,9 @@ class SyncTraits:
       group applies; otherwise scheduler must stay layerwise).
     period_key: the setting that names the number of steps per round (a round's steps all count
       in the per-step figures: a step that sends nothing books 0 bytes); None: every step.
+    period_keys: further periods of a mode that exchanges several things each on its own period
+      (DES-LOC's); each is checked against max_steps as period_key is, and a round is the least
+      common multiple of them all.
     optimizers: the `optim=` options it works with (None: any).
     optimizer_keys: for a mode that builds its own optimizer, the optim settings it takes; every
       other optim setting must keep its default (nothing is silently ignored).
@@ -64,6 +69,7 @@ class SyncTraits:
     pipeline: bool = True
     per_step: bool = True
     period_key: str | None = None
+    period_keys: tuple[str, ...] = ()
     optimizers: tuple[str, ...] | None = None
     optimizer_keys: tuple[str, ...] | None = None
     engines: tuple[str, ...] = ("horovod", "torch")

@@ -297,8 +297,10 @@ class Trainer:
 
     def period(self) -> int:
         """Steps per round of the synchronization mode (1: it talks every step)."""
-        key = self.sync.sync_traits.period_key
-        return int(self.cfg.sync[key]) if key else 1
+        traits = self.sync.sync_traits
+        if not traits.period_key:
+            return 1
+        return math.lcm(*(int(self.cfg.sync[k]) for k in (traits.period_key, *traits.period_keys)))
 
     def finish(self, final: dict[str, float], seconds: float) -> dict[str, Any] | None:
         if self.recorder is None:
