@@ -46,12 +46,6 @@ TAGS: dict[str, tuple[str, str]] = {
     "comm/calls_dense": ("calls", "collectives started per step for tensors sent dense"),
     "compress/sampled_reads": ("elements", "elements the encodes read at random places (thresholds' uniform "
                                            "samples), per worker and step"),
-    # Modes whose workers' parameters differ between exchanges (SyncTraits.replicas_diverge) only.
-    "eval/loss_averaged": ("nats", "eval/loss of the workers' averaged parameters (eval/loss: each "
-                                   "worker's own)"),
-    "eval/acc1_averaged": ("%", "eval/acc1 of the workers' averaged parameters"),
-    "replica/distance": ("x", "mean over workers of ||theta_r - mean theta|| / ||mean theta|| at each "
-                              "evaluation"),
 }
 
 # A language-model run (compbench.train.task) writes these instead of eval/acc1 and train/throughput.
@@ -64,10 +58,19 @@ LM_TAGS: dict[str, tuple[str, str]] = {
     "eval/ppl": ("x", "perplexity on the validation works: exp(eval/loss)"),
     "eval/ood_loss": ("nats", "cross-entropy per token on the out-of-domain text (dataset.ood)"),
     "eval/ood_ppl": ("x", "perplexity on the out-of-domain text: exp(eval/ood_loss)"),
-    "eval/ppl_averaged": ("x", "eval/ppl of the workers' averaged parameters"),
 }
-LM_TAGS.pop("eval/acc1_averaged")
-DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}}
+# Written besides those by the modes whose workers' parameters differ between exchanges
+# (SyncTraits.replicas_diverge: compbench.train.replicas); eval/acc1_averaged by classifiers,
+# eval/ppl_averaged by language models.
+REPLICA_TAGS: dict[str, tuple[str, str]] = {
+    "eval/loss_averaged": ("nats", "eval/loss of the workers' averaged parameters (eval/loss: each "
+                                   "worker's own)"),
+    "eval/acc1_averaged": ("%", "eval/acc1 of the workers' averaged parameters"),
+    "eval/ppl_averaged": ("x", "eval/ppl of the workers' averaged parameters"),
+    "replica/distance": ("x", "mean over workers of ||theta_r - mean theta|| / ||mean theta|| at each "
+                              "evaluation"),
+}
+DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}, **REPLICA_TAGS}
 
 _MEDIAN = f"median of {{tag}} after {WARMUP_STEPS} warm-up steps ({{unit}})"
 # Per-step rates: units (samples or tokens) over the step's time.
