@@ -19,16 +19,15 @@ Checks, besides the text suite's: "at equal bytes": bytes sent per step within S
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
-from compbench.claims.findings import Claim, Results, Stat, Suite
+from compbench.claims.findings import Claim, Results, Stat
 from compbench.claims.text import (
-    BASE,
     MATCH,
     NEAR,
-    QUICK,
     QUICK_STEPS,
-    SEEDS,
     STEPS,
+    TEXT,
     WARMUP,
     H,
     fewer_bytes,
@@ -134,12 +133,9 @@ CLAIMS: tuple[Claim, ...] = (
           ("local-adam", "desloc"), _desloc, show_bytes=True),
 )
 
-FIELD = Suite(
-    name="field", runs=RUNS, quick_runs=QUICK_RUNS, claims=CLAIMS, base=BASE, quick=QUICK, seeds=SEEDS,
-    metric="final_eval_loss", metric_label="final validation loss (nats/token)", higher_is_better=False,
-    baseline="ddp-adamw",
+# The text suite's workload, metric, checks' baseline and notes, with the field's runs and claims.
+FIELD = replace(
+    TEXT, name="field", runs=RUNS, quick_runs=QUICK_RUNS, claims=CLAIMS,
     note=f"the field's methods on the text workload: model=gpt on Shakespeare (char), 2 workers x batch 32 "
          f"x 64 tokens, {STEPS} steps; spread = half the range over seeds\n\n",
-    quick_note=f"quick smoke run ({QUICK_STEPS} steps, 1 seed): the machinery works; NOT evidence for or "
-               "against any claim\n\n",
-    quick_help=f"field: {QUICK_STEPS} steps", full_steps=lambda: STEPS, eval_s=3.0, method_table=True)
+    quick_help=f"field: {QUICK_STEPS} steps")
