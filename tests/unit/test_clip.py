@@ -63,6 +63,7 @@ def test_diloco_clips_its_inner_steps_by_recipe_unless_the_user_sets_it():
     assert config.compose([*TINY]).optim.clip_grad_norm is None  # off by default elsewhere
 
 
+@pytest.mark.slow  # a real 2-rank job (~12 s); the fast tier checks the clipping on fixed gradients
 @pytest.mark.dist
 def test_two_workers_clip_the_averaged_gradient(tmp_path):
     """2 ranks x batch 8 with clipping == 1 rank x batch 16 with clipping (the average is clipped,

@@ -143,6 +143,7 @@ COMMON = [*TINY, "batch_size=16", "epochs=2", "eval=false", "sync=desloc", "sync
           "sync.first_moment_period=5", "sync.second_moment_period=6"]  # 8 steps per epoch: mid-period
 
 
+@pytest.mark.slow  # a real 2-rank job (~15 s); the fast tier checks an exact resume in process
 @pytest.mark.dist
 def test_resume_mid_period_is_exact_through_the_launcher(tmp_path):
     """2 epochs == 1 epoch + resume, saved 8 steps in (mid-period for all three): the real launcher."""

@@ -14,10 +14,13 @@ from compbench import config, registry
 from compbench.checks import declared_keys
 
 GROUPS = ("compressor", "memory", "comm", "scheduler", "sync", "model")
-# What an option needs beside it to compose cleanly (the first that works is its base).
+# What an option needs beside it to compose cleanly (the first that works is its base), the likeliest
+# first for each group.
 BASES = ([], ["comm=allgather"], ["comm=ps"], ["engine=torch"], ["compressor=topk", "comm=allgather"],
          ["model=gpt", "dataset=shakespeare"], ["model=gpt", "dataset=shakespeare", "optim=adamw"],
          ["model=gpt", "dataset=shakespeare", "optim=sgd"])
+FIRST = {"compressor": ["comm=allgather"], "memory": ["compressor=topk", "comm=allgather"],
+         "sync": ["model=gpt", "dataset=shakespeare", "optim=adamw"]}
 # A value of the wrong kind for each declared type, and what the refusal says it must be.
 WRONG = {bool: (1, "true or false"), int: (0.5, "an integer"), float: ("abc", "a number")}
 
@@ -30,7 +33,7 @@ def _checks(overrides: list[str]) -> None:
 
 @cache
 def base_of(group: str, option: str) -> tuple[str, ...] | None:
-    for extra in BASES:
+    for extra in ([FIRST[group]] if group in FIRST else []) + list(BASES):
         try:
             _checks([f"{group}={option}", *extra])
         except ValueError:

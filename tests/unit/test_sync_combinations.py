@@ -85,8 +85,12 @@ BASELINES = ("ddp", "horovod_optimizer")
 
 
 # DiLoCo's outer step with SPARTA's averaging in between: the same pipeline as sync=diloco's, swept
-# with a few compressors (every one already goes through sync=diloco's sweep).
-SUBSETS = {"sparta_diloco": ("none", "topk", "qsgd", "fp16")}
+# with a few compressors (every one already goes through sync=diloco's sweep); 1-bit LAMB's exchange
+# is 1-bit Adam's (every compressor goes through sync=onebit_adam's sweep); DES-LOC's parameters take
+# DiLoCo's path through the pipeline.
+SUBSETS = {"sparta_diloco": ("none", "topk", "qsgd", "fp16"),
+           "onebit_lamb": ("none", "rms_sign", "onebit", "topk"),
+           "desloc": ("none", "topk", "qsgd", "fp16", "powersgd")}
 
 
 @pytest.mark.parametrize("sync", [s for s in registry.options("sync") if s not in ("step", *BASELINES)])
