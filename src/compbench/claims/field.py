@@ -10,8 +10,8 @@ optim.lr LAMB_LR (LAMB's step is relative to each tensor's norm); NoLoCo with H=
 H=30 inner Muon steps, sign-compressed outer gradients with error feedback) and AdamW-DiLoCo with the
 same compressed outer gradients (experiment=muloco optim=adamw); DES-LOC (sync=desloc, K_x=10,
 K_u=3 K_x, K_v=6 K_x, the paper's recommendation) and Local Adam (sync=desloc with all three periods
-K_x). SEEDS=2 seeds per run: 11 runs x 2 seeds = 22 trainings, about 95 minutes on 2 cores by the
-text suite's step times (--quick: about 16).
+K_x). SEEDS=2 seeds per run: 11 runs x 2 seeds = 22 trainings, about 40 minutes on 2 cores by the
+--quick run's step times (--quick itself: 10.5 minutes).
 
 Checks, besides the text suite's: "at equal bytes": bytes sent per step within SAME (5%) of each other.
 """
