@@ -128,28 +128,45 @@ class OnebitAdamStep(torch.optim.Optimizer):
             state = self.state[p]
             if not state:
                 state["step"] = 0
-                state["exp_avg"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
-                state["exp_avg_sq"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+                self._new_state(p, state)
             state["step"] += 1
             last_step = state["step"]
             if initializing:
                 continue  # the reference's first call: state only, nothing moves
             if frozen:
-                state["exp_avg"].copy_(grad)  # the averaged momentum
+                self._compressed(p, group, state, grad)
             else:
-                beta1, beta2 = group["betas"]
-                state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            update = state["exp_avg"] / (state["exp_avg_sq"].sqrt() + group["eps"])
-            if group["weight_decay"] > 0.0:
-                update.add_(p, alpha=group["weight_decay"])
-            p.add_(update, alpha=-group["lr"])
+                self._warmup(p, group, state, grad)
         if initializing:
             self._set_flags(initialized=True)
         elif not frozen and last_step is not None and last_step >= self.param_groups[0]["freeze_step"]:
             self._set_flags(frozen=True)
             self.freeze_report = self.guard_frozen_variance()
         return loss
+
+    # The stages' update rules (a subclass with another rule, 1-bit LAMB, overrides these three).
+    def _new_state(self, p: Tensor, state: dict[str, Any]) -> None:
+        state["exp_avg"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+        state["exp_avg_sq"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+
+    def _warmup(self, p: Tensor, group: dict[str, Any], state: dict[str, Any], grad: Tensor) -> None:
+        """Adam on the dense average."""
+        beta1, beta2 = group["betas"]
+        state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        self._adam_step(p, group, state)
+
+    def _compressed(self, p: Tensor, group: dict[str, Any], state: dict[str, Any], grad: Tensor) -> None:
+        """`grad` is the averaged momentum; v stays frozen."""
+        state["exp_avg"].copy_(grad)
+        self._adam_step(p, group, state)
+
+    @staticmethod
+    def _adam_step(p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        update = state["exp_avg"] / (state["exp_avg_sq"].sqrt() + group["eps"])
+        if group["weight_decay"] > 0.0:
+            update.add_(p, alpha=group["weight_decay"])
+        p.add_(update, alpha=-group["lr"])
 
     @torch.no_grad()
     def guard_frozen_variance(self) -> tuple[int, int, float]:

@@ -59,7 +59,7 @@ the ranks is then that compressor's average of the scaled momentum). The optimiz
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -131,35 +131,10 @@ class OnebitLambStep(OnebitAdamStep):
             state, beta1 = self.state[p], group["betas"][0]
             grad.copy_(state["exp_avg"].mul(beta1).add_(grad, alpha=1 - beta1).mul_(state["scaling_coeff"]))
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]  # torch's overloads
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        initializing, frozen = not self.initialized, self.frozen
-        last_step = None
-        for group, p, grad in self._stepped():
-            state = self.state[p]
-            if not state:
-                state["step"] = 0
-                state["lamb_coeff_freeze"], state["last_factor"] = 0.0, 1.0
-                for key in ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"):
-                    state[key] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
-            state["step"] += 1
-            last_step = state["step"]
-            if initializing:
-                continue  # the reference's first call: state only, nothing moves
-            if frozen:
-                self._compressed(p, group, state, grad)
-            else:
-                self._warmup(p, group, state, grad)
-        if initializing:
-            self._set_flags(initialized=True)
-        elif not frozen and last_step is not None and last_step >= self.param_groups[0]["freeze_step"]:
-            self._set_flags(frozen=True)
-            self.freeze_report = self.guard_frozen_variance()
-        return loss
+    def _new_state(self, p: Tensor, state: dict[str, Any]) -> None:
+        state["lamb_coeff_freeze"], state["last_factor"] = 0.0, 1.0
+        for key in ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"):
+            state[key] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
 
     def _warmup(self, p: Tensor, group: dict[str, Any], state: dict[str, Any], grad: Tensor) -> None:
         """LAMB on the dense average; the trust ratio's running mean is what freezes."""
