@@ -81,3 +81,15 @@ def catches_sigint(pid: int) -> bool:
         if line.startswith("SigCgt:"):
             return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
     return False
+
+
+def sync_step(sync, optimizer: torch.optim.Optimizer, step: int, model: torch.nn.Module, x: torch.Tensor,
+              y: torch.Tensor) -> None:
+    """One classification step through a synchronizer in the trainer's order (compbench.train.loop)."""
+    sync.begin_step(step, 0.0)
+    optimizer.zero_grad()
+    sync.before_backward()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    sync.synchronize()
+    optimizer.step()
+    sync.after_step()

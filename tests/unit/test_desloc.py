@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from compbench import config, registry
 from compbench.stats import StepStats
 from compbench.sync.build import build_synchronizer
-from tests.helpers import TINY, train
+from tests.helpers import TINY, sync_step, train
 from tests.integration.test_resume import _assert_equal
 from tests.threaded_engine import ThreadWorld
 from tests.unit.test_diloco import _batch, _model
@@ -66,14 +66,8 @@ def _steps(engine, sync, model, opt, stats, start: int, stop: int) -> list[int]:
     sent = []
     for step in range(start, stop):
         stats.reset()
-        sync.begin_step(step, 0.0)
         x, y = _batch(engine.rank, step)
-        opt.zero_grad()
-        sync.before_backward()
-        F.cross_entropy(model(x), y).backward()
-        sync.synchronize()
-        opt.step()
-        sync.after_step()
+        sync_step(sync, opt, step, model, x, y)
         sent.append(stats.bytes_sent)
         assert stats.bytes_dense == 4 * sum(p.numel() for p in model.parameters())
     return sent

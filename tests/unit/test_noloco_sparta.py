@@ -19,7 +19,7 @@ from compbench.sync.build import build_synchronizer
 from compbench.sync.noloco import groups
 from compbench.sync.sparta import masks
 from compbench.train.replicas import diagnose
-from tests.helpers import TINY, results, train
+from tests.helpers import TINY, results, sync_step, train
 from tests.integration.test_resume import _assert_equal
 from tests.threaded_engine import ThreadWorld
 
@@ -69,14 +69,8 @@ def _run(nodes: dict, steps: int):
         sent = []
         for step in range(steps):
             stats.reset()
-            sync.begin_step(step, 0.0)
             x, y = _batch(engine.rank, step)
-            opt.zero_grad()
-            sync.before_backward()
-            F.cross_entropy(model(x), y).backward()
-            sync.synchronize()
-            opt.step()
-            sync.after_step()
+            sync_step(sync, opt, step, model, x, y)
             sent.append(stats.bytes_sent)
         return [p.detach().clone() for p in model.parameters()], sent, sync
     return body

@@ -11,11 +11,11 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from compbench import registry
 from compbench.stats import StepStats
 from compbench.sync.build import build_synchronizer
+from tests.helpers import sync_step
 from tests.threaded_engine import ThreadWorld
 from tests.unit.test_diloco import INNER, WORLD, _batch, _inner_step, _model
 from tests.unit.test_sync_combinations import _sweep
@@ -123,14 +123,8 @@ class _Run:
     def steps(self, first: int, last: int) -> None:
         for step in range(first, last):
             self.stats.reset()
-            self.sync.begin_step(step, 0.0)
             x, y = _batch(self.engine.rank, step)
-            self.opt.zero_grad()
-            self.sync.before_backward()
-            F.cross_entropy(self.model(x), y).backward()
-            self.sync.synchronize()
-            self.opt.step()
-            self.sync.after_step()
+            sync_step(self.sync, self.opt, step, self.model, x, y)
             self.sent.append(self.stats.bytes_sent)
             self.dense.append(self.stats.bytes_dense)
 
