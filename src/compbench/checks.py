@@ -108,19 +108,23 @@ def _check_group_keys(cfg: DictConfig) -> None:
 
 def declared_keys(target: str | None) -> tuple[dict[str, Any], dict[str, KeyRange]]:
     """The constructor's annotations and the declared KEY_RANGES of a `_target_` (none for a group
-    without one, or a target that cannot be imported: the component's build reports that)."""
+    without one). An unloadable target is the registry's one-line error; annotations that cannot be
+    resolved here (a name imported only for the type checker) leave the keys to the component's own
+    checks."""
     import inspect
+    import sys
     import typing
+
+    from compbench import registry
 
     if not target:
         return {}, {}
-    module_name, _, name = target.rpartition(".")
+    obj = registry.locate(target)
     try:
-        module = importlib.import_module(module_name)
-        obj = getattr(module, name)
         hints = typing.get_type_hints(obj.__init__ if inspect.isclass(obj) else obj)
-    except Exception:  # noqa: BLE001 - the build (registry.locate) reports an unloadable target in one line
-        return {}, {}
+    except (NameError, TypeError):
+        hints = {}
+    module = sys.modules[obj.__module__]
     ranges = {**getattr(module, "KEY_RANGES", {}), **getattr(obj, "KEY_RANGES", {})}
     return hints, ranges
 
@@ -223,19 +227,18 @@ def _check_profiled_model(cfg: DictConfig) -> None:
 
 
 def _check_optim(cfg: DictConfig) -> None:
-    from compbench.optim.optimizers import optimizer_class
+    from compbench.optim.optimizers import ChecksOwnOptions, optimizer_class
 
     o = cfg.optim
     name = o.get("name", "optim")
     cls = optimizer_class(str(name))  # a known name or an importable Optimizer class, before any worker
     _check_optimizer_takes(cls, o)
-    own_check = getattr(cls, "check_options", None)  # an optimizer's own keys (optim=muon's)
-    if own_check is not None:
+    if isinstance(cls, ChecksOwnOptions):  # an optimizer's own keys (optim=muon's)
         import inspect
 
         plain = cast(dict[str, Any], OmegaConf.to_container(o, resolve=True))
-        takes = inspect.signature(own_check).parameters
-        own_check(**{k: v for k, v in plain.items() if k in takes})
+        takes = inspect.signature(cls.check_options).parameters
+        cls.check_options(**{k: v for k, v in plain.items() if k in takes})
     require_number("optim.lr", o.get("lr"), 0, strict=True, fix=f"e.g. optim.lr={_default_lr(name)}")
     for key in ("momentum", "weight_decay", "warmup_epochs", "lr_min_factor"):
         if key in o:

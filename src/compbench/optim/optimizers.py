@@ -7,7 +7,7 @@ config trained on 1 worker with batch 2b or 2 workers with batch b takes the sam
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,15 @@ def _sparse_params(self: Any) -> set[Tensor]:
     them over so: `GradientPipeline.sparse_names`). `SGD.sparse_params`, `Adam.sparse_params`."""
     return {p for group in self.param_groups if self._one_pass(group) for p in group["params"]
             if cpu.enabled(p)}
+
+
+@runtime_checkable
+class ChecksOwnOptions(Protocol):
+    """An optimizer class that checks its own keys before any worker starts (optim=muon's two halves):
+    `check_options` takes the optim group's keys it names and raises ValueError (one line)."""
+
+    @staticmethod
+    def check_options(**options: Any) -> None: ...
 
 
 class SGD(torch.optim.SGD):
