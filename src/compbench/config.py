@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from compbench.comm.base import CommTraits
     from compbench.sync import SyncTraits
 
-GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "engine", "optim", "net")
+GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "engine", "optim", "net",
+          "fault")
 # The config groups a plugin's conf folder may add options to (compbench.plugins).
 PLUGIN_GROUPS = (*GROUPS, "experiment")
 
@@ -208,7 +209,7 @@ def check(cfg: DictConfig) -> DictConfig:
                                 ("comm", (), ("engine", "compressor", "stats")),
                                 ("scheduler", (), ()),
                                 ("sync", (), ("pipeline", "scheduler", "engine", "stats")),
-                                ("engine", ("np",), ())):
+                                ("engine", ("np",), ()), ("fault", (), ())):
         registry.check_settings(cfg[group], f"{group}={picked[group]}", drop=drop, passed=passed)
     compressor, _ = build_compressor_and_selection(cfg)
     comm_cls = registry.locate(cfg.comm._target_)
@@ -220,6 +221,7 @@ def check(cfg: DictConfig) -> DictConfig:
                  registry.locate(cfg.scheduler._target_).traits, registry.plain(cfg.optim),
                  sync_cls.sync_traits, registry.option_config("optim", picked["optim"]))
     _check_one_machine(picked, comm_cls.traits)
+    _check_elastic(cfg, sync_cls.sync_traits, comm_cls.traits)
     registry.build(cfg.scheduler)  # e.g. scheduler.groups=foo stops here, before any output exists
     _check_dataset(cfg)
     if cfg.model.get("pretrained"):
@@ -255,6 +257,37 @@ def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:
                          f"runs every worker on this one, so compressor={picked['compressor']} would not be "
                          "used; use comm=allgather here, or start across machines (compbench cluster run, "
                          "horovodrun -H, torchrun --nnodes)")
+
+
+def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
+    """engine.elastic and the fault group, against the job and what its parts declare."""
+    from compbench.launch import external_engine
+    from compbench.netem import can_shape
+
+    elastic = bool(cfg.engine.get("elastic"))
+    np = int(cfg.engine.get("np", 1))
+    external = external_engine() is not None
+    faults = registry.build(cfg.fault)
+    faults.check(np, elastic, cfg.get("max_steps"))
+    if faults.rejoin_after_s is not None and external:
+        raise ValueError("fault.rejoin_after_s: under horovodrun your host discovery script decides when a "
+                         "worker joins; drop fault.rejoin_after_s")
+    if not elastic:
+        return
+    picked = cfg.choices
+    if not sync.elastic:
+        raise ValueError(f"sync={picked['sync']} keeps state its engine fixed at start and cannot change its "
+                         "number of workers; use sync=step (compbench's pipeline) with engine.elastic=true")
+    if not comm.elastic:
+        raise ValueError(f"comm={picked['comm']} keeps per-rank state cut for the workers it started with; "
+                         "use comm=allgather or comm=allreduce with engine.elastic=true")
+    min_np = int(cfg.engine.min_np)
+    if not external and min_np > np:
+        raise ValueError(f"engine.min_np={min_np} is more than engine.np={np}; pass engine.min_np<={np}")
+    if not external and not can_shape():
+        raise ValueError("engine.elastic=true on one machine gives each worker its own address in a private "
+                         "network namespace (Horovod Elastic tells workers apart by host), which needs root; "
+                         "run as root, or start across machines (compbench cluster run -- horovodrun ...)")
 
 
 def _check_dataset(cfg: DictConfig) -> None:

@@ -129,7 +129,7 @@ def raise_interrupt(signum: int, frame: object) -> None:
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _worker_preexec(parent: int, hold_sigint: bool) -> Callable[[], None]:
+def worker_preexec(parent: int, hold_sigint: bool) -> Callable[[], None]:
     """Run in each worker between fork and exec: die with the launcher, answer Ctrl-C.
 
     SIGKILL of the launcher cannot be caught, so the kernel must stop the workers
@@ -152,7 +152,7 @@ def _worker_preexec(parent: int, hold_sigint: bool) -> Callable[[], None]:
     return preexec
 
 
-_SCRATCH_PREFIX = "compbench-"
+SCRATCH_PREFIX = "compbench-"
 _OWNER_FILE = "owner.pid"
 
 
@@ -160,7 +160,7 @@ def _remove_stale_scratch() -> None:
     """Remove scratch folders of launchers that died without cleaning up (SIGKILL): each holds
     its owner's pid; a folder whose owner is gone and that belongs to this user is removed."""
     root = Path(tempfile.gettempdir())
-    for d in root.glob(f"{_SCRATCH_PREFIX}*"):
+    for d in root.glob(f"{SCRATCH_PREFIX}*"):
         try:
             if d.stat().st_uid != os.getuid() or not (d / _OWNER_FILE).is_file():
                 continue
@@ -172,7 +172,7 @@ def _remove_stale_scratch() -> None:
             continue  # another user's folder, a half-written pid file, a live owner
 
 
-def _stop(procs: list[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
+def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
     for p in procs:
         if p.poll() is None:
             p.send_signal(sig)
@@ -218,7 +218,7 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
     (a `compbench.netem.ShapedNamespace`) every rank runs inside it (`ip netns exec NAME argv`)."""
     server: LoopbackRendezvous | None = None
     _remove_stale_scratch()
-    with tempfile.TemporaryDirectory(prefix=_SCRATCH_PREFIX) as store_dir:
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as store_dir:
         Path(store_dir, _OWNER_FILE).write_text(str(os.getpid()))
         if engine == "horovod":
             envs, server = _horovod_envs(np, netns)
@@ -239,15 +239,15 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
                 full = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, **env, **extra,
                         "OMP_NUM_THREADS": nthreads, "COMPBENCH_THREADS": nthreads,
                         ERROR_FILE_ENV: str(Path(store_dir) / f"error.{rank}")}
-                preexec = _worker_preexec(os.getpid(), hold_sigint)
+                preexec = worker_preexec(os.getpid(), hold_sigint)
                 procs.append(subprocess.Popen(cmd, env=full, preexec_fn=preexec))
             return _watch(procs, Path(store_dir))
         except KeyboardInterrupt:
-            _stop(procs, signal.SIGINT)
+            stop_processes(procs, signal.SIGINT)
             return 130, "interrupted: all workers stopped"
         finally:
             signal.signal(signal.SIGTERM, previous)
-            _stop(procs)
+            stop_processes(procs)
             if server is not None:
                 server.stop()
 
@@ -269,8 +269,8 @@ def _watch(procs: list[subprocess.Popen], errors: Path) -> tuple[int, str]:
             cause_deadline = time.monotonic() + _CAUSE_WAIT_S
         if cause or (failed and cause_deadline is not None and time.monotonic() > cause_deadline):
             rank, code = (cause or failed)[0]
-            _stop(procs)
-            said = _read_error(errors / f"error.{rank}")
+            stop_processes(procs)
+            said = read_error(errors / f"error.{rank}")
             # Exit code 2 is a user error (a ValueError the worker explained).
             return ((2 if code == 2 else 1),
                     said or f"worker rank {rank} {_describe(code)}; all workers stopped")
@@ -279,7 +279,7 @@ def _watch(procs: list[subprocess.Popen], errors: Path) -> tuple[int, str]:
         time.sleep(0.1)
 
 
-def _read_error(path: Path) -> str:
+def read_error(path: Path) -> str:
     try:
         return path.read_text().strip().splitlines()[0]
     except (OSError, IndexError):

@@ -144,16 +144,17 @@ def remove_stale() -> list[str]:
 
 class ShapedNamespace:
     """A private network namespace whose loopback carries `gbps` Gbit/s in all (plus an optional
-    one-way delay). A context manager: created on enter, deleted on exit whatever happened.
+    one-way delay), or, with `gbps` None, as fast as this machine's (a place of its own, for
+    addresses no one else sees). A context manager: created on enter, deleted on exit whatever happened.
 
     `prefix` is the argv prefix that runs a command inside (`ip netns exec NAME`); `call(fn)` runs
     `fn` in a thread that has joined the namespace, for sockets the parent itself must open there
     (Horovod's rendezvous server): a socket belongs to the namespace it was created in.
     """
 
-    def __init__(self, gbps: float, latency_us: float = 0.0) -> None:
+    def __init__(self, gbps: float | None, latency_us: float = 0.0) -> None:
         check(gbps, latency_us)
-        self.gbps, self.latency_us = float(gbps), float(latency_us or 0)
+        self.gbps, self.latency_us = (float(gbps) if gbps is not None else None), float(latency_us or 0)
         self.name = f"{_PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
         self.created = False
 
@@ -177,7 +178,14 @@ class ShapedNamespace:
 
     def _shape(self) -> None:
         _run("ip", "-n", self.name, "link", "set", "lo", "up")
-        shape_link(self.name, "lo", self.gbps, self.latency_us)
+        if self.gbps is not None:
+            shape_link(self.name, "lo", self.gbps, self.latency_us)
+
+    def add_addresses(self, addresses: list[str]) -> None:
+        """Give the namespace's loopback these extra IPv4 addresses (each a host of its own to software
+        that tells hosts apart by address, as Horovod Elastic does)."""
+        for address in addresses:
+            _run("ip", "-n", self.name, "addr", "add", f"{address}/32", "dev", "lo")
 
     def delete(self) -> None:
         if self.created:

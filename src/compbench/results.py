@@ -70,7 +70,12 @@ REPLICA_TAGS: dict[str, tuple[str, str]] = {
     "replica/distance": ("x", "mean over workers of ||theta_r - mean theta|| / ||mean theta|| at each "
                               "evaluation"),
 }
-DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}, **REPLICA_TAGS}
+# Written by elastic runs (engine.elastic: compbench.train.elastic), at every step.
+ELASTIC_TAGS: dict[str, tuple[str, str]] = {
+    "elastic/workers": ("workers", "workers that trained this step (engine.elastic: the world shrinks when "
+                                   "one fails and grows when one joins)"),
+}
+DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}, **REPLICA_TAGS, **ELASTIC_TAGS}
 
 _MEDIAN = f"median of {{tag}} after {WARMUP_STEPS} warm-up steps ({{unit}})"
 # Per-step rates: units (samples or tokens) over the step's time.

@@ -41,7 +41,13 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
         settings = " ".join(f"{k}={v}" for k, v in cfg.recipe.items())
         print(f"compbench: from the recipe of {config.recipe_sources(cfg)}: {settings} "
               "(set a key to choose otherwise)", flush=True)
-    code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
+    if cfg.engine.get("elastic"):
+        from compbench.launch_elastic import spawn_elastic
+
+        code, message = spawn_elastic(run_dir, cfg.engine.np, cfg.threads, cfg.net.get("emulate_gbps"),
+                                      cfg.net.get("emulate_latency_us") or 0, cfg.fault.rejoin_after_s)
+    else:
+        code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
     if code != 0:
         from compbench.rundir import record_failure
 

@@ -104,7 +104,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("seam", ("seam",)),
     ("schedulers", ("schedulers",)),
     ("synchronizers", ("sync",)),
-    ("trainer", ("train", "launch", "rundir", "worker")),
+    ("trainer", ("train", "launch", "launch_elastic", "rundir", "worker")),
     ("composition", ("compat", "checks", "config", "wrap", "run")),
     ("commands", ("bench", "plan", "report", "race", "claims", "cluster", "matrix", "sweep", "completion",
                   "introspect", "commands", "cli", "__main__", "")),

@@ -48,6 +48,7 @@ class CommTraits:
     packs: `reduce_many` exchanges several tensors, each compressed on its own, in one collective
       per stage of the exchange (one allgather; ps: one all-to-all and one all-gather; allreduce:
       one allreduce per payload dtype) instead of one or more per tensor (`packs(...)` says when).
+    elastic: its per-rank state can be taken into a world of another size (engine.elastic=true).
     """
 
     engines: tuple[str, ...] = ("horovod", "torch")
@@ -58,6 +59,7 @@ class CommTraits:
     pattern: str = "allgather"
     sparse_results: bool = False
     packs: bool = False
+    elastic: bool = True
 
 
 @runtime_checkable

@@ -71,7 +71,8 @@ def shards_of(x: Tensor, parts: int) -> list[Tensor]:
 
 
 class PSComm(BlockingComm):
-    traits: ClassVar[CommTraits] = CommTraits(blocking=True, pattern="ps", packs=True)
+    traits: ClassVar[CommTraits] = CommTraits(blocking=True, pattern="ps", packs=True,
+                                                        elastic=False)  # server memory: a shard per rank
 
     def __init__(self, engine: Engine, compressor: Compressor, stats: StepStats) -> None:
         super().__init__(engine, compressor, stats)

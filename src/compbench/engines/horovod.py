@@ -2,25 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from compbench.engines import wire
 from compbench.engines.base import EngineBase, Handle, own_group
+from compbench.values import KeyRange
 
 
 class HorovodEngine(EngineBase):
-    """Joins the Horovod job described by the environment (horovodrun or compbench's launcher)."""
+    """Joins the Horovod job described by the environment (horovodrun or compbench's launcher).
+
+    `elastic`: the job runs under Horovod Elastic (compbench.train.elastic): the world may shrink
+    and grow while it trains, and `refresh` reads the new one after each reset; `min_np`: the
+    fewest workers it continues with (below, it stops with a checkpoint)."""
 
     name = "horovod"
+    KEY_RANGES: ClassVar[dict[str, KeyRange]] = {
+        "min_np": KeyRange(1, what="the fewest workers an elastic run continues with")}
 
-    def __init__(self) -> None:
+    def __init__(self, elastic: bool = False, min_np: int = 1) -> None:
         import horovod.torch as hvd
 
         self.hvd = hvd
+        self.elastic, self.min_np = elastic, min_np
         hvd.init()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read this process's place in the (new) world: after `hvd.init`, and after each reset of an
+        elastic job (ranks are numbered again; process sets of the old world are gone)."""
+        hvd = self.hvd
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         self.local_size = hvd.local_size()
         self._sets: dict[tuple[int, ...], Any] = {}  # allreduce_group: process sets by ranks

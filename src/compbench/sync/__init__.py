@@ -64,6 +64,9 @@ class SyncTraits:
     replicas_diverge: the workers' parameters differ between exchanges (local steps, partial
       averaging): each evaluation then also evaluates the workers' averaged parameters and records
       the distance between the replicas (compbench.train.replicas).
+    elastic: the mode runs under engine.elastic=true (compbench.train.elastic): its state can be
+      committed at a round's end and taken up by a world of another size. False for the baselines,
+      whose engine-side state (DDP's reducer, Horovod's optimizer hooks) is fixed when they start.
     """
 
     pipeline: bool = True
@@ -76,6 +79,7 @@ class SyncTraits:
     pattern: str | None = None
     recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention
     replicas_diverge: bool = False
+    elastic: bool = True
 
 
 @dataclass(frozen=True)

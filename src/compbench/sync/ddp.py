@@ -87,7 +87,7 @@ class DDPSync:
         "start_powersgd_iter": KeyRange(0), "min_compression_rate": KeyRange(0, integer=False)}
 
     name = "ddp"
-    sync_traits = SyncTraits(pipeline=False, engines=("torch",), pattern="allreduce")
+    sync_traits = SyncTraits(pipeline=False, engines=("torch",), pattern="allreduce", elastic=False)
     pipeline = None
     scheduler = None
     check_options = staticmethod(check_options)

@@ -49,7 +49,7 @@ class HorovodOptimizerSync:
     """hvd.DistributedOptimizer's gradient exchange as the trainer's synchronizer (see the module)."""
 
     name = "horovod_optimizer"
-    sync_traits = SyncTraits(pipeline=False, engines=("horovod",), pattern="allreduce")
+    sync_traits = SyncTraits(pipeline=False, engines=("horovod",), pattern="allreduce", elastic=False)
     pipeline = None
     scheduler = None
     check_options = staticmethod(check_options)

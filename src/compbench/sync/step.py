@@ -85,6 +85,19 @@ def pipeline_state(pipeline: GradientPipeline, **extra: Any) -> dict[str, Any]:
             "comm": pipeline.comm.state_dict(), **extra}
 
 
+# The parts of a rank's state that are its own residuals and codes (`pipeline_state`): a worker that
+# joins an elastic run starts them empty, whatever the peer it copies holds.
+OWN_PIPELINE_KEYS = ("memory", "compressor", "comm")
+
+
+def joiner_state(peer: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
+    """The per-rank state a worker joining an elastic run starts from: a peer's (its round position,
+    local parameters, outer optimizer: what must agree), with its own `fresh` error-feedback memory,
+    compressor and communicator state (a peer's residual is that peer's: copying it would count it
+    twice) and its own random state."""
+    return {**peer, **{k: fresh[k] for k in (*OWN_PIPELINE_KEYS, "torch_rng") if k in fresh}}
+
+
 def load_pipeline_state(pipeline: GradientPipeline, state: dict[str, Any]) -> None:
     pipeline.memory.load_state_dict(state["memory"])
     pipeline.compressor.load_state_dict(state["compressor"])

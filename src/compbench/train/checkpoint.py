@@ -44,8 +44,9 @@ FORMAT = 3  # 2: holds the run's config; plain data only. 3: the synchronizer's 
 _MATH_GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "engine", "optim")
 # Group parameters that may change on resume: the weights come from the checkpoint, not from
 # `pretrained`; the same data may move (`root`); the world size is compared as the number of workers
-# that wrote the file (also right under an external launcher); a timeout is not arithmetic.
-_FREE = {"model.pretrained", "dataset.root", "engine.np", "engine.timeout_s"}
+# that wrote the file (also right under an external launcher); a timeout, and whether the engine runs
+# elastic and its fewest workers, are not arithmetic.
+_FREE = {"model.pretrained", "dataset.root", "engine.np", "engine.timeout_s", "engine.elastic", "engine.min_np"}
 _MATH_TOP = ("seed", "batch_size")
 
 
@@ -56,7 +57,8 @@ def math_settings(config: dict[str, Any]) -> dict[str, Any]:
     Compared: the choice of model, dataset, compressor, memory, comm, scheduler, engine and optim;
     every parameter of those groups (the model's width, the compressor's ratio, the memory's beta,
     the optimizer's lr, momentum, weight decay and schedule, the scheduler's groups or plan, ...)
-    except model.pretrained, dataset.root, engine.np and engine.timeout_s; seed; batch_size; and,
+    except model.pretrained, dataset.root, engine.np, engine.timeout_s, engine.elastic and
+    engine.min_np; seed; batch_size; and,
     separately, the number of workers.
     Free to differ: epochs (to extend a run: a cosine or step schedule then follows the new length),
     max_steps, eval, eval_batch_size, checkpoint, checkpoint_every_steps, resume, output_dir,
@@ -219,7 +221,7 @@ class CheckpointPlace:
     config: dict[str, Any]
 
 
-def _rank_state(state: TrainingState) -> dict[str, Any]:
+def rank_state(state: TrainingState) -> dict[str, Any]:
     # The synchronizer's per-rank state: memories, compressor and communicator state, scheduler
     # decisions, and, where ranks diverge inside a round (diloco), their parameters and optimizer.
     return {**state.sync.state_dict(), "torch_rng": torch.get_rng_state()}
@@ -235,24 +237,29 @@ def _gather_to_all(engine: Engine, obj: Any) -> list[Any]:
             for p in engine.allgather([blob], "ckpt.gather")]
 
 
-def save_checkpoint(state: TrainingState, place: CheckpointPlace, epoch: int, batch: int) -> None:
-    """Collective: every rank calls it at the same point; rank 0 writes."""
-    per_rank = _gather_to_all(place.engine, _rank_state(state))
-    if place.engine.rank != 0:
-        return
-    saved = {
-        "format": FORMAT,
-        "config": place.config,
+def shared_state(state: TrainingState, epoch: int, batch: int, world_size: int) -> dict[str, Any]:
+    """What every rank holds alike (rank 0's is written): the position to continue from (epoch,
+    index of the next batch), the step, the world that trained, model, optimizer, LR schedule,
+    scheduler and progress. References to the live objects' state: copy it to keep it."""
+    return {
         "position": {"epoch": epoch, "batch": batch},
         "step": state.step,
-        "world_size": place.engine.size,
+        "world_size": world_size,
         "model": state.model.state_dict(),
         "optimizer": state.optimizer.state_dict(),
         "lr_schedule": state.lr_schedule.state_dict(),
         "scheduler": state.scheduler.state_dict() if state.scheduler is not None else {},
         "progress": state.progress.state_dict(),
-        "per_rank": per_rank,
     }
+
+
+def save_checkpoint(state: TrainingState, place: CheckpointPlace, epoch: int, batch: int) -> None:
+    """Collective: every rank calls it at the same point; rank 0 writes."""
+    per_rank = _gather_to_all(place.engine, rank_state(state))
+    if place.engine.rank != 0:
+        return
+    saved = {"format": FORMAT, "config": place.config, **shared_state(state, epoch, batch, place.engine.size),
+             "per_rank": per_rank}
     path = place.run_dir / FILE
     tmp = path.with_suffix(".pt.tmp")
     torch.save(saved, tmp)
@@ -269,15 +276,20 @@ def load_checkpoint(state: TrainingState, engine: Engine, path: Path, who: str) 
     if saved["world_size"] != engine.size:
         raise ValueError(f"{path} was written by {saved['world_size']} workers; "
                          f"resume with engine.np={saved['world_size']}")
-    state.model.load_state_dict(saved["model"])
-    state.optimizer.load_state_dict(saved["optimizer"])
-    state.lr_schedule.load_state_dict(saved["lr_schedule"])
+    return restore_state(state, saved, saved["per_rank"][engine.rank])
+
+
+def restore_state(state: TrainingState, shared: dict[str, Any], mine: dict[str, Any]) -> tuple[int, int]:
+    """Load `shared` (`shared_state`'s) and this rank's `mine` (`rank_state`'s) into `state`'s objects
+    and its `step`; returns the position (epoch, batch) to continue from."""
+    state.model.load_state_dict(shared["model"])
+    state.optimizer.load_state_dict(shared["optimizer"])
+    state.lr_schedule.load_state_dict(shared["lr_schedule"])
     if state.scheduler is not None:
-        state.scheduler.load_state_dict(saved["scheduler"])
-    mine = saved["per_rank"][engine.rank]
+        state.scheduler.load_state_dict(shared["scheduler"])
     state.sync.load_state_dict(mine)  # after the model and optimizer: a rank's own replace rank 0's
     torch.set_rng_state(mine["torch_rng"])
-    state.step = saved["step"]
-    if "progress" in saved:  # written by a compbench that records curves
-        state.progress.load_state_dict(saved["progress"])
-    return saved["position"]["epoch"], saved["position"]["batch"]
+    state.step = shared["step"]
+    if "progress" in shared:  # written by a compbench that records curves
+        state.progress.load_state_dict(shared["progress"])
+    return shared["position"]["epoch"], shared["position"]["batch"]

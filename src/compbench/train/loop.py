@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from compbench.seam.build import build_datasets, build_model
 from compbench.settings import RunSettings
 from compbench.stats import StepStats
 from compbench.sync.build import build_synchronizer
+from compbench.train import faults
 from compbench.train.checkpoint import (
     CheckpointPlace,
     TrainingState,
@@ -65,6 +67,12 @@ def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
         run_dir = Path(engine.broadcast_object(str(prepare_run_dir(cfg)) if engine.rank == 0 else None))
     # No teardown handshake when this rank fails or is interrupted: its peers may be gone already
     # (Ctrl-C reaches every rank), and the barrier would raise a connection error over the Ctrl-C.
+    if cfg.engine.get("elastic"):  # survives failed and joining workers: Horovod Elastic's own loop
+        from compbench.train.elastic import run_elastic
+
+        results = run_elastic(cfg, engine, run_dir)
+        engine.shutdown()
+        return results
     try:
         results = Trainer(cfg, engine, run_dir).fit()
     except RuntimeError as e:
@@ -77,7 +85,8 @@ def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, engine, run_dir: Path) -> None:
+    def __init__(self, cfg: DictConfig, engine, run_dir: Path, recorder: Recorder | None = None) -> None:
+        """`recorder`: rank 0's, carried over when an elastic run builds its trainer again."""
         self.cfg, self.engine, self.run_dir = cfg, engine, run_dir
         self.settings = s = RunSettings.of(cfg)  # the top-level keys, typed
         self.rank0 = engine.rank == 0
@@ -112,7 +121,17 @@ class Trainer:
         self.epochs = s.epochs
         self.lr_schedule = build_schedule(self.optimizer, len(self.train_loader), self.epochs,
                                           **registry.plain(cfg.optim))
-        self.recorder = Recorder(run_dir, run_hparams(cfg, engine.size)) if self.rank0 else None
+        self.recorder: Recorder | None = None
+        if self.rank0:
+            self.recorder = recorder or Recorder(run_dir, run_hparams(cfg, engine.size))
+        self.elastic = bool(cfg.engine.get("elastic"))  # engine.elastic: Horovod Elastic
+        self.faults = registry.build(cfg.fault)  # injected failures and stragglers (compbench.train.faults)
+        # engine.elastic (compbench.train.elastic): where training continues after a recovery, the
+        # commit called at each round's end, and the recoveries recorded so far (rank 0's).
+        self.start_at: tuple[int, int] | None = None
+        self.resumed_s = 0.0  # wall seconds of the run before this trainer took over (elastic)
+        self.on_commit: Callable[[int, int], None] | None = None
+        self.recoveries: list[dict[str, Any]] = []
         self.step = 0
         total = len(self.train_loader) * self.epochs
         self.progress = Progress(s, self.task.units, min(total, s.max_steps or total), self.period())
@@ -121,7 +140,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any] | None:
         s = self.settings
-        self.t_start = time.perf_counter()
+        self.t_start = time.perf_counter() - self.resumed_s
         max_steps = s.max_steps or math.inf
         epoch, batch = self.resume_position()
         while epoch < self.epochs and self.step < max_steps:
@@ -149,6 +168,8 @@ class Trainer:
         return stop
 
     def resume_position(self) -> tuple[int, int]:
+        if self.start_at is not None:  # an elastic run's recovery restored its last commit
+            return self.start_at
         path = find_checkpoint(self.settings.resume, self.run_dir) if self.settings.resume else None
         if path is None:
             return 0, 0
@@ -184,6 +205,8 @@ class Trainer:
             if self.step >= max_steps:
                 bar.close()
                 return i
+            if self.faults.kills:
+                self.faults.before_step(self.step, engine.rank, self.run_dir)
             stats.reset()
             t0 = time.perf_counter()
             self.sync.begin_step(self.step, epoch + i / steps)
@@ -192,6 +215,7 @@ class Trainer:
                 self.optimizer.zero_grad()
                 self.sync.before_backward()  # overlapping schedulers arm their hooks
                 loss.backward()
+                self.faults.straggle(engine.rank, time.perf_counter() - t0)
             if s.on_nonfinite != "ignore" and not self.gradients_finite():
                 self.step += 1  # on_nonfinite=skip: every rank drops this step together
                 continue
@@ -214,6 +238,8 @@ class Trainer:
                 return i + 1  # the target was reached, or the time budget spent: the run stops here
             if s.checkpoint_every_steps and self.step % s.checkpoint_every_steps == 0 and i + 1 < steps:
                 self.checkpoint(epoch, i + 1)
+            if self.on_commit is not None and self.step % self.period() == 0:
+                self.on_commit(epoch, i + 1)  # a round's end: the replicas agree, the state is kept
         bar.close()
         return steps
 
@@ -273,6 +299,8 @@ class Trainer:
         r.scalar("comm/calls_compressed", s.calls_compressed, st)
         r.scalar("comm/calls_dense", s.calls_dense, st)
         r.scalar("compress/sampled_reads", s.sampled_reads, st)
+        if self.elastic:
+            r.scalar("elastic/workers", self.engine.size, st)
 
     @torch.no_grad()
     def evaluate(self, epoch: float) -> dict[str, float]:
@@ -354,6 +382,8 @@ class Trainer:
         if self.data_info is not None:
             results["data"] = self.data_info  # language models: tokenizer, vocabulary size, split
         results["floors"] = self.floors(summary)
+        if self.elastic or self.faults.kills or self.faults.slow_rank is not None:
+            results["faults"] = {"injected": faults.read_events(self.run_dir), "recoveries": self.recoveries}
         write_json_atomic(self.run_dir / "results.json", results)
         print(format_summary(results, self.run_dir), flush=True)
         return results
