@@ -281,6 +281,9 @@ def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
     if not comm.elastic:
         raise ValueError(f"comm={picked['comm']} keeps per-rank state cut for the workers it started with; "
                          "use comm=allgather or comm=allreduce with engine.elastic=true")
+    if external and not cfg.output_dir:
+        raise ValueError("engine.elastic=true under horovodrun: pass output_dir=DIR (a worker that joins "
+                         "later must find the run's folder without asking the others)")
     min_np = int(cfg.engine.min_np)
     if not external and min_np > np:
         raise ValueError(f"engine.min_np={min_np} is more than engine.np={np}; pass engine.min_np<={np}")

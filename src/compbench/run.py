@@ -22,7 +22,7 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
     if joined is not None:
         if joined != cfg.choices["engine"]:
             raise ValueError(f"this job was started by the {joined} launcher; add engine={joined}")
-        from compbench.train.loop import run_worker
+        from compbench.train.start import run_worker
 
         if cfg.net.get("emulate_gbps") is not None:
             warnings.warn(f"net.emulate_gbps is ignored under the {joined} launcher "

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         # The heavy imports after the handler: Ctrl-C often lands while torch is being imported.
         from omegaconf import DictConfig, OmegaConf
 
-        from compbench.train.loop import run_worker
+        from compbench.train.start import run_worker
 
         run_dir = Path((argv or sys.argv[1:])[0])
         cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")

@@ -46,7 +46,8 @@ _MATH_GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler",
 # `pretrained`; the same data may move (`root`); the world size is compared as the number of workers
 # that wrote the file (also right under an external launcher); a timeout, and whether the engine runs
 # elastic and its fewest workers, are not arithmetic.
-_FREE = {"model.pretrained", "dataset.root", "engine.np", "engine.timeout_s", "engine.elastic", "engine.min_np"}
+_FREE = {"model.pretrained", "dataset.root", "engine.np", "engine.timeout_s", "engine.elastic",
+         "engine.min_np"}
 _MATH_TOP = ("seed", "batch_size")
 
 

@@ -17,7 +17,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from compbench import registry
 from compbench.data.loader import ShardedLoader
-from compbench.errors import as_peer_lost
 from compbench.optim.clip import clip_grad_norm
 from compbench.optim.schedule import build_schedule
 from compbench.results import (
@@ -49,39 +48,6 @@ from compbench.train.metrics import Recorder, run_hparams
 from compbench.train.progress import Progress
 from compbench.train.replicas import diagnose
 from compbench.train.task import task_of
-
-
-def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
-    """Train on this rank. `run_dir` is None under an external launcher: rank 0 then picks it."""
-    settings = RunSettings.of(cfg)
-    threads = int(os.environ.get("COMPBENCH_THREADS", settings.threads or 0) or 0)
-    if threads:
-        torch.set_num_threads(threads)
-    # A model that has learned its data drives activations and gradients into the denormal range,
-    # where x86 arithmetic is ~100x slower: the MLP of bench_e2e took 216 ms a step instead of 117.
-    torch.set_flush_denormal(settings.flush_denormal)
-    engine = registry.build(cfg.engine, drop=("np",))
-    if run_dir is None:
-        from compbench.rundir import prepare_run_dir
-
-        run_dir = Path(engine.broadcast_object(str(prepare_run_dir(cfg)) if engine.rank == 0 else None))
-    # No teardown handshake when this rank fails or is interrupted: its peers may be gone already
-    # (Ctrl-C reaches every rank), and the barrier would raise a connection error over the Ctrl-C.
-    if cfg.engine.get("elastic"):  # survives failed and joining workers: Horovod Elastic's own loop
-        from compbench.train.elastic import run_elastic
-
-        results = run_elastic(cfg, engine, run_dir)
-        engine.shutdown()
-        return results
-    try:
-        results = Trainer(cfg, engine, run_dir).fit()
-    except RuntimeError as e:
-        lost = as_peer_lost(e)
-        if lost is None:
-            raise
-        raise lost from e
-    engine.shutdown()
-    return results
 
 
 class Trainer:

@@ -1,0 +1,93 @@
+"""Injected faults on real jobs: a killed worker, a straggler, and an elastic run (engine.elastic=true,
+Horovod Elastic in a private network namespace, so root) that survives the kill and, where it may
+not continue, stops with a checkpoint that a resume finishes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compbench import netem
+from tests.helpers import TINY, compbench, event_tags, results, train
+
+pytestmark = pytest.mark.dist
+needs_root = pytest.mark.skipif(not netem.can_shape(), reason="needs root and iproute2 (a private namespace)")
+
+# 8 steps per epoch (256 samples / 2 ranks x 16), 4 epochs: top-k with error feedback, whose memory
+# is the state a departed worker takes with it.
+COMMON = [*TINY, "engine.np=2", "batch_size=16", "epochs=4", "compressor=topk", "ratio=0.1",
+          "memory=residual", "comm=allgather", "threads=1"]
+KILL = ["fault.kill_rank=1", "fault.at_step=12"]
+
+
+def _model(run) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoint.pt", weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_a_killed_worker_stops_the_job_and_resume_finishes(tmp_path, engine):
+    run = tmp_path / "run"
+    base = [*COMMON, f"engine={engine}", "checkpoint_every_steps=4", f"output_dir={run}"]
+    proc = compbench("train", *base, *KILL)
+    assert proc.returncode == 1 and "worker rank 1 was killed by SIGKILL" in proc.stderr, proc.stderr[-2000:]
+    kept = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert kept["step"] == 8 and kept["position"] == {"epoch": 1, "batch": 0}  # the last one before the kill
+    done = compbench("train", *base, "resume=auto")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert results(run)["summary"]["steps"] == 32
+
+
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_a_straggler_makes_every_step_wait_for_it(tmp_path, engine):
+    run, _ = train(tmp_path, *COMMON, f"engine={engine}", "max_steps=16", "fault.slow_rank=1",
+                   "fault.slow_factor=6")
+    summary = results(run)["summary"]
+    # rank 1 computes 6x as long as rank 0: rank 0's steps wait for it (at least half of the extra 5x)
+    assert summary["step_ms"] > 3.5 * summary["compute_ms"], summary
+    assert results(run)["faults"]["injected"] == []  # a straggler is a setting, not an event
+
+
+@needs_root
+def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_survivor_would(tmp_path):
+    elastic, proc = train(tmp_path, *COMMON, "engine.elastic=true", *KILL, name="elastic")
+    assert "elastic: 2 -> 1 workers at step 11" in proc.stdout
+    record = results(elastic)
+    (recovery,) = record["faults"]["recoveries"]
+    assert (recovery["kind"], recovery["workers_before"], recovery["workers_after"]) == ("failure", 2, 1)
+    assert recovery["replicas_identical"] is True and recovery["lost_s"] > 0
+    params = sum(t.numel() for t in _model(elastic).values())
+    assert recovery["lost_residual_bytes"] == 4 * params  # rank 1's top-k residual, one fp32 per weight
+    (kill,) = record["faults"]["injected"]
+    assert (kill["event"], kill["rank"], kill["step"]) == ("kill", 1, 12)
+    # 11 steps of 2 x 16 samples, then 1 x 16 from the same place of the epoch: every sample of the 4
+    # epochs once (53 steps), none twice
+    assert record["curve"][-1]["samples"] == 4 * 256 and record["summary"]["steps"] == 11 + 42
+    assert "elastic/workers" in event_tags(elastic)
+
+    # The same failure where the survivor may not go on alone: one line, a checkpoint of the last
+    # commit; resumed with the one worker left, it ends bit for bit where the elastic run ended.
+    stopped = tmp_path / "stopped"
+    proc = compbench("train", *COMMON, "engine.elastic=true", "engine.min_np=2", *KILL,
+                     f"output_dir={stopped}")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: 1 worker(s) left, below engine.min_np=2: stopped at step 11"), proc.stderr[-2000:]
+    saved = torch.load(stopped / "checkpoint.pt", weights_only=True)
+    assert saved["world_size"] == 1 and saved["step"] == 11
+    resumed, _ = train(tmp_path, *COMMON, "engine.np=1", f"resume={stopped}", name="resumed")
+    a, b = _model(elastic), _model(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert record["curve"][-1]["bytes_sent"] == results(resumed)["curve"][-1]["bytes_sent"]
+
+
+@needs_root
+@pytest.mark.slow
+def test_a_worker_that_joins_takes_the_rounds_state(tmp_path):
+    # DiLoCo rounds of 4 steps; the replacement is offered at once and joins at a round's end. The
+    # straggler (rank 0, 40x) keeps the run long enough for a new worker to start.
+    run, proc = train(tmp_path, *TINY, "engine.np=2", "batch_size=16", "epochs=40", "sync=diloco",
+                      "sync.inner_steps=4", "optim=adamw", "engine.elastic=true", *KILL,
+                      "fault.rejoin_after_s=0", "fault.slow_rank=0", "fault.slow_factor=40")
+    kinds = [(r["kind"], r["workers_before"], r["workers_after"], r["replicas_identical"])
+             for r in results(run)["faults"]["recoveries"]]
+    assert kinds == [("failure", 2, 1, True), ("join", 1, 2, True)], proc.stdout[-3000:]

@@ -1,0 +1,83 @@
+"""The fault group and engine.elastic: bad settings are one line in the parent (compbench.config), a
+joiner's state keeps nothing of a peer's residuals, and a straggler sleeps its extra time."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+
+from compbench import config, netem
+from compbench.sync.step import joiner_state
+from compbench.train.faults import FaultPlan, append_event, read_events
+from tests.helpers import TINY
+
+ROOT_ONLY = "needs root" if not netem.can_shape() else ""
+KILL = ["fault.kill_rank=1", "fault.at_step=3"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["fault.kill_rank=1"], "fault.kill_rank and fault.at_step go together"),
+    (["fault.kill_rank=2", "fault.at_step=3"], "fault.kill_rank=2 is not a rank of engine.np=2 workers"),
+    (["fault.kill_rank=-1", "fault.at_step=3"], "fault.kill_rank=-1 must be an integer >= 0"),
+    (["fault.kill_rank=1", "fault.at_step=0"], "fault.at_step=0 must be an integer >= 1"),
+    (["fault.kill_rank=1", "fault.at_step=8", "max_steps=8"], "fault.at_step=8 is not before max_steps=8"),
+    ([*KILL, "fault.rejoin_after_s=5"], "fault.rejoin_after_s brings back a killed worker, which needs "
+                                        "engine.elastic=true"),
+    (["fault.slow_rank=5"], "fault.slow_rank=5 is not a rank of engine.np=2 workers"),
+    (["fault.slow_rank=1", "fault.slow_factor=0.5"], "fault.slow_factor=0.5 must be a number >= 1"),
+    (["fault.slow_factor=abc"], "fault.slow_factor=abc must be a number >= 1"),
+    (["engine.elastic=true", "fault.kill_rank=0", "fault.at_step=3"], "fault.kill_rank=0 with "
+                                                                      "engine.elastic=true: rank 0 keeps"),
+    (["engine.elastic=true", "engine.min_np=3"], "engine.min_np=3 is more than engine.np=2"),
+    (["engine.elastic=true", "engine.min_np=0"], "engine.min_np=0 must be an integer >= 1"),
+    (["engine.elastic=true", "sync=horovod_optimizer"], "sync=horovod_optimizer keeps state its engine"),
+    (["engine.elastic=true", "compressor=topk", "comm=ps"], "comm=ps keeps per-rank state cut for"),
+    (["engine.elastic=yes"], "engine.elastic=yes must be true or false"),
+    (["engine=torch", "+engine.elastic=true"], "engine.elastic is not a setting of engine=torch"),
+])
+def test_bad_fault_and_elastic_settings_are_one_line(tmp_path, overrides, message):
+    if any("elastic=true" in o for o in overrides) and ROOT_ONLY and "min_np=0" not in "".join(overrides):
+        pytest.skip(ROOT_ONLY)  # the root check may come first
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        config.check(config.compose([*TINY, "engine.np=2", *overrides, f"output_dir={tmp_path / 'run'}"]))
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_elastic_on_one_machine_needs_root(tmp_path, monkeypatch):
+    monkeypatch.setattr(netem, "can_shape", lambda: False)
+    with pytest.raises(ValueError, match=r"engine.elastic=true on one machine .* needs root"):
+        config.check(config.compose([*TINY, "engine.elastic=true", f"output_dir={tmp_path / 'run'}"]))
+
+
+def test_a_kill_is_recorded_once(tmp_path):
+    plan = FaultPlan(kill_rank=1, at_step=3)
+    plan.before_step(2, 0, tmp_path)  # another rank: nothing happens
+    append_event(tmp_path, {"event": "kill", "rank": 1, "step": 3, "time": 0.0})
+    plan.before_step(2, 1, tmp_path)  # already killed once (survivors redo the step): not again
+    (tmp_path / "faults.jsonl").open("a").write('{"event": "ki')  # a line cut by the kill
+    assert read_events(tmp_path) == [{"event": "kill", "rank": 1, "step": 3, "time": 0.0}]
+
+
+def test_a_straggler_takes_its_factor_of_the_compute_time():
+    plan = FaultPlan(slow_rank=1, slow_factor=3.0)
+    start = time.perf_counter()
+    plan.straggle(0, 0.05)  # another rank: no delay
+    assert time.perf_counter() - start < 0.05
+    plan.straggle(1, 0.05)
+    assert time.perf_counter() - start >= 0.1  # (3 - 1) x 50 ms
+
+
+def test_a_joiner_takes_a_peers_round_state_but_its_own_residuals():
+    peer = {"memory": {"w": torch.ones(3)}, "compressor": {"m": torch.ones(2)}, "comm": {},
+            "outer_params": [torch.full((2,), 7.0)], "rounds": 4, "torch_rng": torch.zeros(1)}
+    fresh = {"memory": {"w": torch.zeros(3)}, "compressor": {"m": torch.zeros(2)}, "comm": {},
+             "outer_params": [torch.zeros(2)], "rounds": 0, "torch_rng": torch.ones(1)}
+    got = joiner_state(peer, fresh)
+    assert got["rounds"] == 4 and torch.equal(got["outer_params"][0], torch.full((2,), 7.0))
+    assert torch.equal(got["memory"]["w"], torch.zeros(3))
+    assert torch.equal(got["compressor"]["m"], torch.zeros(2))
+    assert torch.equal(got["torch_rng"], torch.ones(1))
