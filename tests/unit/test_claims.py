@@ -216,3 +216,25 @@ def test_muloco_and_desloc_checks_fail_when_the_finding_does_not_hold():
     sent = local.bytes_per_step
     assert not checks["desloc-halves-local-adam"]({**r, "desloc": Stat((1.91, 1.93), sent / 2)})
     assert not checks["desloc-halves-local-adam"]({**r, "desloc": Stat((1.83, 1.85), sent / 1.5)})
+
+
+def test_elastic_suite_composes_and_its_claim_compares_loss_increases(tmp_path):
+    from compbench import config, netem
+    from compbench.claims.elastic import CLAIMS as ELASTIC_CLAIMS
+    from compbench.claims.elastic import SUITE
+
+    assert set(SUITE.quick_runs) == set(SUITE.runs) == set(ELASTIC_CLAIMS[0].runs)
+    assert SUITE.runs["diloco-fail"][-1] == "fault.at_step=300" and SUITE.quick_runs["diloco-fail"][-1] == \
+        "fault.at_step=120"  # the middle of 600 and of 240 steps
+    if netem.can_shape():  # engine.elastic=true needs root on one machine
+        for name, overrides in SUITE.quick_runs.items():
+            cfg = config.check(config.compose([*SUITE.quick, *overrides, "seed=0",
+                                               f"output_dir={tmp_path / name}"]))
+            assert cfg.engine.elastic and cfg.max_steps == 240, name
+        assert not any(tmp_path.iterdir())
+    (claim,) = ELASTIC_CLAIMS
+    base = {"ddp-adamw": Stat((2.0,)), "topk-adamw": Stat((2.5,)), "diloco": Stat((2.1,))}
+    holds = {**base, "ddp-adamw-fail": Stat((2.2,)), "topk-adamw-fail": Stat((2.8,)),
+             "diloco-fail": Stat((2.15,))}
+    assert claim.check(holds)
+    assert not claim.check({**holds, "diloco-fail": Stat((2.35,))})  # +0.25 is more than DDP's +0.2

@@ -1,8 +1,10 @@
-"""`compbench claims [--suite cnn|text|field] [--quick] [--out DIR] [--only ID,...] [--seeds N] [k=v ...]`.
+"""`compbench claims [--suite cnn|text|field|elastic] [--quick] [--out DIR] [--only ID,...] [--seeds N]
+[k=v ...]`.
 
 Suites: cnn (the default: the seed papers' findings on Fashion-MNIST, compbench.claims.findings) and
 text (the transformer-era findings on Shakespeare with model=gpt, compbench.claims.text) and field
-(the field's other methods on the text workload, compbench.claims.field). There is no
+(the field's other methods on the text workload, compbench.claims.field) and elastic (a failed
+worker's cost to per-step and local-update methods, compbench.claims.elastic). There is no
 `--suite all`: the suites differ in data, model and budget, and each writes its own folder; run them
 one after the other.
 
@@ -28,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from compbench.args import ArgumentParser
+from compbench.claims.elastic import SUITE as ELASTIC
 from compbench.claims.field import FIELD
 from compbench.claims.findings import CNN, Claim, Results, Stat, Suite, measured
 from compbench.claims.text import TEXT
@@ -37,7 +40,7 @@ from compbench.matrix import Job, check_jobs, run_jobs, summary_of
 HEADER = ("claim", "source", "setting", "expected", "measured (mean +- spread over seeds)", "holds?")
 METHOD_HEADER = ("method", "overrides", "final val loss (mean +- spread)", "kB sent/step", "effective ratio",
                  "tokens/s")
-SUITES = {s.name: s for s in (CNN, TEXT, FIELD)}
+SUITES = {s.name: s for s in (CNN, TEXT, FIELD, ELASTIC)}
 
 
 def main(argv: list[str]) -> int:
@@ -45,7 +48,8 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=tuple(SUITES), default="cnn",
                         help="cnn (default): Fashion-MNIST, the seed papers; text: Shakespeare, model=gpt, "
-                             "the transformer-era methods; field: the field's other methods on the same")
+                             "the transformer-era methods; field: the field's other methods on the same; "
+                             "elastic: a failed worker's cost (engine.elastic, root)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke version, 1 seed (~10 minutes; not evidence): "
                              + "; ".join(s.quick_help for s in SUITES.values()))
