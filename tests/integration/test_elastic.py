@@ -85,7 +85,7 @@ def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_sur
 def test_a_worker_that_joins_takes_the_rounds_state(tmp_path):
     # DiLoCo rounds of 4 steps; the replacement is offered at once and joins at a round's end. The
     # straggler (rank 0, 40x) keeps the run long enough for a new worker to start.
-    run, proc = train(tmp_path, *TINY, "engine.np=2", "batch_size=16", "epochs=40", "sync=diloco",
+    run, proc = train(tmp_path, *TINY, "engine.np=2", "batch_size=16", "epochs=100", "sync=diloco",
                       "sync.inner_steps=4", "optim=adamw", "engine.elastic=true", *KILL,
                       "fault.rejoin_after_s=0", "fault.slow_rank=0", "fault.slow_factor=40")
     kinds = [(r["kind"], r["workers_before"], r["workers_after"], r["replicas_identical"])

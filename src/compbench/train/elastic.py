@@ -24,7 +24,7 @@ recovery the step, the workers before and after, the seconds it cost (from the l
 training again: the dropped work, the failure's detection, the new rendezvous and the rebuild; the
 run's training time includes them), the seconds since an injected kill, the error-feedback bytes
 lost with departed workers (their memories' size), and whether every replica holds bit-identical
-parameters afterwards (null for modes whose replicas differ by design: NoLoCo, SPARTA). The run
+parameters afterwards (every mode but NoLoCo and SPARTA, whose replicas differ by design). The run
 stops with one line and a checkpoint (resumable with `resume=`) when fewer than engine.min_np
 workers are left.
 
@@ -151,7 +151,7 @@ class ElasticState(State):
         trainer.progress.train_s += lost_s
         trainer.progress.wall_base += lost_s
         trainer.resumed_s = trainer.progress.wall_s()
-        identical = None if trainer.sync.sync_traits.replicas_diverge else _replicas_identical(trainer)
+        identical = _replicas_identical(trainer)  # false only where the mode keeps distinct replicas
         if trainer.recorder is not None:
             for tag, values in trainer.recorder.history.items():  # steps since the commit are redone
                 del values[self.history.get(tag, 0):]
