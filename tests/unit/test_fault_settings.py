@@ -81,3 +81,23 @@ def test_a_joiner_takes_a_peers_round_state_but_its_own_residuals():
     assert torch.equal(got["memory"]["w"], torch.zeros(3))
     assert torch.equal(got["compressor"]["m"], torch.zeros(2))
     assert torch.equal(got["torch_rng"], torch.ones(1))
+
+
+def test_the_elastic_launcher_prints_the_workers_lines_as_a_local_job(capsys):
+    import subprocess
+    import sys
+
+    from compbench.launch_elastic import _forward
+
+    lines = ["Checking whether extension torch was built with Gloo.", "[0]<stdout>:epoch 1: loss 2.0",
+             "[1]<stderr>:UserWarning: slow", "[0]<stderr>:UserWarning: slow",
+             "[0]<stderr>:[E operations.cc:697] Horovod background loop uncaught exception: closed",
+             "Process 1 exit with status code 137.", "ERROR: the driver's own last word"]
+    proc = subprocess.Popen([sys.executable, "-c", f"print({chr(10).join(lines)!r})"], stdout=subprocess.PIPE,
+                            text=True)
+    assert _forward(proc) == "ERROR: the driver's own last word"
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["epoch 1: loss 2.0",
+                                "compbench: a collective failed (a worker is gone); Horovod Elastic recovers",
+                                "compbench: horovodrun: Process 1 exit with status code 137."]
+    assert err.splitlines() == ["UserWarning: slow"]  # once, not once per worker
