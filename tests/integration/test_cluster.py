@@ -111,3 +111,24 @@ def test_hierarchical_sends_one_compressed_payload_per_node(tmp_path):
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
     summary = results(_single_run_folder(tmp_path))["summary"]
     assert summary["status"] == "completed" and summary["ratio_effective"] > 5, summary
+
+
+@pytest.mark.slow
+def test_an_elastic_job_goes_on_on_one_node_when_the_other_nodes_worker_dies(tmp_path):
+    # Horovod Elastic across machines: horovodrun's driver on n1 starts a worker on each host the
+    # discovery script names; rank 1 (on n2) kills itself and the worker on n1 finishes alone.
+    discover = tmp_path / "discover.sh"
+    discover.write_text('#!/bin/sh\nprintf "n1:1\\nn2:1\\n"\n')
+    discover.chmod(0o755)
+    run = tmp_path / "run"
+    elastic = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+               "--host-discovery-script", str(discover), str(BIN / "compbench"), "train"]
+    proc = _cluster_run(tmp_path, "--", *elastic, *TINY, "batch_size=16", "epochs=4", "engine.elastic=true",
+                        "fault.kill_rank=1", "fault.at_step=12", f"output_dir={run}")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    (recovery,) = results(run)["faults"]["recoveries"]
+    assert (recovery["workers_before"], recovery["workers_after"]) == (2, 1)
+    assert recovery["replicas_identical"]
+    assert results(run)["curve"][-1]["samples"] == 4 * 256  # every sample of the 4 epochs once
+    assert not nodes.leftovers()
