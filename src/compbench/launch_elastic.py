@@ -45,7 +45,7 @@ _PEER_GONE = "Horovod background loop uncaught exception"
 def spawn_elastic(run_dir: Path, np: int, threads: int | None, gbps: float | None, latency_us: float,
                   rejoin_after_s: float | None) -> tuple[int, str]:
     """Run RUN_DIR's job under Horovod Elastic; returns (exit code, one-line failure message or '')."""
-    spares = 1 if rejoin_after_s is not None else 0
+    spares = np if rejoin_after_s is not None else 0  # a replacement per kill, np of them at most
     hosts = [f"{HOSTS}.{k}" for k in range(1, np + spares + 1)]
     with ShapedNamespace(gbps * np if gbps is not None else None, latency_us) as ns, \
             tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as scratch:
@@ -99,13 +99,15 @@ def _write_hosts(path: Path, hosts: list[str]) -> None:
 
 def _rejoin(run_dir: Path, hostfile: Path, hosts: list[str], np: int, after_s: float,
             done: threading.Event) -> None:
-    """Offer the spare host `after_s` seconds after the injected kill (the dead worker's host stays
+    """Offer a spare host `after_s` seconds after each injected kill (a dead worker's host stays
     listed: Horovod has blacklisted it)."""
-    while not done.wait(0.2):
+    offered = 0
+    while not done.wait(0.2) and offered < len(hosts) - np:
         kills = [e for e in faults.read_events(run_dir) if e["event"] == "kill"]
-        if kills and time.time() >= kills[0]["time"] + after_s:
-            _write_hosts(hostfile, hosts[: np + 1])
-            return
+        due = min(sum(time.time() >= e["time"] + after_s for e in kills), len(hosts) - np)
+        if due > offered:
+            offered = due
+            _write_hosts(hostfile, hosts[: np + offered])
 
 
 def _forward(proc: subprocess.Popen) -> str:

@@ -29,6 +29,8 @@ KILL = ["fault.kill_rank=1", "fault.at_step=3"]
     (["fault.slow_rank=5"], "fault.slow_rank=5 is not a rank of engine.np=2 workers"),
     (["fault.slow_rank=1", "fault.slow_factor=0.5"], "fault.slow_factor=0.5 must be a number >= 1"),
     (["fault.slow_factor=abc"], "fault.slow_factor=abc must be a number >= 1"),
+    (["fault.kill_prob=1.5"], "fault.kill_prob=1.5 must be a number from 0 to 1"),
+    ([*KILL, "fault.kill_prob=0.1"], "fault.kill_prob and fault.kill_rank are two ways to kill workers"),
     (["engine.elastic=true", "fault.kill_rank=0", "fault.at_step=3"], "fault.kill_rank=0 with "
                                                                       "engine.elastic=true: rank 0 keeps"),
     (["engine.elastic=true", "engine.min_np=3"], "engine.min_np=3 is more than engine.np=2"),
@@ -55,11 +57,30 @@ def test_elastic_on_one_machine_needs_root(tmp_path, monkeypatch):
 
 def test_a_kill_is_recorded_once(tmp_path):
     plan = FaultPlan(kill_rank=1, at_step=3)
-    plan.before_step(2, 0, tmp_path)  # another rank: nothing happens
+    plan.before_step(2, 0, tmp_path, seed=0)  # another rank: nothing happens
     append_event(tmp_path, {"event": "kill", "rank": 1, "step": 3, "time": 0.0})
-    plan.before_step(2, 1, tmp_path)  # already killed once (survivors redo the step): not again
+    plan.before_step(2, 1, tmp_path, seed=0)  # already killed once (survivors redo the step): not again
     (tmp_path / "faults.jsonl").open("a").write('{"event": "ki')  # a line cut by the kill
     assert read_events(tmp_path) == [{"event": "kill", "rank": 1, "step": 3, "time": 0.0}]
+
+
+def test_random_kills_follow_the_seed_spare_rank_0_and_happen_once(tmp_path, monkeypatch):
+    import random
+
+    from compbench.train import faults
+
+    killed = []
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: killed.append(sig))
+    plan = FaultPlan(kill_prob=0.3)
+    due = [(step, rank) for step in range(40) for rank in range(1, 4)
+           if random.Random(f"7:{step}:{rank}").random() < 0.3]
+    for _ in range(2):  # the second pass: the steps redone after recoveries kill no one again
+        for step in range(40):
+            for rank in range(4):
+                plan.before_step(step, rank, tmp_path, seed=7)
+    kills = [(e["step"] - 1, e["rank"]) for e in read_events(tmp_path)]
+    first_due = sorted({s: (s, r) for s, r in reversed(due)}.values())  # per step, its lowest rank due
+    assert kills and kills == first_due and len(killed) == len(kills)  # rank 0 never
 
 
 def test_a_straggler_takes_its_factor_of_the_compute_time():

@@ -1,10 +1,12 @@
 """Failures and slowness as configuration (the `fault` group): what a run injects into itself.
 
 - kill: rank `kill_rank` kills its own process (SIGKILL: no clean-up, as a machine that loses power)
-  at the start of step `at_step`, once per run. Without `engine.elastic` the job then stops as any
+  at the start of step `at_step`, once per run; or, with `kill_prob` p, every worker but rank 0 dies
+  at the start of each step with probability p (drawn from the run's seed, the step and the rank:
+  the same seed gives the same failures). Without `engine.elastic` the job then stops as any
   failed job does (the launcher names the rank; `resume=` continues from the last checkpoint); with
   it, the survivors continue from their last commit (compbench.train.elastic).
-- rejoin: `rejoin_after_s` seconds after the kill a replacement worker joins (engine.elastic only:
+- rejoin: `rejoin_after_s` seconds after each kill a replacement worker joins (engine.elastic only:
   the launcher offers Horovod Elastic a new host, which starts a worker there).
 - straggler: rank `slow_rank` takes `slow_factor` times its compute time each step (it sleeps the
   difference inside the compute phase), so every collective waits for it.
@@ -12,13 +14,15 @@
 Every injected kill is appended to RUN_DIR/faults.jsonl (one JSON object per line, written and
 flushed before the process dies: the record survives the kill) and copied into results.json's
 `faults` with the recoveries that followed it. The file also makes the kill happen once: survivors
-that redo the step after a recovery, under new rank numbers, do not kill again.
+that redo the step after a recovery, under new rank numbers, do not kill again (with kill_prob, a
+step that saw a kill draws no more: one kill per step, unless two ranks draw it at the same moment).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import time
 from pathlib import Path
@@ -39,19 +43,25 @@ class FaultPlan:
                                    what="seconds after the kill until a replacement joins"),
         "slow_rank": KeyRange(0, null="no straggler", what="the rank that computes slowly"),
         "slow_factor": KeyRange(1, integer=False, what="its compute time is this many times its own"),
+        "kill_prob": KeyRange(0, 1, integer=False,
+                              what="the chance that each worker but rank 0 dies at a step"),
     }
 
     def __init__(self, kill_rank: int | None = None, at_step: int | None = None,
                  rejoin_after_s: float | None = None, slow_rank: int | None = None,
-                 slow_factor: float = 1.0) -> None:
+                 slow_factor: float = 1.0, kill_prob: float = 0.0) -> None:
         self.kill_rank, self.at_step, self.rejoin_after_s = kill_rank, at_step, rejoin_after_s
         self.slow_rank, self.slow_factor = slow_rank, float(slow_factor)
+        self.kill_prob = float(kill_prob)
 
     def check(self, np: int, elastic: bool, max_steps: int | None) -> None:
         """Config-time check against the job (ValueError of one line naming the fix)."""
         if (self.kill_rank is None) != (self.at_step is None):
             raise ValueError("fault.kill_rank and fault.at_step go together (which worker dies, and at which "
                              "step); set both or neither")
+        if self.kill_prob and self.kill_rank is not None:
+            raise ValueError("fault.kill_prob and fault.kill_rank are two ways to kill workers; set one of "
+                             "them")
         if self.kill_rank is not None and self.kill_rank >= np:
             raise ValueError(f"fault.kill_rank={self.kill_rank} is not a rank of engine.np={np} workers; "
                              f"pass fault.kill_rank from 0 to {np - 1}")
@@ -62,20 +72,25 @@ class FaultPlan:
         if self.at_step is not None and max_steps is not None and self.at_step >= max_steps:
             raise ValueError(f"fault.at_step={self.at_step} is not before max_steps={max_steps}: the run "
                              f"ends first; pass fault.at_step below {max_steps}")
-        if self.rejoin_after_s is not None and not (elastic and self.kill_rank is not None):
+        if self.rejoin_after_s is not None and not (elastic and self.kills):
             raise ValueError("fault.rejoin_after_s brings back a killed worker, which needs "
-                             "engine.elastic=true and fault.kill_rank with fault.at_step")
+                             "engine.elastic=true and fault.kill_rank with fault.at_step, or fault.kill_prob")
         if self.slow_rank is not None and self.slow_rank >= np:
             raise ValueError(f"fault.slow_rank={self.slow_rank} is not a rank of engine.np={np} workers; "
                              f"pass fault.slow_rank from 0 to {np - 1}")
 
     @property
     def kills(self) -> bool:
-        return self.kill_rank is not None
+        return self.kill_rank is not None or self.kill_prob > 0
 
-    def before_step(self, step: int, rank: int, run_dir: Path) -> None:
+    def before_step(self, step: int, rank: int, run_dir: Path, seed: int) -> None:
         """At the start of step `step` (0-based; `at_step` counts from 1): kill this process if due."""
-        if self.kill_rank != rank or self.at_step != step + 1 or any(
+        if self.kill_prob > 0:
+            draw = random.Random(f"{seed}:{step}:{rank}").random()
+            if rank == 0 or draw >= self.kill_prob or any(
+                    e["event"] == "kill" and e["step"] == step + 1 for e in read_events(run_dir)):
+                return
+        elif self.kill_rank != rank or self.at_step != step + 1 or any(
                 e["event"] == "kill" for e in read_events(run_dir)):
             return
         append_event(run_dir, {"event": "kill", "rank": rank, "step": step + 1, "time": time.time()})

@@ -172,7 +172,7 @@ class Trainer:
                 bar.close()
                 return i
             if self.faults.kills:
-                self.faults.before_step(self.step, engine.rank, self.run_dir)
+                self.faults.before_step(self.step, engine.rank, self.run_dir, s.seed)
             stats.reset()
             t0 = time.perf_counter()
             self.sync.begin_step(self.step, epoch + i / steps)
