@@ -72,6 +72,7 @@ class ElasticState(State):
         self.trainer: Trainer | None = None
         self.shared: dict[str, Any] | None = None  # the last commit: what every rank holds alike
         self.mine: dict[str, Any] | None = None  # and this rank's own (None: this worker just joined)
+        self.mine_step = -1  # the step of this rank's own commit
         self.peer: dict[str, Any] | None = None  # the commit's source rank's own, for a joiner
         self.committed_at = 0.0
         self._position: tuple[int, int] | None = None  # where the trainer continues after the commit
@@ -89,6 +90,7 @@ class ElasticState(State):
         state = trainer.training_state()
         self.shared = _copy(shared_state(state, epoch, batch, self.engine.size))
         self.mine = _copy(rank_state(state))
+        self.mine_step = state.step
         self.committed_at = time.perf_counter()
         if trainer.recorder is not None:
             self.history = {tag: len(values) for tag, values in trainer.recorder.history.items()}
@@ -140,7 +142,10 @@ class ElasticState(State):
         engine = self.engine
         joined = self.mine is None
         state = trainer.training_state()
-        mine = self.mine if self.mine is not None else joiner_state(self.peer or {}, rank_state(state))
+        # A survivor whose own commit is not the source's (the failure came between their commits)
+        # starts as a joiner does: its residuals empty rather than a step apart from the shared state.
+        own = self.mine if self.mine is not None and self.mine_step == self.shared["step"] else None
+        mine = own if own is not None else joiner_state(self.peer or {}, rank_state(state))
         epoch, batch = restore_state(state, _copy(self.shared), _copy(mine))
         trainer.step = state.step
         before = int(self.shared["world_size"])
