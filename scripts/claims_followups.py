@@ -22,9 +22,12 @@ and compbench.claims.text) with one thing changed per experiment:
 - dgc-schedule: DGC's recipe vs residual EF vs fp32 over 9 epochs (3x the suite's 3) with the same
   1-epoch warm-up. Hypothesis "DGC's momentum correction needs a longer schedule": DGC ends within
   0.5 points of fp32 and above residual EF.
+- noloco-workers: NoLoCo vs DiLoCo with 4 workers x batch 16 (the field suite's 2 x 32 tokens per
+  step) on engine=torch (process groups for the pairs): with 2 workers NoLoCo's one pair is everyone,
+  with 4 its gossip averages half the world per round. Claim "NoLoCo close to DiLoCo": within 5%.
 
 Budget: about 45 minutes on 2 cores (sparseloco-rounds 4 runs x 2 min, onebit-adam-warmup 6 x 3,
-sign-workers 3 x 3, dgc-schedule 3 x 3.5).
+sign-workers 3 x 3, dgc-schedule 3 x 3.5), and noloco-workers 2 x 3.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class Experiment:
 CNN_LONG = tuple(o if not o.startswith("epochs=") else "epochs=9" for o in findings.BASE)
 CNN_WIDE = tuple(o.replace("engine.np=2", "engine.np=8").replace("batch_size=64", "batch_size=16")
                  for o in findings.BASE)
+TEXT_WIDE = tuple(o.replace("engine.np=2", "engine.np=4").replace("batch_size=32", "batch_size=16")
+                  for o in text.BASE)
 
 EXPERIMENTS = (
     Experiment(
@@ -84,6 +89,13 @@ EXPERIMENTS = (
         CNN_LONG,
         {name: findings.RUNS[name] for name in ("fp32", "dgc", "dgc-residual")},
         "final_acc1"),
+    Experiment(
+        "noloco-workers", "NoLoCo's gossip (pairs of 4 workers) stays close to DiLoCo's all-reduce",
+        "NoLoCo's loss within 5% of DiLoCo's with 4 workers",
+        (*TEXT_WIDE, "engine=torch"),
+        {"diloco": ("optim=adamw", "sync=diloco", f"sync.inner_steps={text.H}"),
+         "noloco": ("optim=adamw", "sync=noloco", f"sync.inner_steps={text.H}")},
+        "final_eval_loss"),
 )
 
 
