@@ -37,7 +37,8 @@ def test_a_killed_worker_stops_the_job_and_resume_finishes(tmp_path, engine):
     assert results(run)["summary"]["steps"] == 32
 
 
-@pytest.mark.parametrize("engine", ["horovod", "torch"])
+# The straggler's sleep is the trainer's, the same on both engines: torch's run is in the slow tier.
+@pytest.mark.parametrize("engine", ["horovod", pytest.param("torch", marks=pytest.mark.slow)])
 def test_a_straggler_makes_every_step_wait_for_it(tmp_path, engine):
     run, _ = train(tmp_path, *COMMON, f"engine={engine}", "max_steps=16", "fault.slow_rank=1",
                    "fault.slow_factor=6")
