@@ -205,11 +205,25 @@ def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = Non
     gbps, latency_us = net.get("emulate_gbps"), net.get("emulate_latency_us") or 0
     argv = [sys.executable, "-m", "compbench.worker", str(run_dir)]
     with shaped(gbps, np, latency_us) as ns:
-        if ns is not None:
-            delay = f", {latency_us:g} us one-way delay" if latency_us else ""
-            print(f"compbench: shaped link {gbps:g} Gbit/s per worker ({np} x {gbps:g} on the loopback of "
-                  f"network namespace {ns.name}{delay})", flush=True)
+        if ns is not None and gbps is not None:  # one without the other: never (shaped)
+            say_shaped_link(ns.name, gbps, np, latency_us)
         return run_processes(argv, engine, np, threads, netns=ns, hold_sigint=True)
+
+
+def say_shaped_link(namespace: str, gbps: float, np: int, latency_us: float) -> None:
+    delay = f", {latency_us:g} us one-way delay" if latency_us else ""
+    print(f"compbench: shaped link {gbps:g} Gbit/s per worker ({np} x {gbps:g} on the loopback of "
+          f"network namespace {namespace}{delay})", flush=True)
+
+
+def worker_env(np: int, threads: int | None, error_file: Path, job: dict[str, str]) -> dict[str, str]:
+    """A local worker's environment: this process's, the job's (`job`: its rendezvous, its rank),
+    one compute thread per worker unless told otherwise (ranks share this machine's cores), and the
+    file where the worker writes its `error:` line."""
+    nthreads = str(threads or max(1, (os.cpu_count() or 1) // np))
+    # THP: a fresh 100 MB CPU tensor costs ~40 ms of page faults without, ~6 ms with.
+    return {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, **job, "OMP_NUM_THREADS": nthreads,
+            "COMPBENCH_THREADS": nthreads, ERROR_FILE_ENV: str(error_file)}
 
 
 def run_processes(argv: list[str], engine: str, np: int, threads: int | None = None,
@@ -224,8 +238,6 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
             envs, server = _horovod_envs(np, netns)
         else:
             envs = _torch_envs(np, store_dir)
-        # One compute thread per worker unless told otherwise: ranks share this machine's cores.
-        nthreads = str(threads or max(1, (os.cpu_count() or 1) // np))
         procs = []
         # One machine: torch's gloo listens on the loopback only (by default it binds the host's
         # address, reachable from other machines; in a shaped namespace there is nothing else).
@@ -235,10 +247,7 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
         previous = signal.signal(signal.SIGTERM, raise_interrupt)
         try:
             for rank, env in enumerate(envs):
-                # THP: a fresh 100 MB CPU tensor costs ~40 ms of page faults without, ~6 ms with.
-                full = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, **env, **extra,
-                        "OMP_NUM_THREADS": nthreads, "COMPBENCH_THREADS": nthreads,
-                        ERROR_FILE_ENV: str(Path(store_dir) / f"error.{rank}")}
+                full = worker_env(np, threads, Path(store_dir) / f"error.{rank}", {**env, **extra})
                 preexec = worker_preexec(os.getpid(), hold_sigint)
                 procs.append(subprocess.Popen(cmd, env=full, preexec_fn=preexec))
             return _watch(procs, Path(store_dir))

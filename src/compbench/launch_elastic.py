@@ -30,8 +30,15 @@ import threading
 import time
 from pathlib import Path
 
-from compbench.errors import ERROR_FILE_ENV
-from compbench.launch import SCRATCH_PREFIX, raise_interrupt, read_error, stop_processes, worker_preexec
+from compbench.launch import (
+    SCRATCH_PREFIX,
+    raise_interrupt,
+    read_error,
+    say_shaped_link,
+    stop_processes,
+    worker_env,
+    worker_preexec,
+)
 from compbench.netem import ShapedNamespace
 from compbench.train import faults
 
@@ -56,13 +63,10 @@ def spawn_elastic(run_dir: Path, np: int, threads: int | None, gbps: float | Non
         script.write_text(f"#!/bin/sh\ncat {hostfile}\n")
         script.chmod(0o755)
         if gbps is not None:
-            print(f"compbench: shaped link {gbps:g} Gbit/s per worker ({np} x {gbps:g} on the loopback of "
-                  f"network namespace {ns.name})", flush=True)
+            say_shaped_link(ns.name, gbps, np, latency_us)
         print(f"compbench: elastic job (Horovod Elastic), workers on hosts {', '.join(hosts[:np])} of "
               f"network namespace {ns.name}", flush=True)
-        nthreads = str(threads or max(1, (os.cpu_count() or 1) // np))
-        env = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, "OMP_NUM_THREADS": nthreads,
-               "COMPBENCH_THREADS": nthreads, ERROR_FILE_ENV: str(Path(scratch, "error"))}
+        env = worker_env(np, threads, Path(scratch, "error"), {})
         cmd = [*ns.prefix, sys.executable, "-m", "horovod.runner.launch", "-np", str(np), "--min-np", "1",
                "--max-np", str(np), "--host-discovery-script", str(script), "--network-interface", "lo",
                sys.executable, "-m", "compbench.worker", str(run_dir)]

@@ -96,12 +96,11 @@ class ElasticState(State):
             self.history = {tag: len(values) for tag, values in trainer.recorder.history.items()}
 
     def restore(self) -> None:
-        """After a failure: the trainer is built again from the last commit (in `fit`)."""
-        self.trainer = None
+        """After a failure: nothing to undo here; `reset` drops the trainer, built again from the last
+        commit."""
 
     def sync(self) -> None:
         """Every rank (joiners too) takes the last commit of the lowest rank that has one."""
-        self.trainer = None
         hvd = self.engine.hvd
         have = torch.tensor([self.engine.rank if self.shared is not None else self.engine.size])
         source = int(hvd.allreduce(have, name="elastic.source", op=hvd.Min).item())
@@ -140,7 +139,6 @@ class ElasticState(State):
         """Load the last commit into a trainer built for the new world; record the recovery."""
         assert self.shared is not None
         engine = self.engine
-        joined = self.mine is None
         state = trainer.training_state()
         # A survivor whose own commit is not the source's (the failure came between their commits)
         # starts as a joiner does: its residuals empty rather than a step apart from the shared state.
@@ -149,10 +147,11 @@ class ElasticState(State):
         epoch, batch = restore_state(state, _copy(self.shared), _copy(mine))
         trainer.step = state.step
         before = int(self.shared["world_size"])
-        trainer.start_at = (epoch, batch * before // engine.size)  # the samples consumed stay consumed
-        lost_s = time.perf_counter() - self.committed_at if not joined else 0.0
+        batch = batch * before // engine.size  # the samples consumed stay consumed
+        trainer.start_at = (epoch, batch)
         # Every rank adds the same cost to its clock: rank 0's (a survivor: it has committed).
-        lost_s = float(engine.hvd.broadcast_object(lost_s, root_rank=0, name="elastic.lost"))
+        mine_s = time.perf_counter() - self.committed_at if engine.rank == 0 else None
+        lost_s = float(engine.hvd.broadcast_object(mine_s, root_rank=0, name="elastic.lost"))
         trainer.progress.train_s += lost_s
         trainer.progress.wall_base += lost_s
         trainer.resumed_s = trainer.progress.wall_s()
@@ -171,7 +170,7 @@ class ElasticState(State):
             print(f"elastic: {before} -> {engine.size} workers at step {trainer.step} "
                   f"({lost_s:.1f} s from the last commit to training again)", flush=True)
         if engine.size < engine.min_np:
-            trainer.checkpoint(epoch, batch * before // engine.size)
+            trainer.checkpoint(epoch, batch)
             raise ValueError(f"{engine.size} worker(s) left, below engine.min_np={engine.min_np}: stopped at "
                              f"step {trainer.step} with a checkpoint in {self.run_dir}; continue with "
                              f"resume={self.run_dir} engine.np={engine.size} (or more workers)")

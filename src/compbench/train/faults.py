@@ -83,6 +83,11 @@ class FaultPlan:
     def kills(self) -> bool:
         return self.kill_rank is not None or self.kill_prob > 0
 
+    @property
+    def injects(self) -> bool:
+        """Any failure or slowness at all (the run then records `faults` in results.json)."""
+        return self.kills or self.slow_rank is not None
+
     def before_step(self, step: int, rank: int, run_dir: Path, seed: int) -> None:
         """At the start of step `step` (0-based; `at_step` counts from 1): kill this process if due."""
         if self.kill_prob > 0:

@@ -348,7 +348,7 @@ class Trainer:
         if self.data_info is not None:
             results["data"] = self.data_info  # language models: tokenizer, vocabulary size, split
         results["floors"] = self.floors(summary)
-        if self.elastic or self.faults.kills or self.faults.slow_rank is not None:
+        if self.elastic or self.faults.injects:
             results["faults"] = {"injected": faults.read_events(self.run_dir), "recoveries": self.recoveries}
         write_json_atomic(self.run_dir / "results.json", results)
         print(format_summary(results, self.run_dir), flush=True)
