@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from compbench import netem
-from tests.helpers import TINY, compbench, event_tags, results, train
+from tests.helpers import TINY, compbench, event_tags, params, results, train
 
 pytestmark = pytest.mark.dist
 needs_root = pytest.mark.skipif(not netem.can_shape(), reason="needs root and iproute2 (a private namespace)")
@@ -18,10 +18,6 @@ needs_root = pytest.mark.skipif(not netem.can_shape(), reason="needs root and ip
 COMMON = [*TINY, "engine.np=2", "batch_size=16", "epochs=4", "compressor=topk", "ratio=0.1",
           "memory=residual", "comm=allgather", "threads=1"]
 KILL = ["fault.kill_rank=1", "fault.at_step=12"]
-
-
-def _model(run) -> dict[str, torch.Tensor]:
-    return torch.load(run / "checkpoint.pt", weights_only=True)["model"]
 
 
 @pytest.mark.parametrize("engine", ["horovod", "torch"])
@@ -56,8 +52,8 @@ def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_sur
     (recovery,) = record["faults"]["recoveries"]
     assert (recovery["kind"], recovery["workers_before"], recovery["workers_after"]) == ("failure", 2, 1)
     assert recovery["replicas_identical"] is True and recovery["lost_s"] > 0
-    params = sum(t.numel() for t in _model(elastic).values())
-    assert recovery["lost_residual_bytes"] == 4 * params  # rank 1's top-k residual, one fp32 per weight
+    weights = sum(t.numel() for t in params(elastic).values())
+    assert recovery["lost_residual_bytes"] == 4 * weights  # rank 1's top-k residual, one fp32 per weight
     (kill,) = record["faults"]["injected"]
     assert (kill["event"], kill["rank"], kill["step"]) == ("kill", 1, 12)
     # 11 steps of 2 x 16 samples, then 1 x 16 from the same place of the epoch: every sample of the 4
@@ -76,7 +72,7 @@ def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_sur
     saved = torch.load(stopped / "checkpoint.pt", weights_only=True)
     assert saved["world_size"] == 1 and saved["step"] == 11
     resumed, _ = train(tmp_path, *COMMON, "engine.np=1", f"resume={stopped}", name="resumed")
-    a, b = _model(elastic), _model(resumed)
+    a, b = params(elastic), params(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert record["curve"][-1]["bytes_sent"] == results(resumed)["curve"][-1]["bytes_sent"]
 

@@ -142,8 +142,8 @@ class ElasticState(State):
         state = trainer.training_state()
         # A survivor whose own commit is not the source's (the failure came between their commits)
         # starts as a joiner does: its residuals empty rather than a step apart from the shared state.
-        own = self.mine if self.mine is not None and self.mine_step == self.shared["step"] else None
-        mine = own if own is not None else joiner_state(self.peer or {}, rank_state(state))
+        mine = (self.mine if self.mine is not None and self.mine_step == self.shared["step"]
+                else joiner_state(self.peer or {}, rank_state(state)))
         epoch, batch = restore_state(state, _copy(self.shared), _copy(mine))
         trainer.step = state.step
         before = int(self.shared["world_size"])
