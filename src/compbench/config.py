@@ -268,10 +268,10 @@ def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
     np = int(cfg.engine.get("np", 1))
     external = external_engine() is not None
     faults = registry.build(cfg.fault)
-    faults.check(np, elastic, cfg.get("max_steps"))
+    faults.check(np, elastic, cfg.get("max_steps"), cfg.choices["engine"])
     if faults.rejoin_after_s is not None and external:
-        raise ValueError("fault.rejoin_after_s: under horovodrun your host discovery script decides when a "
-                         "worker joins; drop fault.rejoin_after_s")
+        raise ValueError("fault.rejoin_after_s: under horovodrun or torchrun you start the worker that joins "
+                         "(your host discovery script, another torchrun agent); drop fault.rejoin_after_s")
     if not elastic:
         return
     picked = cfg.choices
@@ -282,15 +282,16 @@ def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
         raise ValueError(f"comm={picked['comm']} keeps per-rank state cut for the workers it started with; "
                          "use comm=allgather or comm=allreduce with engine.elastic=true")
     if external and not cfg.output_dir:
-        raise ValueError("engine.elastic=true under horovodrun: pass output_dir=DIR (a worker that joins "
-                         "later must find the run's folder without asking the others)")
+        raise ValueError("engine.elastic=true under horovodrun or torchrun: pass output_dir=DIR (a worker "
+                         "that joins later must find the run's folder without asking the others)")
     min_np = int(cfg.engine.min_np)
     if not external and min_np > np:
         raise ValueError(f"engine.min_np={min_np} is more than engine.np={np}; pass engine.min_np<={np}")
     if not external and not can_shape():
         raise ValueError("engine.elastic=true on one machine gives each worker its own address in a private "
-                         "network namespace (Horovod Elastic tells workers apart by host), which needs root; "
-                         "run as root, or start across machines (compbench cluster run -- horovodrun ...)")
+                         "network namespace (Horovod Elastic and TorchElastic tell workers apart by host), "
+                         "which needs root; run as root, or start across machines (compbench cluster run -- "
+                         "horovodrun or torchrun ...)")
 
 
 def _check_dataset(cfg: DictConfig) -> None:

@@ -24,6 +24,7 @@ ends, also on failure or Ctrl-C.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 
 # How long survivors get to exit after SIGTERM before SIGKILL.
 _GRACE_S = 10.0
+# Each TorchElastic agent's machine name, for its worker's commit file (compbench.train.elastic_torch):
+# the agents of a job on one machine share its host name.
+NODE_ENV = "COMPBENCH_ELASTIC_NODE"
 
 
 def external_engine() -> str | None:
@@ -139,17 +143,28 @@ def worker_preexec(parent: int, hold_sigint: bool) -> Callable[[], None]:
     a Ctrl-C that arrives while the interpreter starts stays pending until compbench.worker has
     installed its handler and unblocks it, instead of a KeyboardInterrupt traceback from start-up.
     """
-    libc = ctypes.CDLL(None, use_errno=True)
+    _libc()  # loaded before the fork: dlopen is not safe between fork and exec with threads running
 
     def preexec() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if hold_sigint:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os._exit(1)
+        die_with_parent(parent)
 
     return preexec
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent `parent` ends (PR_SET_PDEATHSIG);
+    ends at once if that parent is gone already."""
+    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 SCRATCH_PREFIX = "compbench-"

@@ -44,8 +44,9 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
     if cfg.engine.get("elastic"):
         from compbench.launch_elastic import spawn_elastic
 
-        code, message = spawn_elastic(run_dir, cfg.engine.np, cfg.threads, cfg.net.get("emulate_gbps"),
-                                      cfg.net.get("emulate_latency_us") or 0, cfg.fault.rejoin_after_s)
+        code, message = spawn_elastic(cfg.choices["engine"], run_dir, cfg.engine.np, cfg.threads,
+                                      cfg.net.get("emulate_gbps"), cfg.net.get("emulate_latency_us") or 0,
+                                      cfg.fault.rejoin_after_s)
     else:
         code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
     if code != 0:

@@ -114,16 +114,25 @@ def test_hierarchical_sends_one_compressed_payload_per_node(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_elastic_job_goes_on_on_one_node_when_the_other_nodes_worker_dies(tmp_path):
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_an_elastic_job_goes_on_on_one_node_when_the_other_nodes_worker_dies(tmp_path, engine):
     # Horovod Elastic across machines: horovodrun's driver on n1 starts a worker on each host the
     # discovery script names; rank 1 (on n2) kills itself and the worker on n1 finishes alone.
-    discover = tmp_path / "discover.sh"
-    discover.write_text('#!/bin/sh\nprintf "n1:1\\nn2:1\\n"\n')
-    discover.chmod(0o755)
+    # TorchElastic: an agent on each node (--each), the one on n2 killed with its worker; --elastic
+    # leaves n1's running (one heartbeat a second, a machine dead after 3 missed).
     run = tmp_path / "run"
-    elastic = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
-               "--host-discovery-script", str(discover), str(BIN / "compbench"), "train"]
-    proc = _cluster_run(tmp_path, "--", *elastic, *TINY, "batch_size=16", "epochs=4", "engine.elastic=true",
+    if engine == "horovod":
+        discover = tmp_path / "discover.sh"
+        discover.write_text('#!/bin/sh\nprintf "n1:1\\nn2:1\\n"\n')
+        discover.chmod(0o755)
+        launch = ["--", str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+                  "--host-discovery-script", str(discover), str(BIN / "compbench"), "train"]
+    else:
+        launch = ["--each", "--elastic", "--", str(BIN / "torchrun"), "--nnodes", "1:2", "--nproc-per-node", "1",
+                  "--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:29400", "--max-restarts", "3", "--rdzv-conf",
+                  "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=2",
+                  "-m", "compbench", "train", "engine=torch"]
+    proc = _cluster_run(tmp_path, *launch, *TINY, "batch_size=16", "epochs=4", "engine.elastic=true",
                         "fault.kill_rank=1", "fault.at_step=12", f"output_dir={run}")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-2000:] + err[-3000:]

@@ -1,6 +1,7 @@
-"""Injected faults on real jobs: a killed worker, a straggler, and an elastic run (engine.elastic=true,
-Horovod Elastic in a private network namespace, so root) that survives the kill and, where it may
-not continue, stops with a checkpoint that a resume finishes."""
+"""Injected faults on real jobs: a killed worker, a straggler, and elastic runs (engine.elastic=true:
+Horovod Elastic or TorchElastic, in a private network namespace, so root) that survive the kill and,
+where they may not continue, stop with a checkpoint that a resume finishes; a worker restarted in
+place (TorchElastic) that continues every mode's state bit for bit."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from compbench import netem
 from tests.helpers import TINY, compbench, event_tags, params, results, train
+from tests.integration.test_resume import _assert_equal
 
 pytestmark = pytest.mark.dist
 needs_root = pytest.mark.skipif(not netem.can_shape(), reason="needs root and iproute2 (a private namespace)")
@@ -45,8 +47,10 @@ def test_a_straggler_makes_every_step_wait_for_it(tmp_path, engine):
 
 
 @needs_root
-def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_survivor_would(tmp_path):
-    elastic, proc = train(tmp_path, *COMMON, "engine.elastic=true", *KILL, name="elastic")
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_survivor_would(tmp_path, engine):
+    common = [*COMMON, f"engine={engine}"]
+    elastic, proc = train(tmp_path, *common, "engine.elastic=true", *KILL, name="elastic")
     assert "elastic: 2 -> 1 workers at step 11" in proc.stdout
     record = results(elastic)
     (recovery,) = record["faults"]["recoveries"]
@@ -64,14 +68,14 @@ def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_sur
     # The same failure where the survivor may not go on alone: one line, a checkpoint of the last
     # commit; resumed with the one worker left, it ends bit for bit where the elastic run ended.
     stopped = tmp_path / "stopped"
-    proc = compbench("train", *COMMON, "engine.elastic=true", "engine.min_np=2", *KILL,
+    proc = compbench("train", *common, "engine.elastic=true", "engine.min_np=2", *KILL,
                      f"output_dir={stopped}")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "error: 1 worker(s) left, below engine.min_np=2: stopped at step 11"), proc.stderr[-2000:]
     saved = torch.load(stopped / "checkpoint.pt", weights_only=True)
     assert saved["world_size"] == 1 and saved["step"] == 11
-    resumed, _ = train(tmp_path, *COMMON, "engine.np=1", f"resume={stopped}", name="resumed")
+    resumed, _ = train(tmp_path, *common, "engine.np=1", f"resume={stopped}", name="resumed")
     a, b = params(elastic), params(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert record["curve"][-1]["bytes_sent"] == results(resumed)["curve"][-1]["bytes_sent"]
@@ -79,12 +83,55 @@ def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_sur
 
 @needs_root
 @pytest.mark.slow
-def test_a_worker_that_joins_takes_the_rounds_state(tmp_path):
-    # DiLoCo rounds of 4 steps; the replacement is offered at once and joins at a round's end. The
-    # straggler (rank 0, 40x) keeps the run long enough for a new worker to start.
+@pytest.mark.parametrize("engine, rejoin_s", [("horovod", 0), ("torch", 12)])
+def test_a_worker_that_joins_takes_the_rounds_state(tmp_path, engine, rejoin_s):
+    # DiLoCo rounds of 4 steps. Horovod: the replacement is offered at once and joins at a round's end;
+    # torch: it comes once the failure is recovered from (TorchElastic sees the lost machine after 3 s
+    # of missed heartbeats, then waits 2 s for late agents) and every worker restarts from its commit. The straggler (rank 0, 40x)
+    # keeps the run long enough for a new worker to start.
     run, proc = train(tmp_path, *TINY, "engine.np=2", "batch_size=16", "epochs=100", "sync=diloco",
-                      "sync.inner_steps=4", "optim=adamw", "engine.elastic=true", *KILL,
-                      "fault.rejoin_after_s=0", "fault.slow_rank=0", "fault.slow_factor=40")
+                      "sync.inner_steps=4", "optim=adamw", f"engine={engine}", "engine.elastic=true", *KILL,
+                      f"fault.rejoin_after_s={rejoin_s}", "fault.slow_rank=0", "fault.slow_factor=40")
     kinds = [(r["kind"], r["workers_before"], r["workers_after"], r["replicas_identical"])
              for r in results(run)["faults"]["recoveries"]]
     assert kinds == [("failure", 2, 1, True), ("join", 1, 2, True)], proc.stdout[-3000:]
+
+
+# Every mode's state through a TorchElastic restart: rank 1's process dies (its machine stays), its
+# agent starts it again, the other agent restarts rank 0 for the new rendezvous, and both continue
+# from their commit files. The run must end exactly as the same run without the failure, bytes
+# included (payloads of one size here: the torch engine pads uneven ones to a capacity it learns,
+# which a new process learns again).
+SPARSE = ["compressor=topk", "ratio=0.1", "memory=residual", "comm=allgather"]
+RESTART_MODES = {
+    "topk-residual": SPARSE,
+    "diloco": ["sync=diloco", "sync.inner_steps=3", "optim=adamw", *SPARSE],
+    "streaming-diloco": ["sync=diloco", "sync.inner_steps=4", "sync.fragments=2", "sync.overlap=1",
+                         "optim=adamw", "compressor=fp16"],
+    "demo": ["sync=demo", "compressor=chunk_dct"],
+    "onebit-adam": ["sync=onebit_adam", "optim=adamw", "sync.freeze_step=3", "comm=allgather"],
+    "onebit-lamb": ["sync=onebit_lamb", "optim=adamw", "comm=allgather"],
+    "desloc": ["sync=desloc", "optim=adamw", "sync.param_period=2", "sync.first_moment_period=2",
+               "sync.second_moment_period=4", *SPARSE],
+    "noloco": ["sync=noloco", "sync.inner_steps=3", "optim=adamw"],
+    "sparta": ["sync=sparta", "sync.p=0.1", "optim=adamw"],
+    "sparta-diloco": ["sync=sparta_diloco", "sync.inner_steps=3", "sync.p=0.1", "optim=adamw", *SPARSE],
+}
+FAST_RESTART_MODES = ("topk-residual", "diloco")
+
+
+@needs_root
+@pytest.mark.parametrize("mode", [m if m in FAST_RESTART_MODES else pytest.param(m, marks=pytest.mark.slow)
+                                  for m in RESTART_MODES])
+def test_a_worker_restarted_in_place_continues_every_modes_state_exactly(tmp_path, mode):
+    setup = [*TINY, "engine.np=2", "batch_size=16", "epochs=2", "threads=1", "engine=torch",
+             "optim.lr_schedule=cosine", *RESTART_MODES[mode]]
+    plain, _ = train(tmp_path, *setup, name="plain")
+    elastic, proc = train(tmp_path, *setup, "engine.elastic=true", "fault.kill_rank=1", "fault.at_step=12",
+                          "fault.process_only=true", name="elastic")
+    (recovery,) = results(elastic)["faults"]["recoveries"]
+    assert (recovery["kind"], recovery["workers_after"]) == ("restart", 2), proc.stdout[-2000:]
+    a, b = (torch.load(run / "checkpoint.pt", weights_only=True) for run in (plain, elastic))
+    for key in ("position", "step", "model", "optimizer", "lr_schedule", "scheduler", "per_rank"):
+        _assert_equal(a[key], b[key], key)
+    assert results(plain)["curve"][-1]["bytes_sent"] == results(elastic)["curve"][-1]["bytes_sent"]

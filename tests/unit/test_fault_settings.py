@@ -38,7 +38,12 @@ KILL = ["fault.kill_rank=1", "fault.at_step=3"]
     (["engine.elastic=true", "sync=horovod_optimizer"], "sync=horovod_optimizer keeps state its engine"),
     (["engine.elastic=true", "compressor=topk", "comm=ps"], "comm=ps keeps per-rank state cut for"),
     (["engine.elastic=yes"], "engine.elastic=yes must be true or false"),
-    (["engine=torch", "+engine.elastic=true"], "engine.elastic is not a setting of engine=torch"),
+    ([*KILL, "fault.process_only=true"], "fault.process_only=true kills a worker's process but not its "
+                                         "machine, which only TorchElastic tells apart"),
+    (["engine.elastic=true", *KILL, "fault.process_only=true"],
+     "use it with engine=torch engine.elastic=true"),
+    (["fault.process_only=maybe"], "fault.process_only=maybe must be true or false"),
+    (["engine=torch", "engine.elastic=true", "engine.min_np=3"], "engine.min_np=3 is more than engine.np=2"),
 ])
 def test_bad_fault_and_elastic_settings_are_one_line(tmp_path, overrides, message):
     if any("elastic=true" in o for o in overrides) and ROOT_ONLY and "min_np=0" not in "".join(overrides):

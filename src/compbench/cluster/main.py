@@ -4,11 +4,15 @@
   compbench cluster run -- horovodrun -np 2 -H n1:1,n2:1 compbench train ...   on node n1
   compbench cluster run --each -- torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \\
       --rdzv-endpoint n1:29400 -m compbench train engine=torch ...           on every node at once
+  compbench cluster run --each --elastic -- torchrun --nnodes 1:2 ... engine.elastic=true ...
+                                          the job goes on without a node whose command fails
   compbench cluster down
 
 `run` without a cluster up builds one from --nodes/--gbps/--latency-us for the command and removes
 it afterwards (also on failure and Ctrl-C). When a command fails on one node, the others are stopped
-and one `error:` line names the node.
+and one `error:` line names the node; with --elastic (an elastic job, whose engine goes on without a
+lost machine) a node other than n1 may fail, and the run is n1's: it ends when n1's command ends,
+with its exit code.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def _parser() -> ArgumentParser:
         s.add_argument("--latency-us", type=float, default=0.0, help="one-way delay added per node link")
     run = sub.choices["run"]
     run.add_argument("--each", action="store_true", help="run the command on every node at once")
+    run.add_argument("--elastic", action="store_true",
+                     help="with --each: a node other than n1 whose command fails leaves the others running")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS")
     sub.add_parser("down")
     sub.add_parser("status")
@@ -80,10 +86,12 @@ def main(argv: list[str]) -> int:
     # `kill` of this process removes the cluster it built, as Ctrl-C does.
     signal.signal(signal.SIGTERM, raise_interrupt)
     with _cluster_for_run(current, wanted) as cluster:
-        return _run_on(cluster, command, range(1, cluster.nodes + 1) if args.each else [1])
+        return _run_on(cluster, command, range(1, cluster.nodes + 1) if args.each else [1], args.elastic)
 
 
 def _wanted(args: argparse.Namespace) -> Cluster:
+    if args.action == "run" and args.elastic and not args.each:
+        raise ValueError("--elastic is about commands on several nodes; add --each")
     if args.nodes < 1 or args.nodes > 250:
         raise ValueError(f"--nodes {args.nodes} must be 1..250")
     # The same ranges as a local job's shaped link (compbench.netem): finite, not NaN, not vanishing.
@@ -115,9 +123,9 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _run_on(cluster: Cluster, command: list[str], on: range | list[int]) -> int:
-    """Run `command` on the given nodes; the first to fail stops the rest. Returns the failed node's
-    exit code (or 0)."""
+def _run_on(cluster: Cluster, command: list[str], on: range | list[int], elastic: bool = False) -> int:
+    """Run `command` on the given nodes; the first to fail stops the rest (`elastic`: n1's end stops
+    the rest, another node's failure is noted). Returns the failed node's exit code (or 0)."""
     procs: dict[int, subprocess.Popen] = {}
     try:
         for i in on:
@@ -128,6 +136,13 @@ def _run_on(cluster: Cluster, command: list[str], on: range | list[int]) -> int:
                 if code is None:
                     continue
                 del procs[i]
+                if elastic and i != 1 and code != 0:
+                    print(f"cluster: `{os.path.basename(command[0])}` on node {cluster.host(i)} {_how(code)}; "
+                          f"the job goes on without it (--elastic)", file=sys.stderr, flush=True)
+                    continue
+                if elastic and i == 1 and code == 0:
+                    _stop(procs.values(), after_s=_GRACE_S)  # the job is done: what is left only lingers
+                    return 0
                 if code != 0:
                     # The other nodes usually fail on their own at once (a peer is gone) and say
                     # so in their own words; they are stopped only if they linger.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -12,6 +12,7 @@ from torch import Tensor
 
 from compbench.engines import wire
 from compbench.engines.base import EngineBase, Handle, own_group
+from compbench.values import KeyRange
 
 _TAG_HEADER, _TAG_BLOB = 11, 12
 
@@ -30,11 +31,19 @@ class TorchEngine(EngineBase):
 
     compbench's launcher passes a file:// rendezvous in COMPBENCH_INIT_METHOD (no ports to collide);
     torchrun's MASTER_ADDR/MASTER_PORT are used otherwise (`env://`).
+
+    `elastic`: the job runs under TorchElastic (torchrun --nnodes=MIN:MAX, compbench.train.elastic_torch):
+    a failed or joining worker restarts every worker in a new world, which continues from its commits;
+    `min_np`: the fewest workers it continues with (below, it stops with a checkpoint).
     """
 
     name = "torch"
+    KEY_RANGES: ClassVar[dict[str, KeyRange]] = {
+        "min_np": KeyRange(1, what="the fewest workers an elastic run continues with")}
 
-    def __init__(self, backend: str = "auto", timeout_s: float = 300.0) -> None:
+    def __init__(self, backend: str = "auto", timeout_s: float = 300.0, elastic: bool = False,
+                 min_np: int = 1) -> None:
+        self.elastic, self.min_np = elastic, min_np
         if backend == "auto":  # the trained tensors live in host memory (compbench trains on the CPU)
             backend = "gloo"
         if not dist.is_initialized():

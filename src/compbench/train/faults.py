@@ -3,11 +3,13 @@
 - kill: rank `kill_rank` kills its own process (SIGKILL: no clean-up, as a machine that loses power)
   at the start of step `at_step`, once per run; or, with `kill_prob` p, every worker but rank 0 dies
   at the start of each step with probability p (drawn from the run's seed, the step and the rank:
-  the same seed gives the same failures). Without `engine.elastic` the job then stops as any
-  failed job does (the launcher names the rank; `resume=` continues from the last checkpoint); with
-  it, the survivors continue from their last commit (compbench.train.elastic).
+  the same seed gives the same failures). Under TorchElastic the worker's agent dies with it (the
+  machine is gone, not just the process), unless `process_only` (its agent restarts it in place).
+  Without `engine.elastic` the job then stops as any failed job does (the launcher names the rank;
+  `resume=` continues from the last checkpoint); with it, the survivors continue from their last
+  commit (compbench.train.elastic).
 - rejoin: `rejoin_after_s` seconds after each kill a replacement worker joins (engine.elastic only:
-  the launcher offers Horovod Elastic a new host, which starts a worker there).
+  the launcher offers Horovod Elastic a new host, or starts a TorchElastic agent on one).
 - straggler: rank `slow_rank` takes `slow_factor` times its compute time each step (it sleeps the
   difference inside the compute phase), so every collective waits for it.
 
@@ -49,13 +51,18 @@ class FaultPlan:
 
     def __init__(self, kill_rank: int | None = None, at_step: int | None = None,
                  rejoin_after_s: float | None = None, slow_rank: int | None = None,
-                 slow_factor: float = 1.0, kill_prob: float = 0.0) -> None:
+                 slow_factor: float = 1.0, kill_prob: float = 0.0, process_only: bool = False) -> None:
         self.kill_rank, self.at_step, self.rejoin_after_s = kill_rank, at_step, rejoin_after_s
         self.slow_rank, self.slow_factor = slow_rank, float(slow_factor)
-        self.kill_prob = float(kill_prob)
+        self.kill_prob, self.process_only = float(kill_prob), bool(process_only)
 
-    def check(self, np: int, elastic: bool, max_steps: int | None) -> None:
+    def check(self, np: int, elastic: bool, max_steps: int | None, engine: str) -> None:
         """Config-time check against the job (ValueError of one line naming the fix)."""
+        if self.process_only and not (self.kills and elastic and engine == "torch"):
+            raise ValueError("fault.process_only=true kills a worker's process but not its machine, which "
+                             "only TorchElastic tells apart (its agent restarts the worker in place; Horovod "
+                             "Elastic takes the host out either way): use it with engine=torch "
+                             "engine.elastic=true and fault.kill_rank or fault.kill_prob")
         if (self.kill_rank is None) != (self.at_step is None):
             raise ValueError("fault.kill_rank and fault.at_step go together (which worker dies, and at which "
                              "step); set both or neither")
@@ -65,10 +72,11 @@ class FaultPlan:
         if self.kill_rank is not None and self.kill_rank >= np:
             raise ValueError(f"fault.kill_rank={self.kill_rank} is not a rank of engine.np={np} workers; "
                              f"pass fault.kill_rank from 0 to {np - 1}")
-        if self.kill_rank == 0 and elastic:
+        if self.kill_rank == 0 and elastic and not self.process_only:
             raise ValueError("fault.kill_rank=0 with engine.elastic=true: rank 0 keeps the run's records "
-                             "(TensorBoard, results.json) and the survivors' rank 0 must have them; kill "
-                             "another rank (fault.kill_rank=1)")
+                             "(TensorBoard, results.json) and its machine the rendezvous, and the survivors "
+                             "must have them; kill another rank (fault.kill_rank=1), or only rank 0's "
+                             "process (fault.process_only=true, engine=torch)")
         if self.at_step is not None and max_steps is not None and self.at_step >= max_steps:
             raise ValueError(f"fault.at_step={self.at_step} is not before max_steps={max_steps}: the run "
                              f"ends first; pass fault.at_step below {max_steps}")
@@ -99,6 +107,8 @@ class FaultPlan:
                 e["event"] == "kill" for e in read_events(run_dir)):
             return
         append_event(run_dir, {"event": "kill", "rank": rank, "step": step + 1, "time": time.time()})
+        if os.environ.get("TORCHELASTIC_RUN_ID") and not self.process_only:  # the machine's TorchElastic
+            os.kill(os.getppid(), signal.SIGKILL)  # agent goes too (else it restarts the worker in place)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def straggle(self, rank: int, compute_s: float) -> None:

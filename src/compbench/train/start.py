@@ -1,6 +1,6 @@
 """Start training on this rank (compbench.worker, or an external launcher's process): the engine,
 the run folder, then the trainer (compbench.train.loop), or Horovod Elastic's loop around it
-(compbench.train.elastic) when engine.elastic is set."""
+(compbench.train.elastic_horovod, elastic_torch) when engine.elastic is set."""
 
 from __future__ import annotations
 
@@ -37,9 +37,11 @@ def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
                 prepare_run_dir(cfg)
         else:
             run_dir = Path(engine.broadcast_object(str(prepare_run_dir(cfg)) if engine.rank == 0 else None))
-    if elastic:  # survives failed and joining workers: Horovod Elastic's own loop
-        from compbench.train.elastic import run_elastic
-
+    if elastic:  # survives failed and joining workers: the engine's own elastic mode
+        if engine.name == "horovod":
+            from compbench.train.elastic_horovod import run_horovod_elastic as run_elastic
+        else:
+            from compbench.train.elastic_torch import run_torch_elastic as run_elastic
         results = run_elastic(cfg, engine, run_dir)
         engine.shutdown()
         return results
