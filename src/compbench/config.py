@@ -192,10 +192,17 @@ def check(cfg: DictConfig) -> DictConfig:
         if "ratio" in cfg.compressor:
             check_ratio(cfg.compressor.ratio, f"compressor={picked['compressor']}")
     np = cfg.engine.get("np", 1)  # an integer >= 1 (compbench.checks)
-    if cfg.net.get("emulate_gbps") is not None or cfg.net.get("emulate_latency_us"):
+    net = cfg.net
+    if any(net.get(k) for k in ("emulate_gbps", "emulate_rank_gbps", "emulate_latency_us")):
         from compbench.netem import check as check_shaped_link
 
-        check_shaped_link(cfg.net.get("emulate_gbps"), cfg.net.get("emulate_latency_us"))  # root, ip, tc
+        rank_gbps = net.get("emulate_rank_gbps")
+        check_shaped_link(net.get("emulate_gbps"), net.get("emulate_latency_us"),  # root, ip, tc
+                          OmegaConf.to_object(rank_gbps) if rank_gbps is not None else None, np)
+        if rank_gbps is not None and cfg.engine.get("elastic"):
+            raise ValueError("net.emulate_rank_gbps with engine.elastic=true: an elastic job's workers share "
+                             "one namespace (a host address each), not a link each; use net.emulate_gbps, or "
+                             "a cluster of your own rates (compbench cluster run --gbps 1,0.1 ...)")
 
     # Building the light components validates their parameters (e.g. qsgd levels < 1); the built
     # compressor's capabilities may follow them (randk's `scale` makes it unbiased).

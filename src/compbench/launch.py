@@ -40,7 +40,9 @@ from typing import TYPE_CHECKING, Any, cast
 from compbench.errors import ERROR_FILE_ENV, PEER_LOST_EXIT
 
 if TYPE_CHECKING:
-    from compbench.netem import ShapedNamespace
+    from compbench.netem import RankLinks, ShapedNamespace
+
+    Placement = ShapedNamespace | RankLinks  # where a local job's workers run (compbench.netem)
 
 # How long survivors get to exit after SIGTERM before SIGKILL.
 _GRACE_S = 10.0
@@ -59,7 +61,8 @@ def external_engine() -> str | None:
 
 
 class LoopbackRendezvous:
-    """Horovod's Gloo rendezvous (the key-value store every rank meets at), on 127.0.0.1 only.
+    """Horovod's Gloo rendezvous (the key-value store every rank meets at), on 127.0.0.1 only (or, for
+    workers on links of their own, on rank 0's address inside the job's namespaces).
 
     horovod's RendezvousServer binds ('', port): every interface, no authentication, for the whole
     run; from another machine one can read and write its keys, abort the job and (its handler is a
@@ -68,7 +71,8 @@ class LoopbackRendezvous:
     only GET, PUT and DELETE).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self._httpd: Any = None  # horovod's RendezvousHTTPServer (untyped)
         self._thread: threading.Thread | None = None
 
@@ -80,7 +84,7 @@ class LoopbackRendezvous:
             def do_HEAD(self) -> None:  # noqa: N802 (http.server's naming)
                 self.send_error(405)
 
-        self._httpd = RendezvousHTTPServer(("127.0.0.1", 0), Handler, 0)
+        self._httpd = RendezvousHTTPServer((self.host, 0), Handler, 0)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
         return self._httpd.server_address[1]
@@ -95,23 +99,26 @@ class LoopbackRendezvous:
         self._thread.join()
 
 
-def _horovod_envs(np: int, netns: ShapedNamespace | None = None
-                  ) -> tuple[list[dict[str, str]], LoopbackRendezvous]:
+def _horovod_envs(np: int, netns: Placement | None = None) -> tuple[list[dict[str, str]], LoopbackRendezvous]:
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.gloo_run import create_slot_env_vars
 
-    server = LoopbackRendezvous()
-    # Workers in a shaped namespace reach 127.0.0.1 of that namespace: the server's socket must be
-    # opened there (a socket belongs to the namespace it was created in).
+    server = LoopbackRendezvous(netns.host if netns is not None else "127.0.0.1")
+    # Workers in a shaped namespace reach the server there: its socket must be opened in that
+    # namespace (a socket belongs to the namespace it was created in).
     port = netns.call(server.start) if netns is not None else server.start()
-    slots = get_host_assignments(parse_hosts(f"localhost:{np}"), np)
+    # Workers on links of their own are hosts of their own (Horovod resolves a host's name for some of
+    # its connections: "localhost" would send them to a loopback where no peer listens).
+    own = netns.hosts if netns is not None else []
+    hosts = ",".join(f"{h}:1" for h in own) if own else f"localhost:{np}"
+    slots = get_host_assignments(parse_hosts(hosts), np)
     server.init(slots)
     common = {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": server.host,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_IFACE": "lo",
+        "HOROVOD_GLOO_IFACE": netns.iface if netns is not None else "lo",
     }
     return [{**common, **create_slot_env_vars(s)} for s in slots], server
 
@@ -211,14 +218,23 @@ def _describe(code: int) -> str:
 
 def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = None) -> tuple[int, str]:
     """Run `np` workers on RUN_DIR's config; returns (exit code, one-line failure message or '').
-    The config's `net.emulate_gbps` / `net.emulate_latency_us` put them on a shaped link."""
+    The config's `net.emulate_gbps` (or `net.emulate_rank_gbps`) and `net.emulate_latency_us` put
+    them on a shaped link (or a link each)."""
     from omegaconf import DictConfig, OmegaConf
 
-    from compbench.netem import shaped
+    from compbench.netem import RankLinks, shaped
 
     net = cast(DictConfig, OmegaConf.load(run_dir / ".hydra" / "config.yaml")).get("net") or {}
     gbps, latency_us = net.get("emulate_gbps"), net.get("emulate_latency_us") or 0
     argv = [sys.executable, "-m", "compbench.worker", str(run_dir)]
+    rank_gbps = net.get("emulate_rank_gbps")
+    if rank_gbps is not None:
+        with RankLinks(list(rank_gbps), latency_us) as links:
+            rates = ", ".join(f"rank {k} {g:g}" for k, g in enumerate(links.gbps))
+            delay = f", {latency_us:g} us one-way delay" if latency_us else ""
+            print(f"compbench: a link per worker ({rates} Gbit/s each way{delay}; network namespaces "
+                  f"{links.switch} and its ranks')", flush=True)
+            return run_processes(argv, engine, np, threads, netns=links, hold_sigint=True)
     with shaped(gbps, np, latency_us) as ns:
         if ns is not None and gbps is not None:  # one without the other: never (shaped)
             say_shaped_link(ns.name, gbps, np, latency_us)
@@ -242,9 +258,9 @@ def worker_env(np: int, threads: int | None, error_file: Path, job: dict[str, st
 
 
 def run_processes(argv: list[str], engine: str, np: int, threads: int | None = None,
-                  netns: ShapedNamespace | None = None, hold_sigint: bool = False) -> tuple[int, str]:
+                  netns: Placement | None = None, hold_sigint: bool = False) -> tuple[int, str]:
     """Run `argv` as `np` ranks of an `engine` job on this machine and watch them. With `netns`
-    (a `compbench.netem.ShapedNamespace`) every rank runs inside it (`ip netns exec NAME argv`)."""
+    (compbench.netem's ShapedNamespace or RankLinks) each rank runs in its namespace there."""
     server: LoopbackRendezvous | None = None
     _remove_stale_scratch()
     with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as store_dir:
@@ -255,15 +271,16 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
             envs = _torch_envs(np, store_dir)
         procs = []
         # One machine: torch's gloo listens on the loopback only (by default it binds the host's
-        # address, reachable from other machines; in a shaped namespace there is nothing else).
-        extra = {"GLOO_SOCKET_IFNAME": "lo"}
-        cmd = [*netns.prefix, *argv] if netns is not None else argv
+        # address, reachable from other machines; in a shaped namespace there is nothing else), or
+        # on the rank's own link.
+        extra = {"GLOO_SOCKET_IFNAME": netns.iface if netns is not None else "lo"}
         # `kill` of the launcher stops the job like Ctrl-C does, instead of orphaning the workers.
         previous = signal.signal(signal.SIGTERM, raise_interrupt)
         try:
             for rank, env in enumerate(envs):
                 full = worker_env(np, threads, Path(store_dir) / f"error.{rank}", {**env, **extra})
                 preexec = worker_preexec(os.getpid(), hold_sigint)
+                cmd = [*netns.prefix_for(rank), *argv] if netns is not None else argv
                 procs.append(subprocess.Popen(cmd, env=full, preexec_fn=preexec))
             return _watch(procs, Path(store_dir))
         except KeyboardInterrupt:

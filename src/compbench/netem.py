@@ -8,8 +8,12 @@ as it receives (allreduce, allgather, all-to-all) each rank sees G Gbit/s, as on
 network with one G link per worker. A job that funnels into one rank (a parameter server on rank
 0) is optimistic: a real link of the busiest rank would be the bottleneck, here the pooled rate is.
 
-Only the private namespace is touched: the machine's own loopback and interfaces never are. The
-namespace (`compbench-<pid>-<hex>`) is deleted when the job ends, also on failure or Ctrl-C;
+`net.emulate_rank_gbps=[G0, G1, ...]` gives each worker a link of its own instead (heterogeneous
+bandwidth, `RankLinks`): a namespace per worker, each joined to a switch by a veth shaped to its
+rate both ways, as `compbench cluster` joins its nodes.
+
+Only the private namespaces are touched: the machine's own loopback and interfaces never are. The
+namespaces (`compbench-<pid>-<hex>[-sw|-rK]`) are deleted when the job ends, also on failure or Ctrl-C;
 namespaces left by a compbench process that was SIGKILLed are removed the next time one is made.
 Needs root and iproute2 (`ip`, `tc`); `net.emulate_latency_us` also needs the kernel's netem qdisc.
 """
@@ -26,10 +30,13 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 _PREFIX = "compbench"
-_NAME = re.compile(rf"^{_PREFIX}-(\d+)-[0-9a-f]{{6}}$")
+_NAME = re.compile(rf"^{_PREFIX}-(\d+)-[0-9a-f]{{6}}(-sw|-r\d+)?$")  # a job's namespace, or its rank links'
+RANK_SUBNET = "10.213.8"  # the rank links' addresses, inside a job's own namespaces only
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` shows NETNS_ETC/NAME/hosts as /etc/hosts
 _CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
 
@@ -66,17 +73,30 @@ def check_delay(key: str, latency_us: object) -> float:
     return float(value)
 
 
-def check(gbps: float | None, latency_us: float | None = 0) -> None:
-    """Config-time check of `net.emulate_gbps` / `net.emulate_latency_us` (ValueError naming the fix)."""
-    if gbps is None:
+def check(gbps: float | None, latency_us: float | None = 0, rank_gbps: object = None, np: int = 1) -> None:
+    """Config-time check of `net.emulate_gbps`, `net.emulate_rank_gbps` and `net.emulate_latency_us`
+    (ValueError naming the fix)."""
+    if gbps is not None and rank_gbps is not None:
+        raise ValueError("net.emulate_gbps (one link rate for every worker) and net.emulate_rank_gbps (a "
+                         "rate per worker) are two ways to shape the links; set one of them")
+    if rank_gbps is not None:
+        if not isinstance(rank_gbps, list | tuple) or len(rank_gbps) != np:
+            raise ValueError(f"net.emulate_rank_gbps={rank_gbps} must be a list of {np} rates in Gbit/s, one "
+                             f"per worker of engine.np={np}, e.g. "
+                             f"net.emulate_rank_gbps=[{','.join(['1'] * np)}]")
+        for rank, rate in enumerate(rank_gbps):
+            check_rate(f"net.emulate_rank_gbps[{rank}]", rate)
+    elif gbps is None:
         if latency_us:
             raise ValueError("net.emulate_latency_us needs net.emulate_gbps too (the shaped link); set it")
         return
-    check_rate("net.emulate_gbps", gbps, "or null: no shaping")
+    else:
+        check_rate("net.emulate_gbps", gbps, "or null: no shaping")
     if latency_us is not None:
         check_delay("net.emulate_latency_us", latency_us)
     if not can_shape():
-        raise ValueError("net.emulate_gbps needs root (run as root or drop net.emulate_gbps)")
+        key = "net.emulate_gbps" if gbps is not None else "net.emulate_rank_gbps"
+        raise ValueError(f"{key} needs root (run as root or drop {key})")
 
 
 def can_shape() -> bool:
@@ -138,6 +158,7 @@ def remove_stale() -> list[str]:
         m = _NAME.match(name)
         if m and not _pid_alive(int(m.group(1))):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+            shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
             removed.append(name)
     return removed
 
@@ -149,8 +170,12 @@ class ShapedNamespace:
 
     `prefix` is the argv prefix that runs a command inside (`ip netns exec NAME`); `call(fn)` runs
     `fn` in a thread that has joined the namespace, for sockets the parent itself must open there
-    (Horovod's rendezvous server): a socket belongs to the namespace it was created in.
+    (Horovod's rendezvous server): a socket belongs to the namespace it was created in. A job's
+    workers all run here (`prefix_for`), reach each other over `iface` and the rendezvous at `host`.
     """
+
+    iface, host = "lo", "127.0.0.1"
+    hosts: list[str] = []  # the workers are on one host
 
     def __init__(self, gbps: float | None, latency_us: float = 0.0) -> None:
         check(gbps, latency_us)
@@ -161,6 +186,9 @@ class ShapedNamespace:
     @property
     def prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.name]
+
+    def prefix_for(self, rank: int) -> list[str]:
+        return self.prefix
 
     def __enter__(self) -> ShapedNamespace:
         remove_stale()
@@ -193,26 +221,107 @@ class ShapedNamespace:
             self.created = False
 
     def call(self, fn: Callable[[], T]) -> T:
-        """Run `fn()` in a fresh thread that joined this namespace; return its result. The calling
-        thread never changes namespace (a thread's namespace is its own: setns affects only it)."""
-        box: dict[str, Any] = {}
+        return call_in(self.name, fn)
 
-        def inside() -> None:
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                with open(f"/run/netns/{self.name}") as f:
-                    if libc.setns(f.fileno(), _CLONE_NEWNET) != 0:
-                        raise OSError(ctypes.get_errno(), f"setns into {self.name} failed")
-                box["result"] = fn()
-            except BaseException as e:  # re-raised in the caller
-                box["error"] = e
 
-        t = threading.Thread(target=inside, name=f"netns-{self.name}", daemon=True)
-        t.start()
-        t.join()
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
+class RankLinks:
+    """A link of its own for each worker (net.emulate_rank_gbps: heterogeneous bandwidth): worker k
+    runs in namespace `<base>-rk`, reached at RANK_SUBNET.(k+1) over its `eth0`, a veth to a bridge in
+    namespace `<base>-sw` shaped to `gbps[k]` Gbit/s both ways (the worker's egress, and the switch's
+    port towards it), plus the one-way delay. Traffic between two workers crosses the sender's link
+    and the receiver's, as on a switched network. A context manager, with ShapedNamespace's placement
+    interface (`prefix_for`, `call`, `iface`, `host`: the rendezvous goes in rank 0's namespace).
+
+    Each worker also has a host name of its own (`rk`, in a UTS namespace of its own) that its
+    namespace's /etc/hosts resolves to its address: Horovod opens some of its connections at the
+    address of the host's name, which would otherwise be the machine's own, on a loopback no peer
+    shares."""
+
+    iface = "eth0"
+
+    def __init__(self, gbps: list[float], latency_us: float = 0.0) -> None:
+        self.gbps, self.latency_us = [float(g) for g in gbps], float(latency_us or 0)
+        base = f"{_PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.switch, self.names = f"{base}-sw", [f"{base}-r{k}" for k in range(len(gbps))]
+        self.host = self.address(0)
+        self.hosts = [self.address(k) for k in range(len(gbps))]  # each worker is a host of its own
+        self.made: list[str] = []
+
+    def address(self, rank: int) -> str:
+        return f"{RANK_SUBNET}.{rank + 1}"
+
+    def prefix_for(self, rank: int) -> list[str]:
+        return ["ip", "netns", "exec", self.names[rank], "unshare", "--uts", "--", "sh", "-c",
+                'hostname "$0" && exec "$@"', f"r{rank}"]
+
+    def call(self, fn: Callable[[], T]) -> T:
+        return call_in(self.names[0], fn)
+
+    def __enter__(self) -> RankLinks:
+        remove_stale()
+        try:
+            for name in (self.switch, *self.names):
+                _run("ip", "netns", "add", name)
+                self.made.append(name)
+            _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", self.switch, "link", "set", "br0", "up")
+            for k, (name, gbps) in enumerate(zip(self.names, self.gbps, strict=True)):
+                join_switch(self.switch, name, f"v{k}", self.address(k), gbps, self.latency_us)
+                (NETNS_ETC / name).mkdir(parents=True)
+                (NETNS_ETC / name / "hosts").write_text(f"127.0.0.1\tlocalhost\n{self.address(k)}\tr{k}\n")
+        except BaseException:
+            self.delete()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+    def delete(self) -> None:
+        for name in reversed(self.made):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+            shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+        self.made = []
+
+
+def join_switch(switch: str, namespace: str, side: str, address: str, gbps: float, latency_us: float = 0.0,
+                latency_key: str = "net.emulate_latency_us") -> None:
+    """Join `namespace` to the bridge br0 of namespace `switch`: a veth (`eth0` in `namespace` with
+    `address`/24, `side` on the bridge) shaped to `gbps` both ways, plus a one-way delay on the
+    namespace's end. The pair is made inside `namespace` and one end moved to the switch: the
+    machine's own namespace never holds either end."""
+    _run("ip", "-n", namespace, "link", "add", "eth0", "type", "veth", "peer", "name", side)
+    _run("ip", "-n", namespace, "link", "set", side, "netns", switch)
+    _run("ip", "-n", switch, "link", "set", side, "master", "br0")
+    _run("ip", "-n", switch, "link", "set", side, "up")
+    _run("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
+    _run("ip", "-n", namespace, "link", "set", "eth0", "up")
+    _run("ip", "-n", namespace, "link", "set", "lo", "up")
+    shape_link(namespace, "eth0", gbps, latency_us, latency_key=latency_key)
+    shape_link(switch, side, gbps)
+
+
+def call_in(namespace: str, fn: Callable[[], T]) -> T:
+    """Run `fn()` in a fresh thread that joined `namespace`; return its result. The calling thread
+    never changes namespace (a thread's namespace is its own: setns affects only it)."""
+    box: dict[str, Any] = {}
+
+    def inside() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(f"/run/netns/{namespace}") as f:
+                if libc.setns(f.fileno(), _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns into {namespace} failed")
+            box["result"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["error"] = e
+
+    t = threading.Thread(target=inside, name=f"netns-{namespace}", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 @contextlib.contextmanager

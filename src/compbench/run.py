@@ -24,10 +24,10 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
             raise ValueError(f"this job was started by the {joined} launcher; add engine={joined}")
         from compbench.train.start import run_worker
 
-        if cfg.net.get("emulate_gbps") is not None:
-            warnings.warn(f"net.emulate_gbps is ignored under the {joined} launcher "
-                          f"(it shapes jobs compbench starts)",
-                          stacklevel=1)
+        for key in ("emulate_gbps", "emulate_rank_gbps"):
+            if cfg.net.get(key) is not None:
+                warnings.warn(f"net.{key} is ignored under the {joined} launcher (it shapes jobs compbench "
+                              "starts; compbench cluster run --gbps shapes the nodes' links)", stacklevel=1)
         try:
             run_worker(cfg, None)
         except PeerLost as e:

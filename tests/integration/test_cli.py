@@ -93,7 +93,8 @@ BAD = [
     (["cluster", "up", "--gbps", "nan"], "--gbps nan must be a number of Gbit/s > 0 within"),
     (["cluster", "up", "--gbps", "1e-300"], "--gbps 1e-300 must be a number of Gbit/s > 0 within"),
     (["cluster", "run", "--latency-us", "inf", "--", "true"], "--latency-us inf must be >= 0 microseconds"),
-    (["cluster", "run", "--elastic", "--", "true"], "--elastic is about commands on several nodes; add --each"),
+    (["cluster", "run", "--elastic", "--", "true"], "--elastic is about commands on several nodes; add "
+                                                    "--each"),
     (["bench", "output=."], "output=. is a folder; pass output=FILE"),
     (["plan", "model=mlp", "comm=ps", "net.gbps=1", "output=/dev/null/p.csv"], "/dev/null exists and is"),
 ]

@@ -128,9 +128,9 @@ def test_an_elastic_job_goes_on_on_one_node_when_the_other_nodes_worker_dies(tmp
         launch = ["--", str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
                   "--host-discovery-script", str(discover), str(BIN / "compbench"), "train"]
     else:
-        launch = ["--each", "--elastic", "--", str(BIN / "torchrun"), "--nnodes", "1:2", "--nproc-per-node", "1",
-                  "--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:29400", "--max-restarts", "3", "--rdzv-conf",
-                  "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=2",
+        launch = ["--each", "--elastic", "--", str(BIN / "torchrun"), "--nnodes", "1:2", "--nproc-per-node",
+                  "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:29400", "--max-restarts", "3",
+                  "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=2",
                   "-m", "compbench", "train", "engine=torch"]
     proc = _cluster_run(tmp_path, *launch, *TINY, "batch_size=16", "epochs=4", "engine.elastic=true",
                         "fault.kill_rank=1", "fault.at_step=12", f"output_dir={run}")

@@ -87,8 +87,8 @@ def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_sur
 def test_a_worker_that_joins_takes_the_rounds_state(tmp_path, engine, rejoin_s):
     # DiLoCo rounds of 4 steps. Horovod: the replacement is offered at once and joins at a round's end;
     # torch: it comes once the failure is recovered from (TorchElastic sees the lost machine after 3 s
-    # of missed heartbeats, then waits 2 s for late agents) and every worker restarts from its commit. The straggler (rank 0, 40x)
-    # keeps the run long enough for a new worker to start.
+    # of missed heartbeats, then waits 2 s for late agents) and every worker restarts from its commit.
+    # The straggler (rank 0, 40x) keeps the run long enough for a new worker to start.
     run, proc = train(tmp_path, *TINY, "engine.np=2", "batch_size=16", "epochs=100", "sync=diloco",
                       "sync.inner_steps=4", "optim=adamw", f"engine={engine}", "engine.elastic=true", *KILL,
                       f"fault.rejoin_after_s={rejoin_s}", "fault.slow_rank=0", "fault.slow_factor=40")

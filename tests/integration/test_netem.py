@@ -1,5 +1,6 @@
 """net.emulate_gbps: a private network namespace with a shaped loopback really limits a job's
-throughput, leaves the machine's own loopback alone, and is gone afterwards, also after a failure."""
+throughput, leaves the machine's own loopback alone, and is gone afterwards, also after a failure;
+net.emulate_rank_gbps: a link per worker, the slowest bounding a collective, on both engines."""
 
 import json
 import os
@@ -89,6 +90,27 @@ def test_namespace_removed_after_failure_and_horovod_runs_inside(tmp_path):
     assert ns2.name not in netem.list_namespaces()
 
 
+@pytest.mark.dist
+@needs_root
+def test_a_link_per_worker_bounds_a_collective_by_the_slowest_and_horovod_runs_across(tmp_path):
+    host_lo = _host_lo_qdisc()
+    with netem.RankLinks([1.0, 0.1]) as links:
+        assert {links.switch, *links.names} <= set(netem.list_namespaces())
+        seconds = _allreduce_seconds(tmp_path, "links", links)
+        script = tmp_path / "hvd.py"
+        script.write_text(HOROVOD)
+        code, message = run_processes([sys.executable, str(script)], "horovod", 2, threads=1, netns=links)
+        assert code == 0, message
+    # Rank 1 sends about 8 MB over its 0.1 Gbit/s and receives as much through it: ~0.67 s, as the
+    # shared link of test_shaped_namespace_limits_throughput at 0.1 per worker; rank 0's 1 Gbit/s
+    # does not make it faster.
+    expected = 8 * 2**20 * 8 / 0.1e9
+    assert 0.6 * expected < seconds < 4 * expected, (seconds, expected)
+    assert not {links.switch, *links.names} & set(netem.list_namespaces())
+    assert not any((netem.NETNS_ETC / name).exists() for name in links.names)
+    assert _host_lo_qdisc() == host_lo
+
+
 @needs_root
 def test_stale_namespaces_of_dead_processes_are_removed():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -112,3 +134,11 @@ def test_checks_name_the_fix(monkeypatch):
     message = r"^net.emulate_gbps needs root \(run as root or drop net.emulate_gbps\)$"
     with pytest.raises(ValueError, match=message):
         netem.check(1.0)
+    with pytest.raises(ValueError, match=r"net.emulate_rank_gbps=\[1\] must be a list of 2 rates"):
+        netem.check(None, 0, [1], 2)
+    with pytest.raises(ValueError, match=r"net.emulate_rank_gbps\[1\]=0 must be a number of Gbit/s > 0"):
+        netem.check(None, 0, [1, 0], 2)
+    with pytest.raises(ValueError, match="are two ways to shape the links; set one of them"):
+        netem.check(1.0, 0, [1, 1], 2)
+    with pytest.raises(ValueError, match=r"^net.emulate_rank_gbps needs root"):
+        netem.check(None, 0, [1, 1], 2)

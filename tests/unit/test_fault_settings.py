@@ -44,6 +44,8 @@ KILL = ["fault.kill_rank=1", "fault.at_step=3"]
      "use it with engine=torch engine.elastic=true"),
     (["fault.process_only=maybe"], "fault.process_only=maybe must be true or false"),
     (["engine=torch", "engine.elastic=true", "engine.min_np=3"], "engine.min_np=3 is more than engine.np=2"),
+    (["engine.elastic=true", "net.emulate_rank_gbps=[1,0.1]"],
+     "net.emulate_rank_gbps with engine.elastic=true"),
 ])
 def test_bad_fault_and_elastic_settings_are_one_line(tmp_path, overrides, message):
     if any("elastic=true" in o for o in overrides) and ROOT_ONLY and "min_np=0" not in "".join(overrides):

@@ -45,7 +45,8 @@ def _parser() -> ArgumentParser:
     for name in ("up", "run"):
         s = sub.add_parser(name)
         s.add_argument("--nodes", type=int, default=2, help="emulated machines (default 2)")
-        s.add_argument("--gbps", type=float, default=10.0, help="node link, Gbit/s each way (default 10)")
+        s.add_argument("--gbps", default="10",
+                       help="node link, Gbit/s each way (default 10), or one per node: --gbps 1,1,0.1")
         s.add_argument("--latency-us", type=float, default=0.0, help="one-way delay added per node link")
     run = sub.choices["run"]
     run.add_argument("--each", action="store_true", help="run the command on every node at once")
@@ -95,13 +96,28 @@ def _wanted(args: argparse.Namespace) -> Cluster:
     if args.nodes < 1 or args.nodes > 250:
         raise ValueError(f"--nodes {args.nodes} must be 1..250")
     # The same ranges as a local job's shaped link (compbench.netem): finite, not NaN, not vanishing.
-    return Cluster(args.nodes, check_rate("--gbps", args.gbps), check_delay("--latency-us", args.latency_us))
+    rates = [check_rate("--gbps", _number(v)) for v in args.gbps.split(",")]
+    if len(rates) not in (1, args.nodes):
+        raise ValueError(f"--gbps {args.gbps} lists {len(rates)} rates for --nodes {args.nodes}; give one "
+                         f"rate for every node, or one per node")
+    gbps = rates[0] if len(rates) == 1 else rates
+    return Cluster(args.nodes, gbps, check_delay("--latency-us", args.latency_us))
+
+
+def _number(text: str) -> float | str:
+    """A --gbps item as a number (check_rate says what is wrong with one that is not)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _describe(c: Cluster) -> str:
     hosts = ",".join(c.host(i) for i in range(1, c.nodes + 1))
     life = f"removed when pid {c.owner_pid} ends" if c.owner_pid else "until `compbench cluster down`"
-    return (f"cluster: {c.nodes} node(s) {hosts} at {c.gbps:g} Gbit/s each way, {c.latency_us:g} us one-way "
+    rates = (f"{c.gbps:g} Gbit/s" if not isinstance(c.gbps, list)
+             else ", ".join(f"{c.host(i)} {c.rate(i):g}" for i in range(1, c.nodes + 1)) + " Gbit/s")
+    return (f"cluster: {c.nodes} node(s) {hosts} at {rates} each way, {c.latency_us:g} us one-way "
             f"delay, addresses {c.address(1)}..{c.address(c.nodes)}; {life}")
 
 
@@ -137,8 +153,9 @@ def _run_on(cluster: Cluster, command: list[str], on: range | list[int], elastic
                     continue
                 del procs[i]
                 if elastic and i != 1 and code != 0:
-                    print(f"cluster: `{os.path.basename(command[0])}` on node {cluster.host(i)} {_how(code)}; "
-                          f"the job goes on without it (--elastic)", file=sys.stderr, flush=True)
+                    print(f"cluster: `{os.path.basename(command[0])}` on node {cluster.host(i)} "
+                          f"{_how(code)}; the job goes on without it (--elastic)", file=sys.stderr,
+                          flush=True)
                     continue
                 if elastic and i == 1 and code == 0:
                     _stop(procs.values(), after_s=_GRACE_S)  # the job is done: what is left only lingers

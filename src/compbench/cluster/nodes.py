@@ -5,8 +5,9 @@ Layout (nothing outside these namespaces is touched but the files named here):
 - node i: namespace `cbcl-n<i>`, interface `eth0` with 10.213.7.<i>/24 (veth to the switch), its own
   loopback up and unshaped (intra-node traffic), and a hostname `n<i>` of its own (a UTS namespace
   per command, see `exec_prefix`) that every node's /etc/hosts resolves to its address.
-- the link of node i carries `gbps` Gbit/s each way: HTB on the node's eth0 (egress) and on the
-  switch side of its veth (the node's ingress), plus `latency_us` one-way delay on the node side.
+- the link of node i carries `gbps` Gbit/s each way (or a rate of its own: `--gbps 1,0.1`): HTB on
+  the node's eth0 (egress) and on the switch side of its veth (the node's ingress), plus `latency_us`
+  one-way delay on the node side (compbench.netem.join_switch).
 - per-node configuration in /etc/netns/cbcl-n<i>/ (`ip netns exec` bind-mounts it over /etc): `hosts`
   and an `ssh/` folder with the sshd and ssh client settings, the cluster's host key and client key,
   so `ssh n2` and `horovodrun -H n1:2,n2:2` work inside a node without flags, as on a real cluster.
@@ -31,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from compbench.netem import list_namespaces, shape_link
+from compbench.netem import join_switch, list_namespaces
 
 PREFIX = "cbcl-"
 SWITCH = f"{PREFIX}sw"
@@ -47,9 +48,13 @@ _SSH_READY_S = 20.0
 @dataclass(frozen=True)
 class Cluster:
     nodes: int
-    gbps: float
+    gbps: float | list[float]  # every node's link, or each node's (heterogeneous bandwidth)
     latency_us: float = 0.0
     owner_pid: int | None = None  # removed when this process ends (None: until `down`)
+
+    def rate(self, i: int) -> float:
+        """Node i's link, Gbit/s each way."""
+        return self.gbps[i - 1] if isinstance(self.gbps, list) else self.gbps
 
     def namespace(self, i: int) -> str:
         return f"{PREFIX}n{i}"
@@ -143,19 +148,10 @@ def _keys() -> None:
 
 
 def _node(cluster: Cluster, i: int) -> None:
-    ns, side = cluster.namespace(i), f"v{i}"
+    ns = cluster.namespace(i)
     _run("ip", "netns", "add", ns)
-    # The veth pair is made inside the node and one end moved to the switch: the machine's own
-    # namespace never holds either end.
-    _run("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", side)
-    _run("ip", "-n", ns, "link", "set", side, "netns", SWITCH)
-    _run("ip", "-n", SWITCH, "link", "set", side, "master", "br0")
-    _run("ip", "-n", SWITCH, "link", "set", side, "up")
-    _run("ip", "-n", ns, "addr", "add", f"{cluster.address(i)}/24", "dev", "eth0")
-    _run("ip", "-n", ns, "link", "set", "eth0", "up")
-    _run("ip", "-n", ns, "link", "set", "lo", "up")
-    shape_link(ns, "eth0", cluster.gbps, cluster.latency_us, latency_key="--latency-us")
-    shape_link(SWITCH, side, cluster.gbps)
+    join_switch(SWITCH, ns, f"v{i}", cluster.address(i), cluster.rate(i), cluster.latency_us,
+                latency_key="--latency-us")
     _node_etc(cluster, i)
 
 

@@ -370,9 +370,16 @@ class Trainer:
         sparse = self.pipeline.sparse_names if self.pipeline is not None else frozenset()
         handed = sum(p.numel() * 4 for n, p in self.model.named_parameters() if n in sparse)
         return phase_floors(summary, world_size=self.engine.size, read_gbps=read_gbps,
-                            link_gbps=self.cfg.net.get("emulate_gbps"), memory_passes=memory_passes,
+                            link_gbps=_slowest_link(self.cfg.net), memory_passes=memory_passes,
                             optim=registry.plain(self.cfg.optim), pattern=pattern(self.cfg.choices.comm),
                             handed_over=handed, sampled_read_ns=sampled_ns)
+
+
+def _slowest_link(net: DictConfig) -> float | None:
+    """The shaped link a collective's time is bound by: the job's, or the slowest of the workers' own."""
+    if net.get("emulate_rank_gbps") is not None:
+        return min(float(g) for g in net.emulate_rank_gbps)
+    return net.get("emulate_gbps")
 
 
 def environment(engine) -> dict[str, Any]:

@@ -153,6 +153,8 @@ def run_hparams(cfg: Mapping[str, Any], world_size: int) -> dict[str, Any]:
               epochs=cfg["epochs"], seed=cfg["seed"])
     if cfg["net"].get("emulate_gbps") is not None:
         hp["net.emulate_gbps"] = cfg["net"]["emulate_gbps"]
+    if cfg["net"].get("emulate_rank_gbps") is not None:  # a list: HParams shows text
+        hp["net.emulate_rank_gbps"] = ",".join(f"{g:g}" for g in cfg["net"]["emulate_rank_gbps"])
     if "experiment" in choices:
         hp["experiment"] = choices["experiment"]
     if choices.get("sync", "step") != "step":  # a per-step run's row stays as it was
