@@ -116,7 +116,8 @@ def test_hierarchical_sends_one_compressed_payload_per_node(tmp_path):
 def test_each_node_gets_its_own_link_rate(tmp_path):
     """--gbps 10,0.1: node n1's link at 10 Gbit/s, n2's at 0.1 (tc's class on each node's eth0)."""
     proc = subprocess.run([sys.executable, "-m", "compbench", "cluster", "run", "--nodes", "2", "--gbps",
-                           "10,0.1", "--each", "--", "sh", "-c", 'echo "$(hostname) $(tc class show dev eth0)"'],
+                           "10,0.1", "--each", "--", "sh", "-c",
+                           'echo "$(hostname) $(tc class show dev eth0)"'],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rates = {line.split()[0]: line for line in proc.stdout.splitlines()}
