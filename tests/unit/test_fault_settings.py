@@ -1,5 +1,7 @@
 """The fault group and engine.elastic: bad settings are one line in the parent (compbench.config), a
-joiner's state keeps nothing of a peer's residuals, and a straggler sleeps its extra time."""
+joiner's state keeps nothing of a peer's residuals, a straggler sleeps its extra time, the elastic
+launchers print the workers' lines as a local job's, and a TorchElastic commit file of another job
+is not read."""
 
 from __future__ import annotations
 
@@ -129,3 +131,38 @@ def test_the_elastic_launcher_prints_the_workers_lines_as_a_local_job(capsys):
                                 "compbench: a collective failed (a worker is gone); Horovod Elastic recovers",
                                 "compbench: horovodrun: Process 1 exit with status code 137."]
     assert err.splitlines() == ["UserWarning: slow"]  # once, not once per worker
+
+
+def test_the_torch_elastic_launcher_prints_the_workers_lines_without_the_agents_logging(capsys):
+    import io
+    import sys
+    import threading
+
+    from compbench.launch_elastic import _forward_agent
+
+    err = ["W1128 09:41:21.407000 6202 torch/distributed/elastic/multiprocessing/api.py:1028] SIGTERM",
+           "[W1128 09:37:58.936453452 socket.cpp:207] [c10d] The hostname of the client socket ...",
+           "compbench: rank 0: a worker is gone; TorchElastic restarts the workers", "UserWarning: slow",
+           "UserWarning: slow", "frame #3: <unknown function> + 0x674777d (0x7f5c7db4777d in libc10.so)",
+           "Exception raised from recvBytes at Utils.hpp:787 (most recent call first):", ""]
+    seen: set[str] = set()
+    _forward_agent(io.StringIO("epoch 1: loss 2.0\n\n"), sys.stdout, seen, threading.Event())
+    _forward_agent(io.StringIO("\n".join(err) + "\n"), sys.stderr, seen, threading.Event())
+    ending = threading.Event()
+    ending.set()  # the launcher has its verdict: an agent's last words are dropped
+    _forward_agent(io.StringIO("Traceback (most recent call last):\n"), sys.stderr, seen, ending)
+    out, got = capsys.readouterr()
+    assert out.splitlines() == ["epoch 1: loss 2.0", ""]
+    assert got.splitlines() == ["compbench: rank 0: a worker is gone; TorchElastic restarts the workers",
+                                "UserWarning: slow"]
+
+
+def test_a_commit_file_of_another_job_is_not_read(tmp_path):
+    from compbench.train.elastic_torch import CommitFile
+
+    mine = CommitFile(tmp_path / "elastic" / "node1.pt", "job-a")
+    assert mine.read() is None
+    mine.write({"step": 3, "shared": {"w": torch.ones(2)}})
+    mine.wait()
+    assert mine.read()["step"] == 3 and not list((tmp_path / "elastic").glob("*.tmp"))
+    assert CommitFile(tmp_path / "elastic" / "node1.pt", "job-b").read() is None
