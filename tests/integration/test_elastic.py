@@ -97,6 +97,21 @@ def test_a_worker_that_joins_takes_the_rounds_state(tmp_path, engine, rejoin_s):
     assert kinds == [("failure", 2, 1, True), ("join", 1, 2, True)], proc.stdout[-3000:]
 
 
+@needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_a_random_kill_is_survived(tmp_path, engine):
+    # seed 2, p=0.05: rank 1's draw kills it at step 17 (of 32); rank 0 is never drawn
+    run, _ = train(tmp_path, *COMMON, f"engine={engine}", "seed=2", "engine.elastic=true",
+                   "fault.kill_prob=0.05")
+    record = results(run)
+    (kill,) = record["faults"]["injected"]
+    assert (kill["rank"], kill["step"]) == (1, 17)
+    (recovery,) = record["faults"]["recoveries"]
+    assert (recovery["kind"], recovery["workers_after"]) == ("failure", 1) and recovery["replicas_identical"]
+    assert record["curve"][-1]["samples"] == 4 * 256
+
+
 # Every mode's state through a TorchElastic restart: rank 1's process dies (its machine stays), its
 # agent starts it again, the other agent restarts rank 0 for the new rendezvous, and both continue
 # from their commit files. The run must end exactly as the same run without the failure, bytes
