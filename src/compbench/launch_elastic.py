@@ -136,6 +136,7 @@ def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float
         print(f"compbench: elastic job (TorchElastic), agents on hosts {', '.join(hosts[:np])} of network "
               f"namespace {ns.name}", flush=True)
         agents: list[subprocess.Popen] = []
+        printing: list[threading.Thread] = []  # rank 0's agent's: its last lines are the run's summary
         seen: set[str] = set()
         ending = threading.Event()  # the launcher has its verdict: the agents' last words are not news
 
@@ -152,7 +153,11 @@ def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     preexec_fn=worker_preexec(os.getpid(), hold_sigint=False))
             for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-                threading.Thread(target=_forward_agent, args=(stream, out, seen, ending), daemon=True).start()
+                thread = threading.Thread(target=_forward_agent, args=(stream, out, seen, ending),
+                                          daemon=True)
+                thread.start()
+                if k == 0:
+                    printing.append(thread)
             agents.append(proc)
 
         previous = signal.signal(signal.SIGTERM, raise_interrupt)
@@ -164,7 +169,11 @@ def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float
                 threading.Thread(target=_rejoin, args=(run_dir, spares, rejoin_after_s,
                                                        lambda count: start(np + count - 1), done),
                                  daemon=True).start()
-            return _watch_agents(agents, Path(scratch))
+            code, message = _watch_agents(agents, Path(scratch))
+            if code == 0:
+                for thread in printing:  # to the end of its output (the pipe closes with the agent)
+                    thread.join(timeout=_GRACE_S)
+            return code, message
         except KeyboardInterrupt:
             stop_processes(list(agents), signal.SIGINT)
             return 130, "interrupted: all workers stopped"
@@ -175,6 +184,7 @@ def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float
             stop_processes(list(agents))
 
 
+_GRACE_S = 10.0
 _TORCH_PORT = 29400  # TorchElastic's own default, free in the job's private namespace
 # Restarts after a lost peer only: the launcher ends the job at a worker's first error line.
 _TORCH_MAX_RESTARTS = 100

@@ -81,9 +81,12 @@ def _train(cfg: DictConfig, engine, run_dir: Path) -> dict[str, Any] | None:
         source = next(r for r, h in enumerate(held) if int(h[0]) == newest)
         recorder = next((r for r, h in enumerate(held) if int(h[0]) == newest and int(h[1])), None)
         _recover(trainer, saved if step == newest else None, source, recorder)
+    else:
+        trainer.start_at = trainer.resume_position()  # the start, or resume='s checkpoint
     # At once: a failure before the first round's end is then a recovery from the start, and one after
     # a recovery starts from this world (its size, the recovery in the records), not the one before.
-    file.write(_commit(trainer, *(trainer.start_at or (0, 0))))
+    assert trainer.start_at is not None
+    file.write(_commit(trainer, *trainer.start_at))
     trainer.on_commit = lambda epoch, batch: file.write(_commit(trainer, epoch, batch))
     results = trainer.fit()
     file.wait()
@@ -100,7 +103,9 @@ def _recover(trainer: Trainer, saved: dict[str, Any] | None, source: int, record
         return engine.broadcast_object(mine, rank)
 
     shared, peer = held_by(source, "shared"), held_by(source, "mine")
-    lost_s = time.time() - float(held_by(source, "time"))
+    # the same on every rank: the source's
+    since = time.time() - saved["time"] if saved is not None and engine.rank == source else None
+    lost_s = float(engine.broadcast_object(since, source))
     # rank 0's records at the commit (its recorder starts anew with the process)
     records = held_by(recorder, "records") if recorder is not None else None
     record = restore_commit(trainer, shared, saved["mine"] if saved is not None else None, peer, lost_s)
