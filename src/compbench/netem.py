@@ -31,7 +31,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 _PREFIX = "compbench"
 _NAME = re.compile(rf"^{_PREFIX}-(\d+)-[0-9a-f]{{6}}(-sw|-r\d+)?$")  # a job's namespace, or its rank links'
@@ -163,7 +163,30 @@ def remove_stale() -> list[str]:
     return removed
 
 
-class ShapedNamespace:
+class _Built:
+    """Namespaces made on enter (`_build`) and deleted on exit (`delete`) whatever happened, also when
+    the build itself fails half-way."""
+
+    def __enter__(self) -> Self:
+        remove_stale()
+        try:
+            self._build()
+        except BaseException:
+            self.delete()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    def delete(self) -> None:
+        raise NotImplementedError
+
+
+class ShapedNamespace(_Built):
     """A private network namespace whose loopback carries `gbps` Gbit/s in all (plus an optional
     one-way delay), or, with `gbps` None, as fast as this machine's (a place of its own, for
     addresses no one else sees). A context manager: created on enter, deleted on exit whatever happened.
@@ -190,21 +213,9 @@ class ShapedNamespace:
     def prefix_for(self, rank: int) -> list[str]:
         return self.prefix
 
-    def __enter__(self) -> ShapedNamespace:
-        remove_stale()
+    def _build(self) -> None:
         _run("ip", "netns", "add", self.name)
         self.created = True
-        try:
-            self._shape()
-        except BaseException:
-            self.delete()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.delete()
-
-    def _shape(self) -> None:
         _run("ip", "-n", self.name, "link", "set", "lo", "up")
         if self.gbps is not None:
             shape_link(self.name, "lo", self.gbps, self.latency_us)
@@ -224,7 +235,7 @@ class ShapedNamespace:
         return call_in(self.name, fn)
 
 
-class RankLinks:
+class RankLinks(_Built):
     """A link of its own for each worker (net.emulate_rank_gbps: heterogeneous bandwidth): worker k
     runs in namespace `<base>-rk`, reached at RANK_SUBNET.(k+1) over its `eth0`, a veth to a bridge in
     namespace `<base>-sw` shaped to `gbps[k]` Gbit/s both ways (the worker's egress, and the switch's
@@ -257,25 +268,16 @@ class RankLinks:
     def call(self, fn: Callable[[], T]) -> T:
         return call_in(self.names[0], fn)
 
-    def __enter__(self) -> RankLinks:
-        remove_stale()
-        try:
-            for name in (self.switch, *self.names):
-                _run("ip", "netns", "add", name)
-                self.made.append(name)
-            _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
-            _run("ip", "-n", self.switch, "link", "set", "br0", "up")
-            for k, (name, gbps) in enumerate(zip(self.names, self.gbps, strict=True)):
-                join_switch(self.switch, name, f"v{k}", self.address(k), gbps, self.latency_us)
-                (NETNS_ETC / name).mkdir(parents=True)
-                (NETNS_ETC / name / "hosts").write_text(f"127.0.0.1\tlocalhost\n{self.address(k)}\tr{k}\n")
-        except BaseException:
-            self.delete()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.delete()
+    def _build(self) -> None:
+        for name in (self.switch, *self.names):
+            _run("ip", "netns", "add", name)
+            self.made.append(name)
+        _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _run("ip", "-n", self.switch, "link", "set", "br0", "up")
+        for k, (name, gbps) in enumerate(zip(self.names, self.gbps, strict=True)):
+            join_switch(self.switch, name, f"v{k}", self.address(k), gbps, self.latency_us)
+            (NETNS_ETC / name).mkdir(parents=True)
+            (NETNS_ETC / name / "hosts").write_text(f"127.0.0.1\tlocalhost\n{self.address(k)}\tr{k}\n")
 
     def delete(self) -> None:
         for name in reversed(self.made):
