@@ -222,7 +222,7 @@ class ShapedNamespace(_Built):
 
     def add_addresses(self, addresses: list[str]) -> None:
         """Give the namespace's loopback these extra IPv4 addresses (each a host of its own to software
-        that tells hosts apart by address, as Horovod Elastic does)."""
+        that tells hosts apart by address, as Horovod Elastic and TorchElastic do)."""
         for address in addresses:
             _run("ip", "-n", self.name, "addr", "add", f"{address}/32", "dev", "lo")
 

@@ -15,8 +15,8 @@ from compbench.values import KeyRange
 class HorovodEngine(EngineBase):
     """Joins the Horovod job described by the environment (horovodrun or compbench's launcher).
 
-    `elastic`: the job runs under Horovod Elastic (compbench.train.elastic): the world may shrink
-    and grow while it trains, and `refresh` reads the new one after each reset; `min_np`: the
+    `elastic`: the job runs under Horovod Elastic (compbench.train.elastic_horovod): the world may
+    shrink and grow while it trains, and `refresh` reads the new one after each reset; `min_np`: the
     fewest workers it continues with (below, it stops with a checkpoint)."""
 
     name = "horovod"

@@ -90,7 +90,7 @@ class Trainer:
         self.recorder: Recorder | None = None
         if self.rank0:
             self.recorder = recorder or Recorder(run_dir, run_hparams(cfg, engine.size))
-        self.elastic = bool(cfg.engine.get("elastic"))  # engine.elastic: Horovod Elastic
+        self.elastic = bool(cfg.engine.get("elastic"))  # engine.elastic: Horovod Elastic or TorchElastic
         self.faults = registry.build(cfg.fault)  # injected failures and stragglers (compbench.train.faults)
         # engine.elastic (compbench.train.elastic): where training continues after a recovery, the
         # commit called at each round's end, and the recoveries recorded so far (rank 0's).

@@ -1,5 +1,5 @@
 """Start training on this rank (compbench.worker, or an external launcher's process): the engine,
-the run folder, then the trainer (compbench.train.loop), or Horovod Elastic's loop around it
+the run folder, then the trainer (compbench.train.loop), or the engine's elastic loop around it
 (compbench.train.elastic_horovod, elastic_torch) when engine.elastic is set."""
 
 from __future__ import annotations
