@@ -70,10 +70,12 @@ REPLICA_TAGS: dict[str, tuple[str, str]] = {
     "replica/distance": ("x", "mean over workers of ||theta_r - mean theta|| / ||mean theta|| at each "
                               "evaluation"),
 }
-# Written by elastic runs (engine.elastic: compbench.train.elastic), at every step.
+# Written by elastic runs (engine.elastic: compbench.train.elastic), at every step and each recovery.
 ELASTIC_TAGS: dict[str, tuple[str, str]] = {
     "elastic/workers": ("workers", "workers that trained this step (engine.elastic: the world shrinks when "
                                    "one fails and grows when one joins)"),
+    "elastic/lost_s": ("s", "at a recovery's step: seconds from the last commit to training again (the "
+                            "dropped work, the failure's detection, the new rendezvous and the rebuild)"),
 }
 DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}, **REPLICA_TAGS, **ELASTIC_TAGS}
 

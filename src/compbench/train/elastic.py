@@ -76,6 +76,8 @@ def restore_commit(trainer: Trainer, shared: dict[str, Any], mine: dict[str, Any
         "lost_residual_bytes": max(0, before - engine.size) * _memory_bytes(own),
         # false only where the mode keeps distinct replicas
         "replicas_identical": _replicas_identical(trainer)}
+    if trainer.recorder is not None:
+        trainer.recorder.scalar("elastic/lost_s", lost_s, trainer.step, keep=False)
     if trainer.rank0:
         print(f"elastic: {before} -> {engine.size} workers at step {trainer.step} "
               f"({lost_s:.1f} s from the last commit to training again)", flush=True)
