@@ -1,7 +1,7 @@
 """The fault group and engine.elastic: bad settings are one line in the parent (compbench.config), a
 joiner's state keeps nothing of a peer's residuals, a straggler sleeps its extra time, the elastic
-launchers print the workers' lines as a local job's, and a TorchElastic commit file of another job
-is not read."""
+launchers print the workers' lines as a local job's, and a TorchElastic commit file keeps the last
+two commits and ignores another job's."""
 
 from __future__ import annotations
 
@@ -157,12 +157,32 @@ def test_the_torch_elastic_launcher_prints_the_workers_lines_without_the_agents_
                                 "UserWarning: slow"]
 
 
-def test_a_commit_file_of_another_job_is_not_read(tmp_path):
+def test_a_commit_file_keeps_two_commits_and_ignores_another_jobs(tmp_path):
     from compbench.train.elastic_torch import CommitFile
 
     mine = CommitFile(tmp_path / "elastic" / "node1.pt", "job-a")
-    assert mine.read() is None
-    mine.write({"step": 3, "shared": {"w": torch.ones(2)}})
+    assert mine.read() == {}
+    for step in (3, 4, 5):  # the last two are kept
+        mine.write({"step": step, "shared": {"w": torch.full((2,), float(step))}})
     mine.wait()
-    assert mine.read()["step"] == 3 and not list((tmp_path / "elastic").glob("*.tmp"))
-    assert CommitFile(tmp_path / "elastic" / "node1.pt", "job-b").read() is None
+    kept = mine.read()
+    assert sorted(kept) == [4, 5] and torch.equal(kept[5]["shared"]["w"], torch.full((2,), 5.0))
+    assert not list((tmp_path / "elastic").glob("*.tmp"))
+    assert CommitFile(tmp_path / "elastic" / "node1.pt", "job-b").read() == {}
+
+
+@pytest.mark.parametrize("held, step", [
+    ([[11, 10], [10, 9]], 10),  # rank 1 died while writing its commit of step 11: both go back to 10
+    ([[11, 10], [11, 10]], 11),
+    ([[11, 10], [-1, -1]], 11),  # a joiner holds none
+    ([[-1, -1], [-1, -1]], -1),  # the start
+    ([[11, 10], [9, 8]], 11),  # nothing in common: the newest, the other rank takes it as a joiner
+])
+def test_the_ranks_continue_from_the_newest_commit_they_all_hold(held, step):
+    from compbench.train.elastic_torch import _agree
+
+    class World:  # every rank's two newest commit steps, as rank 0's allgather sees them
+        def allgather(self, tensors, name):
+            return [[torch.tensor(row)] for row in held]
+
+    assert _agree(World(), {}) == step

@@ -5,14 +5,16 @@ compbench.launch_elastic starts them on one machine) restarts its worker when th
 when an agent waits to join, after a new rendezvous of the agents that are left. Every worker of the
 new world is a new process: whatever it continues from must be on disk. So the commit (compbench.train.
 elastic: at each round's end, the trainer's state and this rank's own) is written to
-RUN_DIR/elastic/NODE.pt, one file per machine, by a background thread from a copy (training goes on
-while it is written; the next commit waits for it); rank 0's also holds its records (the history
-behind results.json and the recoveries so far), since its recorder starts anew with the process.
-A file written by another job (another rendezvous id) is ignored.
+RUN_DIR/elastic/NODE.pt, one file per machine (the one before kept as NODE.prev.pt), by a background
+thread from a copy (training goes on while it is written; the next commit waits for it); rank 0's
+also holds its records (the history behind results.json and the recoveries so far), since its
+recorder starts anew with the process. A file written by another job (another rendezvous id) is
+ignored.
 
-At every start, each rank reads its machine's file; the ranks agree on the newest commit step, and
-the lowest rank holding it hands its shared state to every rank and its own state to those that
-need it (compbench.train.elastic.restore_commit); rank 0 takes the records of the rank that was rank
+At every start, each rank reads its machine's files; the ranks agree on the newest commit step that
+all of them hold (a worker that died while writing one holds the one before), and the lowest rank
+holding it hands its shared state to every rank and its own state to those that need it
+(compbench.train.elastic.restore_commit); rank 0 takes the records of the rank that was rank
 0 at the commit. A worker killed between two commits is a failure, a new agent a join: TorchElastic
 stops every worker at that moment, so the work since the last commit is redone in both cases (in the
 recovery's `lost_s`).
@@ -72,15 +74,14 @@ def _train(cfg: DictConfig, engine, run_dir: Path) -> dict[str, Any] | None:
     file = CommitFile(run_dir / FOLDER / f"{node_name()}.pt", os.environ.get("TORCHELASTIC_RUN_ID", ""))
     saved = file.read()
     trainer = Trainer(cfg, engine, run_dir)
-    # Which rank holds the newest commit, and which held rank 0's records at it.
-    step = saved["step"] if saved is not None else -1
-    mine = torch.tensor([step, int(saved is not None and "records" in saved)])
-    held = [row[0] for row in engine.allgather([mine], "elastic.commits")]
-    newest = max(int(h[0]) for h in held)
-    if newest >= 0:
-        source = next(r for r, h in enumerate(held) if int(h[0]) == newest)
-        recorder = next((r for r, h in enumerate(held) if int(h[0]) == newest and int(h[1])), None)
-        _recover(trainer, saved if step == newest else None, source, recorder)
+    step = _agree(engine, saved)
+    if step >= 0:
+        held = [int(h[0][0]) for h in engine.allgather([torch.tensor([int(step in saved)])], "elastic.held")]
+        source = held.index(1)
+        # rank 0's records at that commit are in the commit of the rank that was rank 0 then
+        mine = step in saved and "records" in saved[step]
+        has = [int(h[0][0]) for h in engine.allgather([torch.tensor([int(mine)])], "elastic.records")]
+        _recover(trainer, saved.get(step), source, has.index(1) if 1 in has else None)
     else:
         trainer.start_at = trainer.resume_position()  # the start, or resume='s checkpoint
     # At once: a failure before the first round's end is then a recovery from the start, and one after
@@ -91,6 +92,21 @@ def _train(cfg: DictConfig, engine, run_dir: Path) -> dict[str, Any] | None:
     results = trainer.fit()
     file.wait()
     return results
+
+
+def _agree(engine, saved: dict[int, dict[str, Any]]) -> int:
+    """The step to continue from: the newest commit that every rank holding commits holds (a rank
+    killed while its last commit was being written holds the one before; the others keep two and
+    go back to it, each with its own state of that step); -1 at the start."""
+    newest = sorted(saved, reverse=True)[:2]
+    mine = torch.tensor([*newest, -1, -1][:2])
+    held = [set(int(s) for s in h[0].tolist()) - {-1} for h in engine.allgather([mine], "elastic.commits")]
+    holders = [h for h in held if h]
+    if not holders:
+        return -1
+    # None in common (not seen: a rank is at most one commit behind): the newest, whose holder's own
+    # state the others take as a joiner does
+    return max(set.intersection(*holders) or set.union(*holders))
 
 
 def _recover(trainer: Trainer, saved: dict[str, Any] | None, source: int, recorder: int | None) -> None:
@@ -132,19 +148,26 @@ def node_name() -> str:
 
 
 class CommitFile:
-    """One machine's last commit on disk, written by a background thread (tmp file, then rename: a
-    worker killed while writing leaves the previous commit whole)."""
+    """One machine's last two commits on disk (`NODE.pt` and `NODE.prev.pt`), written by a background
+    thread: the new one to a tmp file, the last one renamed to `prev`, the tmp file renamed in its
+    place. A worker killed while writing leaves its two commits before whole."""
 
     def __init__(self, path: Path, job: str) -> None:
         self.path, self.job = path, job
+        self.prev = path.with_suffix(".prev.pt")
         self._writer: threading.Thread | None = None
 
-    def read(self) -> dict[str, Any] | None:
-        try:
-            saved = torch.load(self.path, weights_only=True)
-        except FileNotFoundError:
-            return None
-        return saved if saved.get("job") == self.job else None
+    def read(self) -> dict[int, dict[str, Any]]:
+        """This job's commits here, by step."""
+        found = {}
+        for path in (self.path, self.prev):
+            try:
+                saved = torch.load(path, weights_only=True)
+            except FileNotFoundError:
+                continue
+            if saved.get("job") == self.job:
+                found[int(saved["step"])] = saved
+        return found
 
     def write(self, commit: dict[str, Any]) -> None:
         self.wait()
@@ -160,4 +183,6 @@ class CommitFile:
         self.path.parent.mkdir(exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         torch.save(commit, tmp)
+        if self.path.exists():
+            os.replace(self.path, self.prev)
         os.replace(tmp, self.path)
