@@ -46,8 +46,9 @@ def test_a_straggler_makes_every_step_wait_for_it(tmp_path, engine):
     assert results(run)["faults"]["injected"] == []  # a straggler is a setting, not an event
 
 
+# TorchElastic's run is in the slow tier (3 jobs, 32 s); the fast tier has its restart in place below.
 @needs_root
-@pytest.mark.parametrize("engine", ["horovod", "torch"])
+@pytest.mark.parametrize("engine", ["horovod", pytest.param("torch", marks=pytest.mark.slow)])
 def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_survivor_would(tmp_path, engine):
     common = [*COMMON, f"engine={engine}"]
     elastic, proc = train(tmp_path, *common, "engine.elastic=true", *KILL, name="elastic")
@@ -132,7 +133,7 @@ RESTART_MODES = {
     "sparta": ["sync=sparta", "sync.p=0.1", "optim=adamw"],
     "sparta-diloco": ["sync=sparta_diloco", "sync.inner_steps=3", "sync.p=0.1", "optim=adamw", *SPARSE],
 }
-FAST_RESTART_MODES = ("topk-residual", "diloco")
+FAST_RESTART_MODES = ("topk-residual",)
 
 
 @needs_root

@@ -7,15 +7,15 @@ import math
 import pytest
 
 from compbench.report.whatif import RunProfile, break_even_workers, default_fit, predict_step_ms
-from tests.helpers import compbench
+from tests.helpers import TINY, compbench
 
 pytestmark = pytest.mark.dist
 
 
 def test_sweep_then_report(tmp_path):
     proc = compbench("train", "-m", "compressor=topk,randk", "ratio=0.1,0.01", "comm=allgather",
-                     "memory=residual", "model=mlp", "epochs=2", "engine.np=2", "progress=false",
-                     f"outputs_root={tmp_path}", cwd=tmp_path)
+                     "memory=residual", *TINY, "epochs=2", "engine.np=2", f"outputs_root={tmp_path}",
+                     cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     sweep = next((tmp_path / "multirun").glob("*/*"))
     jobs = sorted(sweep.glob("*/results.json"))
