@@ -17,8 +17,9 @@ Under horovodrun / torchrun the environment already describes the job and compbe
 worker in-process instead: that is the multi-machine path.
 
 With `net.emulate_gbps` (root only) the workers, and Horovod's rendezvous server, run inside a
-private network namespace whose loopback is shaped (compbench.netem); it is deleted when the job
-ends, also on failure or Ctrl-C.
+private network namespace whose loopback is shaped (compbench.netem); with `net.emulate_rank_gbps`
+each worker runs in a namespace of its own, on a link of its own rate (the rendezvous in rank 0's).
+They are deleted when the job ends, also on failure or Ctrl-C.
 """
 
 from __future__ import annotations
