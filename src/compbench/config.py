@@ -276,9 +276,9 @@ def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
     external = external_engine() is not None
     faults = registry.build(cfg.fault)
     faults.check(np, elastic, cfg.get("max_steps"), cfg.choices["engine"])
-    if faults.rejoin_after_s is not None and external:
-        raise ValueError("fault.rejoin_after_s: under horovodrun or torchrun you start the worker that joins "
-                         "(your host discovery script, another torchrun agent); drop fault.rejoin_after_s")
+    if faults.rejoins and external:
+        raise ValueError("fault.rejoin_after_s/_steps: under horovodrun or torchrun you start the worker "
+                         "that joins (your host discovery script, another torchrun agent); drop the setting")
     if not elastic:
         return
     picked = cfg.choices

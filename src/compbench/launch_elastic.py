@@ -20,9 +20,9 @@ per worker (visible nowhere else).
   joiner waits until its timeout).
 
 compbench's engine.min_np is enforced by the workers themselves (compbench.train.elastic: they stop
-with a checkpoint), so the engines' minimum is 1. `fault.rejoin_after_s` (compbench.train.faults):
-that many seconds after a worker killed itself, a spare host joins (Horovod: the hosts file gains
-it; torch: an agent starts there).
+with a checkpoint), so the engines' minimum is 1. `fault.rejoin_after_s` (or `_steps`,
+compbench.train.faults): that long after a worker killed itself, a spare host joins (Horovod: the
+hosts file gains it; torch: an agent starts there).
 
 Horovod prefixes each worker's lines with its rank (`[1]<stdout>:`) and torch's agents log in glog's
 form (`W1128 09:41:21.407000 ...`): compbench prints the workers' lines without either, a warning
@@ -58,6 +58,7 @@ from compbench.netem import ShapedNamespace
 from compbench.train import faults
 
 HOSTS = "127.0.1"  # the workers' addresses, inside the job's own namespace only
+RejoinDue = Callable[[dict[str, Any]], bool]  # whether a kill event's replacement may join now
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 _DRIVER_NOTE = re.compile(r"^Process \d+ exit with status code")
 # What a survivor's Horovod prints when a peer's connection drops: expected here, and recovered from.
@@ -65,17 +66,17 @@ _PEER_GONE = "Horovod background loop uncaught exception"
 
 
 def spawn_elastic(engine: str, run_dir: Path, np: int, threads: int | None, gbps: float | None,
-                  latency_us: float, rejoin_after_s: float | None) -> tuple[int, str]:
+                  latency_us: float, rejoin_due: RejoinDue | None) -> tuple[int, str]:
     """Run RUN_DIR's job under `engine`'s elastic mode; returns (exit code, one-line failure message
     or '')."""
     spawn = spawn_horovod_elastic if engine == "horovod" else spawn_torch_elastic
-    return spawn(run_dir, np, threads, gbps, latency_us, rejoin_after_s)
+    return spawn(run_dir, np, threads, gbps, latency_us, rejoin_due)
 
 
 def spawn_horovod_elastic(run_dir: Path, np: int, threads: int | None, gbps: float | None, latency_us: float,
-                          rejoin_after_s: float | None) -> tuple[int, str]:
+                          rejoin_due: RejoinDue | None) -> tuple[int, str]:
     """Run RUN_DIR's job under Horovod Elastic; returns (exit code, one-line failure message or '')."""
-    spares = np if rejoin_after_s is not None else 0  # a replacement per kill, np of them at most
+    spares = np if rejoin_due is not None else 0  # a replacement per kill, np of them at most
     hosts = [f"{HOSTS}.{k}" for k in range(1, np + spares + 1)]
     with ShapedNamespace(gbps * np if gbps is not None else None, latency_us) as ns, \
             tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as scratch:
@@ -97,11 +98,11 @@ def spawn_horovod_elastic(run_dir: Path, np: int, threads: int | None, gbps: flo
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 preexec_fn=worker_preexec(os.getpid(), hold_sigint=False))
         done = threading.Event()
-        if rejoin_after_s is not None:
+        if rejoin_due is not None:
             def offer(count: int) -> None:  # a dead worker's host stays listed: Horovod blacklisted it
                 _write_hosts(hostfile, hosts[: np + count])
 
-            threading.Thread(target=_rejoin, args=(run_dir, spares, rejoin_after_s, offer, done),
+            threading.Thread(target=_rejoin, args=(run_dir, spares, rejoin_due, offer, done),
                              daemon=True).start()
         try:
             last = _forward(proc)
@@ -121,9 +122,9 @@ def spawn_horovod_elastic(run_dir: Path, np: int, threads: int | None, gbps: flo
 
 
 def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float | None, latency_us: float,
-                        rejoin_after_s: float | None) -> tuple[int, str]:
+                        rejoin_due: RejoinDue | None) -> tuple[int, str]:
     """Run RUN_DIR's job on TorchElastic agents; returns (exit code, one-line failure message or '')."""
-    spares = np if rejoin_after_s is not None else 0
+    spares = np if rejoin_due is not None else 0
     # Three-digit host numbers: TorchElastic ranks the agents by their address as text, so rank 0 is
     # the first agent's worker as long as it lives (and the spares' come after).
     hosts = [f"{HOSTS}.{100 + k}" for k in range(1, np + spares + 1)]
@@ -165,8 +166,8 @@ def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float
         try:
             for k in range(np):
                 start(k)
-            if rejoin_after_s is not None:
-                threading.Thread(target=_rejoin, args=(run_dir, spares, rejoin_after_s,
+            if rejoin_due is not None:
+                threading.Thread(target=_rejoin, args=(run_dir, spares, rejoin_due,
                                                        lambda count: start(np + count - 1), done),
                                  daemon=True).start()
             code, message = _watch_agents(agents, Path(scratch))
@@ -226,14 +227,15 @@ def _write_hosts(path: Path, hosts: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def _rejoin(run_dir: Path, spares: int, after_s: float, offer: Callable[[int], None],
+def _rejoin(run_dir: Path, spares: int, due: RejoinDue, offer: Callable[[int], None],
             done: threading.Event) -> None:
-    """`offer(k)`: bring in the k-th spare host, `after_s` seconds after the k-th injected kill."""
+    """`offer(k)`: bring in the k-th spare host once the k-th injected kill is `due` for a replacement
+    (compbench.train.faults.FaultPlan.rejoin_due)."""
     offered = 0
     while not done.wait(0.2) and offered < spares:
         kills = [e for e in faults.read_events(run_dir) if e["event"] == "kill"]
-        due = min(sum(time.time() >= e["time"] + after_s for e in kills), spares)
-        while offered < due:
+        ready = min(sum(due(e) for e in kills), spares)
+        while offered < ready:
             offered += 1
             offer(offered)
 

@@ -42,11 +42,13 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
         print(f"compbench: from the recipe of {config.recipe_sources(cfg)}: {settings} "
               "(set a key to choose otherwise)", flush=True)
     if cfg.engine.get("elastic"):
+        from compbench import registry
         from compbench.launch_elastic import spawn_elastic
 
+        faults = registry.build(cfg.fault)
         code, message = spawn_elastic(cfg.choices["engine"], run_dir, cfg.engine.np, cfg.threads,
                                       cfg.net.get("emulate_gbps"), cfg.net.get("emulate_latency_us") or 0,
-                                      cfg.fault.rejoin_after_s)
+                                      faults.rejoin_due(run_dir) if faults.rejoins else None)
     else:
         code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
     if code != 0:

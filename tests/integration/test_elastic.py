@@ -84,18 +84,23 @@ def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_sur
 
 @needs_root
 @pytest.mark.slow
-@pytest.mark.parametrize("engine, rejoin_s", [("horovod", 0), ("torch", 12)])
-def test_a_worker_that_joins_takes_the_rounds_state(tmp_path, engine, rejoin_s):
-    # DiLoCo rounds of 4 steps. Horovod: the replacement is offered at once and joins at a round's end;
-    # torch: it comes once the failure is recovered from (TorchElastic sees the lost machine after 3 s
-    # of missed heartbeats, then waits 2 s for late agents) and every worker restarts from its commit.
-    # The straggler (rank 0, 40x) keeps the run long enough for a new worker to start.
+@pytest.mark.parametrize("engine, rejoin", [("horovod", "fault.rejoin_after_s=0"),
+                                            ("horovod", "fault.rejoin_after_steps=8"),
+                                            ("torch", "fault.rejoin_after_s=12")])
+def test_a_worker_that_joins_takes_the_rounds_state(tmp_path, engine, rejoin):
+    # DiLoCo rounds of 4 steps. Horovod: the replacement is offered at once, or once the survivor has
+    # committed 8 steps past the kill's (step 20), and joins at a round's end; torch: it comes once the
+    # failure is recovered from (TorchElastic sees the lost machine after 3 s of missed heartbeats, then
+    # waits 2 s for late agents) and every worker restarts from its commit. The straggler (rank 0, 40x)
+    # keeps the run long enough for a new worker to start.
     run, proc = train(tmp_path, *TINY, "engine.np=2", "batch_size=16", "epochs=100", "sync=diloco",
                       "sync.inner_steps=4", "optim=adamw", f"engine={engine}", "engine.elastic=true", *KILL,
-                      f"fault.rejoin_after_s={rejoin_s}", "fault.slow_rank=0", "fault.slow_factor=40")
+                      rejoin, "fault.slow_rank=0", "fault.slow_factor=40")
     kinds = [(r["kind"], r["workers_before"], r["workers_after"], r["replicas_identical"])
              for r in results(run)["faults"]["recoveries"]]
     assert kinds == [("failure", 2, 1, True), ("join", 1, 2, True)], proc.stdout[-3000:]
+    if "steps" in rejoin:
+        assert results(run)["faults"]["recoveries"][1]["step"] >= 20
 
 
 @needs_root

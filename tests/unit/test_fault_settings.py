@@ -28,6 +28,10 @@ KILL = ["fault.kill_rank=1", "fault.at_step=3"]
     (["fault.kill_rank=1", "fault.at_step=8", "max_steps=8"], "fault.at_step=8 is not before max_steps=8"),
     ([*KILL, "fault.rejoin_after_s=5"], "fault.rejoin_after_s brings back a killed worker, which needs "
                                         "engine.elastic=true"),
+    ([*KILL, "fault.rejoin_after_steps=5"], "fault.rejoin_after_steps brings back a killed worker"),
+    ([*KILL, "fault.rejoin_after_steps=0"], "fault.rejoin_after_steps=0 must be an integer >= 1"),
+    ([*KILL, "fault.rejoin_after_s=1", "fault.rejoin_after_steps=5"],
+     "fault.rejoin_after_s and fault.rejoin_after_steps are two ways"),
     (["fault.slow_rank=5"], "fault.slow_rank=5 is not a rank of engine.np=2 workers"),
     (["fault.slow_rank=1", "fault.slow_factor=0.5"], "fault.slow_factor=0.5 must be a number >= 1"),
     (["fault.slow_factor=abc"], "fault.slow_factor=abc must be a number >= 1"),
@@ -186,3 +190,18 @@ def test_the_ranks_continue_from_the_newest_commit_they_all_hold(held, step):
             return [[torch.tensor(row)] for row in held]
 
     assert _agree(World(), {}) == step
+
+
+def test_a_replacement_is_due_after_its_seconds_or_the_survivors_steps(tmp_path, monkeypatch):
+    kill = {"event": "kill", "rank": 1, "step": 12, "time": 1000.0}  # died at the start of step 12
+    monkeypatch.setattr(time, "time", lambda: 1004.0)
+    assert FaultPlan(kill_rank=1, at_step=12, rejoin_after_s=5).rejoin_due(tmp_path)(kill) is False
+    assert FaultPlan(kill_rank=1, at_step=12, rejoin_after_s=4).rejoin_due(tmp_path)(kill) is True
+    plan = FaultPlan(kill_rank=1, at_step=12, rejoin_after_steps=3)
+    due = plan.rejoin_due(tmp_path)
+    assert due(kill) is False  # nothing committed yet
+    plan.after_commit(13, 1, tmp_path)  # not rank 0: noted by rank 0 only
+    plan.after_commit(13, 0, tmp_path)
+    assert due(kill) is False  # 11 steps before the kill, 2 after
+    plan.after_commit(14, 0, tmp_path)
+    assert due(kill) is True

@@ -9,7 +9,9 @@
   `resume=` continues from the last checkpoint); with it, the survivors continue from their last
   commit (compbench.train.elastic).
 - rejoin: `rejoin_after_s` seconds after each kill a replacement worker joins (engine.elastic only:
-  the launcher offers Horovod Elastic a new host, or starts a TorchElastic agent on one).
+  the launcher offers Horovod Elastic a new host, or starts a TorchElastic agent on one); or, with
+  `rejoin_after_steps` d, once the survivors have committed d steps past the one the worker died at
+  (rank 0 notes each committed step in RUN_DIR/faults.step for the launcher to read).
 - straggler: rank `slow_rank` takes `slow_factor` times its compute time each step (it sleeps the
   difference inside the compute phase), so every collective waits for it.
 
@@ -27,12 +29,14 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from compbench.values import KeyRange
 
 FILE = "faults.jsonl"
+STEP_FILE = "faults.step"  # rank 0's last committed step (fault.rejoin_after_steps)
 
 
 class FaultPlan:
@@ -43,6 +47,8 @@ class FaultPlan:
         "at_step": KeyRange(1, null="no worker is killed", what="the step at whose start it dies"),
         "rejoin_after_s": KeyRange(0, integer=False, null="no worker joins",
                                    what="seconds after the kill until a replacement joins"),
+        "rejoin_after_steps": KeyRange(1, null="no worker joins",
+                                       what="steps the survivors train after the kill until one joins"),
         "slow_rank": KeyRange(0, null="no straggler", what="the rank that computes slowly"),
         "slow_factor": KeyRange(1, integer=False, what="its compute time is this many times its own"),
         "kill_prob": KeyRange(0, 1, integer=False,
@@ -51,8 +57,10 @@ class FaultPlan:
 
     def __init__(self, kill_rank: int | None = None, at_step: int | None = None,
                  rejoin_after_s: float | None = None, slow_rank: int | None = None,
-                 slow_factor: float = 1.0, kill_prob: float = 0.0, process_only: bool = False) -> None:
+                 slow_factor: float = 1.0, kill_prob: float = 0.0, process_only: bool = False,
+                 rejoin_after_steps: int | None = None) -> None:
         self.kill_rank, self.at_step, self.rejoin_after_s = kill_rank, at_step, rejoin_after_s
+        self.rejoin_after_steps = rejoin_after_steps
         self.slow_rank, self.slow_factor = slow_rank, float(slow_factor)
         self.kill_prob, self.process_only = float(kill_prob), bool(process_only)
 
@@ -80,12 +88,35 @@ class FaultPlan:
         if self.at_step is not None and max_steps is not None and self.at_step >= max_steps:
             raise ValueError(f"fault.at_step={self.at_step} is not before max_steps={max_steps}: the run "
                              f"ends first; pass fault.at_step below {max_steps}")
-        if self.rejoin_after_s is not None and not (elastic and self.kills):
-            raise ValueError("fault.rejoin_after_s brings back a killed worker, which needs "
-                             "engine.elastic=true and fault.kill_rank with fault.at_step, or fault.kill_prob")
+        if self.rejoin_after_s is not None and self.rejoin_after_steps is not None:
+            raise ValueError("fault.rejoin_after_s and fault.rejoin_after_steps are two ways to say when a "
+                             "replacement joins; set one of them")
+        for key in ("rejoin_after_s", "rejoin_after_steps"):
+            if getattr(self, key) is not None and not (elastic and self.kills):
+                raise ValueError(f"fault.{key} brings back a killed worker, which needs engine.elastic=true "
+                                 "and fault.kill_rank with fault.at_step, or fault.kill_prob")
         if self.slow_rank is not None and self.slow_rank >= np:
             raise ValueError(f"fault.slow_rank={self.slow_rank} is not a rank of engine.np={np} workers; "
                              f"pass fault.slow_rank from 0 to {np - 1}")
+
+    @property
+    def rejoins(self) -> bool:
+        return self.rejoin_after_s is not None or self.rejoin_after_steps is not None
+
+    def rejoin_due(self, run_dir: Path) -> Callable[[dict[str, Any]], bool]:
+        """For the launcher: whether a replacement for this kill event may join now."""
+        if self.rejoin_after_s is not None:
+            after_s = self.rejoin_after_s
+            return lambda kill: time.time() >= kill["time"] + after_s
+        after = self.rejoin_after_steps or 0
+        return lambda kill: committed_step(run_dir) >= kill["step"] - 1 + after
+
+    def after_commit(self, step: int, rank: int, run_dir: Path) -> None:
+        """Rank 0 notes the step it committed (a step-counted rejoin waits for it)."""
+        if rank == 0 and self.rejoin_after_steps is not None:
+            tmp = run_dir / f"{STEP_FILE}.tmp"
+            tmp.write_text(str(step))
+            os.replace(tmp, run_dir / STEP_FILE)
 
     @property
     def kills(self) -> bool:
@@ -122,6 +153,14 @@ def append_event(run_dir: Path, event: dict[str, Any]) -> None:
         f.write(json.dumps(event) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def committed_step(run_dir: Path) -> int:
+    """Rank 0's last committed step, as `after_commit` noted it; -1 before the first."""
+    try:
+        return int((run_dir / STEP_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return -1
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:

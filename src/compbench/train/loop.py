@@ -206,6 +206,7 @@ class Trainer:
                 self.checkpoint(epoch, i + 1)
             if self.on_commit is not None and self.step % self.period() == 0:
                 self.on_commit(epoch, i + 1)  # a round's end: the replicas agree, the state is kept
+                self.faults.after_commit(self.step, engine.rank, self.run_dir)
         bar.close()
         return steps
 
