@@ -175,21 +175,23 @@ def test_a_commit_file_keeps_two_commits_and_ignores_another_jobs(tmp_path):
     assert CommitFile(tmp_path / "elastic" / "node1.pt", "job-b").read() == {}
 
 
-@pytest.mark.parametrize("held, step", [
-    ([[11, 10], [10, 9]], 10),  # rank 1 died while writing its commit of step 11: both go back to 10
-    ([[11, 10], [11, 10]], 11),
-    ([[11, 10], [-1, -1]], 11),  # a joiner holds none
-    ([[-1, -1], [-1, -1]], -1),  # the start
-    ([[11, 10], [9, 8]], 11),  # nothing in common: the newest, the other rank takes it as a joiner
+@pytest.mark.parametrize("held, step, source, recorder", [
+    # rank 1 died while writing its commit of step 11: both go back to 10
+    ([[11, 10, 1, 1], [10, 9, 0, 0]], 10, 0, 0),
+    ([[11, 10, 1, 1], [11, 10, 0, 0]], 11, 0, 0),
+    ([[11, 10, 1, 1], [-1, -1, 0, 0]], 11, 0, 0),  # a joiner holds none
+    ([[-1, -1, 0, 0], [-1, -1, 0, 0]], -1, 0, None),  # the start
+    # nothing in common: the newest, the other rank takes it as a joiner does
+    ([[11, 10, 0, 0], [9, 8, 1, 1]], 11, 0, None),
 ])
-def test_the_ranks_continue_from_the_newest_commit_they_all_hold(held, step):
+def test_the_ranks_continue_from_the_newest_commit_they_all_hold(held, step, source, recorder):
     from compbench.train.elastic_torch import _agree
 
-    class World:  # every rank's two newest commit steps, as rank 0's allgather sees them
+    class World:  # every rank's two newest commit steps and their records flags, as one allgather sees them
         def allgather(self, tensors, name):
             return [[torch.tensor(row)] for row in held]
 
-    assert _agree(World(), {}) == step
+    assert _agree(World(), {}) == (step, source, recorder)
 
 
 def test_a_replacement_is_due_after_its_seconds_or_the_survivors_steps(tmp_path, monkeypatch):

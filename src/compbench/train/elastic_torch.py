@@ -74,14 +74,9 @@ def _train(cfg: DictConfig, engine, run_dir: Path) -> dict[str, Any] | None:
     file = CommitFile(run_dir / FOLDER / f"{node_name()}.pt", os.environ.get("TORCHELASTIC_RUN_ID", ""))
     saved = file.read()
     trainer = Trainer(cfg, engine, run_dir)
-    step = _agree(engine, saved)
+    step, source, recorder = _agree(engine, saved)
     if step >= 0:
-        held = [int(h[0][0]) for h in engine.allgather([torch.tensor([int(step in saved)])], "elastic.held")]
-        source = held.index(1)
-        # rank 0's records at that commit are in the commit of the rank that was rank 0 then
-        mine = step in saved and "records" in saved[step]
-        has = [int(h[0][0]) for h in engine.allgather([torch.tensor([int(mine)])], "elastic.records")]
-        _recover(trainer, saved.get(step), source, has.index(1) if 1 in has else None)
+        _recover(trainer, saved.get(step), source, recorder)
     else:
         trainer.start_at = trainer.resume_position()  # the start, or resume='s checkpoint
     # At once: a failure before the first round's end is then a recovery from the start, and one after
@@ -94,19 +89,27 @@ def _train(cfg: DictConfig, engine, run_dir: Path) -> dict[str, Any] | None:
     return results
 
 
-def _agree(engine, saved: dict[int, dict[str, Any]]) -> int:
-    """The step to continue from: the newest commit that every rank holding commits holds (a rank
-    killed while its last commit was being written holds the one before; the others keep two and
-    go back to it, each with its own state of that step); -1 at the start."""
-    newest = sorted(saved, reverse=True)[:2]
-    mine = torch.tensor([*newest, -1, -1][:2])
-    held = [set(int(s) for s in h[0].tolist()) - {-1} for h in engine.allgather([mine], "elastic.commits")]
+def _agree(engine, saved: dict[int, dict[str, Any]]) -> tuple[int, int, int | None]:
+    """In one allgather of every rank's two newest commit steps (and whether each holds rank 0's
+    records): the step to continue from, the newest commit that every rank holding commits holds (a
+    rank killed while its last commit was being written holds the one before; the others keep two
+    and go back to it, each with its own state of that step), -1 at the start; the lowest rank that
+    holds it; and the one whose commit of it holds the records of the rank that was rank 0 then."""
+    newest = sorted(saved, reverse=True)[:2] + [-1, -1]
+    steps = newest[:2]
+    records = [int(s in saved and "records" in saved[s]) for s in steps]
+    rows = [h[0].tolist() for h in engine.allgather([torch.tensor([*steps, *records])], "elastic.commits")]
+    held = [set(row[:2]) - {-1} for row in rows]
     holders = [h for h in held if h]
     if not holders:
-        return -1
+        return -1, 0, None
     # None in common (not seen: a rank is at most one commit behind): the newest, whose holder's own
     # state the others take as a joiner does
-    return max(set.intersection(*holders) or set.union(*holders))
+    step = max(set.intersection(*holders) or set.union(*holders))
+    source = next(r for r, h in enumerate(held) if step in h)
+    recorder = next((r for r, row in enumerate(rows) if any(row[i] == step and row[2 + i] for i in range(2))),
+                    None)
+    return step, source, recorder
 
 
 def _recover(trainer: Trainer, saved: dict[str, Any] | None, source: int, recorder: int | None) -> None:
