@@ -262,8 +262,7 @@ class RankLinks(_Built):
         return f"{RANK_SUBNET}.{rank + 1}"
 
     def prefix_for(self, rank: int) -> list[str]:
-        return ["ip", "netns", "exec", self.names[rank], "unshare", "--uts", "--", "sh", "-c",
-                'hostname "$0" && exec "$@"', f"r{rank}"]
+        return exec_as_host(self.names[rank], f"r{rank}")
 
     def call(self, fn: Callable[[], T]) -> T:
         return call_in(self.names[0], fn)
@@ -301,6 +300,13 @@ def join_switch(switch: str, namespace: str, side: str, address: str, gbps: floa
     _run("ip", "-n", namespace, "link", "set", "lo", "up")
     shape_link(namespace, "eth0", gbps, latency_us, latency_key=latency_key)
     shape_link(switch, side, gbps)
+
+
+def exec_as_host(namespace: str, hostname: str) -> list[str]:
+    """argv prefix that runs a command in `namespace` with a host name of its own (`hostname`, in a
+    private UTS namespace), as a machine of its own has."""
+    return ["ip", "netns", "exec", namespace, "unshare", "--uts", "--", "sh", "-c",
+            'hostname "$0" && exec "$@"', hostname]
 
 
 def call_in(namespace: str, fn: Callable[[], T]) -> T:

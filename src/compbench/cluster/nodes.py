@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from compbench.netem import join_switch, list_namespaces
+from compbench.netem import exec_as_host, join_switch, list_namespaces
 
 PREFIX = "cbcl-"
 SWITCH = f"{PREFIX}sw"
@@ -69,8 +69,7 @@ class Cluster:
         """argv prefix that runs a command on node i: its network namespace and /etc view, and a
         hostname of its own (`n<i>`, in a private UTS namespace) as every machine of a real cluster
         has; torchrun hands its hostname to the other nodes as the rendezvous address."""
-        return ["ip", "netns", "exec", self.namespace(i), "unshare", "--uts", "--", "sh", "-c",
-                'hostname "$0" && exec "$@"', self.host(i)]
+        return exec_as_host(self.namespace(i), self.host(i))
 
 
 def check_machine() -> None:

@@ -91,10 +91,10 @@ class FaultPlan:
         if self.rejoin_after_s is not None and self.rejoin_after_steps is not None:
             raise ValueError("fault.rejoin_after_s and fault.rejoin_after_steps are two ways to say when a "
                              "replacement joins; set one of them")
-        for key in ("rejoin_after_s", "rejoin_after_steps"):
-            if getattr(self, key) is not None and not (elastic and self.kills):
-                raise ValueError(f"fault.{key} brings back a killed worker, which needs engine.elastic=true "
-                                 "and fault.kill_rank with fault.at_step, or fault.kill_prob")
+        if self.rejoins and not (elastic and self.kills):
+            key = "rejoin_after_s" if self.rejoin_after_s is not None else "rejoin_after_steps"
+            raise ValueError(f"fault.{key} brings back a killed worker, which needs engine.elastic=true "
+                             "and fault.kill_rank with fault.at_step, or fault.kill_prob")
         if self.slow_rank is not None and self.slow_rank >= np:
             raise ValueError(f"fault.slow_rank={self.slow_rank} is not a rank of engine.np={np} workers; "
                              f"pass fault.slow_rank from 0 to {np - 1}")
