@@ -31,6 +31,7 @@ every worker gives once, and the few driver lines worth a user's attention as `c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -40,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,18 +79,12 @@ def spawn_horovod_elastic(run_dir: Path, np: int, threads: int | None, gbps: flo
     """Run RUN_DIR's job under Horovod Elastic; returns (exit code, one-line failure message or '')."""
     spares = np if rejoin_due is not None else 0  # a replacement per kill, np of them at most
     hosts = [f"{HOSTS}.{k}" for k in range(1, np + spares + 1)]
-    with ShapedNamespace(gbps * np if gbps is not None else None, latency_us) as ns, \
-            tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as scratch:
-        ns.add_addresses(hosts)
+    with _hosts_namespace("Horovod Elastic", "workers", hosts, np, gbps, latency_us) as (ns, scratch):
         hostfile = Path(scratch, "hosts")
         _write_hosts(hostfile, hosts[:np])
         script = Path(scratch, "discover.sh")
         script.write_text(f"#!/bin/sh\ncat {hostfile}\n")
         script.chmod(0o755)
-        if gbps is not None:
-            say_shaped_link(ns.name, gbps, np, latency_us)
-        print(f"compbench: elastic job (Horovod Elastic), workers on hosts {', '.join(hosts[:np])} of "
-              f"network namespace {ns.name}", flush=True)
         env = worker_env(np, threads, Path(scratch, "error"), {})
         cmd = [*ns.prefix, sys.executable, "-m", "horovod.runner.launch", "-np", str(np), "--min-np", "1",
                "--max-np", str(np), "--host-discovery-script", str(script), "--network-interface", "lo",
@@ -121,6 +116,21 @@ def spawn_horovod_elastic(run_dir: Path, np: int, threads: int | None, gbps: flo
         return 1, said or f"the elastic job failed (horovodrun: code {code}, {last})"
 
 
+@contextlib.contextmanager
+def _hosts_namespace(launcher: str, processes: str, hosts: list[str], np: int, gbps: float | None,
+                     latency_us: float) -> Iterator[tuple[ShapedNamespace, str]]:
+    """The job's private namespace (shaped to np x gbps) with every host's address, and a scratch
+    folder; one line says where the launcher's processes run."""
+    with ShapedNamespace(gbps * np if gbps is not None else None, latency_us) as ns, \
+            tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as scratch:
+        ns.add_addresses(hosts)
+        if gbps is not None:
+            say_shaped_link(ns.name, gbps, np, latency_us)
+        print(f"compbench: elastic job ({launcher}), {processes} on hosts {', '.join(hosts[:np])} of "
+              f"network namespace {ns.name}", flush=True)
+        yield ns, scratch
+
+
 def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float | None, latency_us: float,
                         rejoin_due: RejoinDue | None) -> tuple[int, str]:
     """Run RUN_DIR's job on TorchElastic agents; returns (exit code, one-line failure message or '')."""
@@ -129,13 +139,7 @@ def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float
     # the first agent's worker as long as it lives (and the spares' come after).
     hosts = [f"{HOSTS}.{100 + k}" for k in range(1, np + spares + 1)]
     job = f"compbench-{os.getpid()}-{secrets.token_hex(3)}"  # the rendezvous id (commits carry it)
-    with ShapedNamespace(gbps * np if gbps is not None else None, latency_us) as ns, \
-            tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as scratch:
-        ns.add_addresses(hosts)
-        if gbps is not None:
-            say_shaped_link(ns.name, gbps, np, latency_us)
-        print(f"compbench: elastic job (TorchElastic), agents on hosts {', '.join(hosts[:np])} of network "
-              f"namespace {ns.name}", flush=True)
+    with _hosts_namespace("TorchElastic", "agents", hosts, np, gbps, latency_us) as (ns, scratch):
         agents: list[subprocess.Popen] = []
         printing: list[threading.Thread] = []  # rank 0's agent's: its last lines are the run's summary
         seen: set[str] = set()
@@ -173,7 +177,7 @@ def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float
             code, message = _watch_agents(agents, Path(scratch))
             if code == 0:
                 for thread in printing:  # to the end of its output (the pipe closes with the agent)
-                    thread.join(timeout=_GRACE_S)
+                    thread.join(timeout=_OUTPUT_WAIT_S)
             return code, message
         except KeyboardInterrupt:
             stop_processes(list(agents), signal.SIGINT)
@@ -185,7 +189,7 @@ def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float
             stop_processes(list(agents))
 
 
-_GRACE_S = 10.0
+_OUTPUT_WAIT_S = 10.0  # for rank 0's last lines once its agent has ended
 _TORCH_PORT = 29400  # TorchElastic's own default, free in the job's private namespace
 # Restarts after a lost peer only: the launcher ends the job at a worker's first error line.
 _TORCH_MAX_RESTARTS = 100
