@@ -110,7 +110,7 @@ def _horovod_envs(np: int, netns: Placement | None = None) -> tuple[list[dict[st
     port = netns.call(server.start) if netns is not None else server.start()
     # Workers on links of their own are hosts of their own (Horovod resolves a host's name for some of
     # its connections: "localhost" would send them to a loopback where no peer listens).
-    own = netns.hosts if netns is not None else []
+    own = netns.hosts if netns is not None else ()
     hosts = ",".join(f"{h}:1" for h in own) if own else f"localhost:{np}"
     slots = get_host_assignments(parse_hosts(hosts), np)
     server.init(slots)

@@ -198,7 +198,7 @@ class ShapedNamespace(_Built):
     """
 
     iface, host = "lo", "127.0.0.1"
-    hosts: list[str] = []  # the workers are on one host
+    hosts: tuple[str, ...] = ()  # the workers are on one host
 
     def __init__(self, gbps: float | None, latency_us: float = 0.0) -> None:
         check(gbps, latency_us)
@@ -255,7 +255,7 @@ class RankLinks(_Built):
         base = f"{_PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
         self.switch, self.names = f"{base}-sw", [f"{base}-r{k}" for k in range(len(gbps))]
         self.host = self.address(0)
-        self.hosts = [self.address(k) for k in range(len(gbps))]  # each worker is a host of its own
+        self.hosts = tuple(self.address(k) for k in range(len(gbps)))  # each worker is a host of its own
         self.made: list[str] = []
 
     def address(self, rank: int) -> str:
