@@ -158,3 +158,39 @@ def test_settings_that_do_not_fit_are_refused(overrides, message):
     with pytest.raises(ValueError) as e:
         config.check(config.compose([*TINY, "optim=muon", *overrides]))
     assert str(e.value) == message
+
+
+def _compose_muon(sync: str):
+    """config.check of optim=muon under `sync=` on an engine the mode runs on: the checked config, or
+    None where the mode refuses optim=muon (its `sync_traits.optimizers` leave it out)."""
+    traits = registry.locate(registry.option_config("sync", sync)["_target_"]).sync_traits
+    try:
+        return config.check(config.compose([*TINY, "optim=muon", f"sync={sync}",
+                                            f"engine={traits.engines[0]}"]))
+    except ValueError:
+        assert traits.optimizers is not None and "muon" not in traits.optimizers, sync
+        return None
+
+
+@pytest.mark.parametrize("sync", registry.options("sync"))
+def test_every_mode_that_takes_muon_keeps_the_embeddings_and_the_head_on_adamw(sync):
+    """Whichever mode builds the optimizer (its own `make_optimizer`), Muon steps the hidden matrices
+    only: the GPT's tied embedding and its position table stay on AdamW."""
+    cfg = _compose_muon(sync)
+    if cfg is None:
+        return
+    nodes = {g: registry.plain(cfg[g]) for g in ("compressor", "memory", "comm", "scheduler", "sync")}
+    optim = registry.plain(cfg.optim)
+
+    def body(engine):
+        sync_mode = build_synchronizer(nodes, engine, StepStats())
+        model = _gpt()
+        if sync_mode.sync_traits.elastic:  # the baselines' setup wraps the model in the engine's own
+            model = sync_mode.setup(model)
+        opt = sync_mode.make_optimizer(model, dict(optim))
+        assert isinstance(opt, Muon) and opt.muon is not None
+        return model, {id(p) for g in opt.muon.param_groups for p in g["params"]}
+
+    for model, on_muon in ThreadWorld(2).run(body):
+        assert on_muon == {id(p) for p in matrices(model)}, sync
+        assert id(model.tok.weight) not in on_muon and id(model.pos.weight) not in on_muon

@@ -286,7 +286,13 @@ def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any
     return optimizer_class(name)(param_groups, **kwargs)
 
 
+def optimizer_over(model: nn.Module, params: list[Tensor], optim: dict[str, Any]) -> torch.optim.Optimizer:
+    """The `optim` group's optimizer over `params` of `model` in one group, with optim=muon's split
+    taken from the model (`model_groups`): every mode that builds its own optimizer goes through here,
+    so that none hands Muon the embeddings or the output layer."""
+    return build_optimizer(model_groups(model, [{"params": params}], optim), **optim)
+
+
 def plain_optimizer(model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
     """The `optim` group's optimizer over every trainable parameter, in one group."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return build_optimizer(model_groups(model, [{"params": params}], optim), **optim)
+    return optimizer_over(model, [p for p in model.parameters() if p.requires_grad], optim)

@@ -68,7 +68,7 @@ import torch
 from torch import Tensor, nn
 
 from compbench.engines.base import Engine
-from compbench.optim.optimizers import build_optimizer, model_groups
+from compbench.optim.optimizers import optimizer_over
 from compbench.schedulers import Scheduler
 from compbench.seam.pipeline import GradientPipeline
 from compbench.stats import StepStats
@@ -193,8 +193,7 @@ class DiLoCo:
         return model
 
     def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
-        groups = model_groups(model, [{"params": [p for _, p in self.params]}], optim)  # optim=muon's split
-        self.inner_optimizer = build_optimizer(groups, **optim)
+        self.inner_optimizer = optimizer_over(model, [p for _, p in self.params], optim)
         return self.inner_optimizer
 
     def begin_step(self, step: int, epoch: float) -> None:

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from compbench.engines.base import Engine
-from compbench.optim.optimizers import build_optimizer
+from compbench.optim.optimizers import optimizer_over
 from compbench.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.sync.diloco import RECIPE
@@ -104,7 +104,7 @@ class NoLoCo:
         return model
 
     def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
-        self.inner_optimizer = build_optimizer([{"params": self.params}], **optim)
+        self.inner_optimizer = optimizer_over(model, self.params, optim)
         return self.inner_optimizer
 
     def begin_step(self, step: int, epoch: float) -> None:

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from compbench.engines.base import Engine
-from compbench.optim.optimizers import build_optimizer
+from compbench.optim.optimizers import optimizer_over
 from compbench.schedulers import Scheduler
 from compbench.seam.pipeline import GradientPipeline
 from compbench.stats import StepStats
@@ -107,7 +107,7 @@ class Sparta:
         return model
 
     def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
-        self.optimizer = build_optimizer([{"params": self.params}], **optim)
+        self.optimizer = optimizer_over(model, self.params, optim)
         return self.optimizer
 
     def begin_step(self, step: int, epoch: float) -> None:
