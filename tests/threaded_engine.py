@@ -18,9 +18,10 @@ from compbench.engines.base import EngineBase, Handle
 class ThreadWorld:
     """The shared rendezvous of `size` ranks: `exchange` is an all-gather of Python objects."""
 
-    def __init__(self, size: int, local_size: int | None = None) -> None:
-        """`local_size` ranks per emulated node (consecutive ranks; default: one node)."""
-        self.size, self.local_size = size, local_size or size
+    def __init__(self, size: int, local_size: int | None = None, device: torch.device | str = "cpu") -> None:
+        """`local_size` ranks per emulated node (consecutive ranks; default: one node); `device`: every
+        rank's (scripts/gpu_check.py trains on a GPU through it)."""
+        self.size, self.local_size, self.device = size, local_size or size, torch.device(device)
         self.barrier = threading.Barrier(size, timeout=120)
         self.slots: list[Any] = [None] * size
 
@@ -56,9 +57,12 @@ class ThreadWorld:
 
 
 class ThreadEngine(EngineBase):
+    backend = "threads"
+
     def __init__(self, world: ThreadWorld, rank: int, name: str) -> None:
         self.world, self.rank, self.size, self.name = world, rank, world.size, name
         self.local_rank, self.local_size = rank % world.local_size, world.local_size
+        self.device = world.device
 
     def _all(self, obj: Any) -> list[Any]:
         return self.world.exchange(self.rank, obj)

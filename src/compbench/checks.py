@@ -38,6 +38,7 @@ def check_settings(cfg: DictConfig) -> None:
     _check_finite(cfg)
     _check_run_settings(cfg)
     _check_engine(cfg)
+    _check_device(cfg)
     _check_optim(cfg)
     _check_group_keys(cfg)
     _check_batch_fits_dataset(cfg)
@@ -162,24 +163,21 @@ def _check_engine(cfg: DictConfig) -> None:
         require_number("engine.timeout_s", cfg.engine.timeout_s, 0, strict=True,
                        fix="seconds a collective may wait, e.g. engine.timeout_s=300")
     backend = cfg.engine.get("backend")
-    if backend is not None:
-        if backend not in _BACKENDS:
-            raise ValueError(f"engine.backend={backend} is unknown; use {', '.join(_BACKENDS)}")
-        if backend == "nccl":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError("engine.backend=nccl needs CUDA GPUs and none is visible; "
-                                 "use engine.backend=gloo (or auto)")
-            # Training keeps the model and its gradients in host memory (the GPU runs the kernels'
-            # benchmarks and parity tests), and NCCL reduces only CUDA tensors.
-            raise ValueError("engine.backend=nccl needs CUDA tensors, and compbench trains on the CPU; "
-                             "use engine.backend=gloo (or auto)")
+    if backend is not None and backend not in _BACKENDS:
+        raise ValueError(f"engine.backend={backend} is unknown; use {', '.join(_BACKENDS)}")
     from compbench.launch import external_engine
 
     if external_engine() is None:  # under horovodrun / torchrun the launcher decides the ranks
         _check_worker_count(np)
         _check_groups(cfg, np)
+
+
+def _check_device(cfg: DictConfig) -> None:
+    """device, precision and the engine's backend on this machine (compbench.device)."""
+    from compbench import device
+
+    device.check(cfg.device, cfg.precision, device.local_workers(cfg.engine.get("np", 1)),
+                 cfg.choices["engine"], cfg.engine.get("backend"))
 
 
 def _check_groups(cfg: DictConfig, np: int) -> None:

@@ -216,7 +216,7 @@ def check(cfg: DictConfig) -> DictConfig:
                                 ("comm", (), ("engine", "compressor", "stats")),
                                 ("scheduler", (), ()),
                                 ("sync", (), ("pipeline", "scheduler", "engine", "stats")),
-                                ("engine", ("np",), ()), ("fault", (), ())):
+                                ("engine", ("np",), ("placement",)), ("fault", (), ())):
         registry.check_settings(cfg[group], f"{group}={picked[group]}", drop=drop, passed=passed)
     compressor, _ = build_compressor_and_selection(cfg)
     comm_cls = registry.locate(cfg.comm._target_)

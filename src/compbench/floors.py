@@ -71,7 +71,8 @@ def measure_sampled_read_ns(nbytes: int, count: int, device: torch.device | str 
     warm-up, as `measure_read_gbps`."""
     x = _read_pass_tensor(nbytes, device)
     count = max(1, min(count, x.numel()))
-    places = torch.randint(x.numel(), (count,), generator=torch.Generator().manual_seed(0)).sort().values
+    places = torch.randint(x.numel(), (count,), generator=torch.Generator().manual_seed(0),
+                           device="cpu").sort().values
     places = places.to(x.device)
     return _fastest(lambda: x.index_select(0, places), x, repeats) / count * 1e9
 

@@ -13,7 +13,7 @@ from compbench.errors import PEER_LOST_EXIT, PeerLost, say_error
 
 def train(overrides: list[str], run_dir: Path | None = None) -> int:
     """One run: compose + check, then start the workers (or join an external launcher's job)."""
-    from compbench import config
+    from compbench import config, device
     from compbench.launch import external_engine, spawn_workers
     from compbench.rundir import prepare_run_dir
 
@@ -34,9 +34,10 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
             say_error(str(e))
             return PEER_LOST_EXIT
         return 0
+    placement = device.place(cfg.device, cfg.engine.np)  # checked above: says where it trains
     run_dir = run_dir or prepare_run_dir(cfg, overrides)
-    print(f"compbench: {cfg.engine.np} worker(s) on engine={cfg.choices['engine']}, output in {run_dir}",
-          flush=True)
+    print(f"compbench: {cfg.engine.np} worker(s) on engine={cfg.choices['engine']}, {placement.describe()}, "
+          f"output in {run_dir}", flush=True)
     if cfg.recipe:
         settings = " ".join(f"{k}={v}" for k, v in cfg.recipe.items())
         print(f"compbench: from the recipe of {config.recipe_sources(cfg)}: {settings} "

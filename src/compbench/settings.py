@@ -19,6 +19,9 @@ from omegaconf import DictConfig
 from compbench.values import require_int, require_number, show
 
 ON_NONFINITE = ("raise", "skip", "ignore")
+DEVICES = ("auto", "cpu", "cuda")  # compbench.device: where a run trains
+PRECISIONS = ("fp32", "bf16")  # bf16: autocast for forward and backward; gradients and pipeline in fp32
+TIMINGS = ("events", "sync")  # on a GPU: phases timed by CUDA events, or synchronized at each edge
 
 
 def _int(low: int, fix: str = "", nullable: bool = False) -> Any:
@@ -62,6 +65,9 @@ class RunSettings:
     progress: bool = _flag()
     flush_denormal: bool = _flag()
     on_nonfinite: str = _choice(ON_NONFINITE)
+    device: str = _choice(DEVICES)
+    precision: str = _choice(PRECISIONS)
+    timing: str = _choice(TIMINGS)
     resume: str | None = _path()
     output_dir: str | None = _path()
     outputs_root: str = _path()

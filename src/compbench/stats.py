@@ -8,7 +8,77 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
+
+import torch
+
+# Booked again as `comm_exposed` while an exposed span is open (the step waits for them).
+_EXPOSABLE = ("comm", "decompress")
+
+
+class Clock(Protocol):
+    """Where phase edges are stamped: `mark()` now, `elapsed_ms(a, b)` between two marks (read once
+    the step is over: a GPU clock's marks complete asynchronously)."""
+
+    def mark(self) -> Any: ...
+    def elapsed_ms(self, a: Any, b: Any) -> float: ...
+    def settle(self, last: Any) -> None:
+        """Wait until mark `last` (and every earlier one) can be read."""
+        ...
+
+
+class HostClock:
+    """The host's clock: right for the CPU, whose work is done when the call returns."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def elapsed_ms(self, a: float, b: float) -> float:
+        return (b - a) * 1e3
+
+    def settle(self, last: float) -> None:
+        pass
+
+
+class SyncClock(HostClock):
+    """The host's clock after waiting for the GPU at every edge (`timing=sync`): exact, and it
+    serializes the host with the device (no overlap of launches with work)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def mark(self) -> float:
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+class EventClock:
+    """CUDA events on the current stream (`timing=events`, the default on a GPU): each edge records
+    one, nothing waits until the step's figures are read. A phase is the device's time between the
+    work enqueued before its edges; while the host waits with the stream idle (a host collective),
+    the next edge is stamped when the host records it, so waits count too. Consecutive phases share
+    their edges, so the split adds up to the step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def elapsed_ms(self, a: torch.cuda.Event, b: torch.cuda.Event) -> float:
+        return a.elapsed_time(b)
+
+    def settle(self, last: torch.cuda.Event) -> None:
+        last.synchronize()
+
+
+def clock_for(device: torch.device, timing: str = "events") -> Clock:
+    """The clock that tells a phase's time on `device` (`timing`: events or sync; the CPU has one)."""
+    if device.type != "cuda":
+        return HostClock()
+    return EventClock(device) if timing == "events" else SyncClock(device)
 
 
 class StepStats:
@@ -18,14 +88,19 @@ class StepStats:
     backward hook inside `compute`, decoding inside `comm`) pauses the outer phase's clock until it
     ends, so every millisecond is booked to exactly one phase and nothing is recovered by
     subtraction. One clock per step, not per thread: a phase entered on autograd's thread while the
-    trainer's thread waits inside backward still pauses `compute`.
+    trainer's thread waits inside backward still pauses `compute`. Spans are marks of the `clock`
+    (compbench.stats.clock_for: the host's, or CUDA events on a GPU) and turn into milliseconds when
+    `ms` is first read after they were booked.
+
+    A span opened `exposed` (the step waits for it) books the communication and decoding inside it
+    as `comm_exposed` too. `begin_step`/`end_step` bracket the whole step (`ms["step"]`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or HostClock()
         self.reset()
 
     def reset(self) -> None:
-        self.ms: dict[str, float] = defaultdict(float)
         self.bytes_sent = 0
         self.bytes_dense = 0
         # Per path, for the what-if model: bytes that went through the dense fp32 allreduce (of
@@ -36,7 +111,11 @@ class StepStats:
         # Elements the encodes read at random places (thresholds' uniform samples): the compress
         # floor's second part (compbench.floors).
         self.sampled_reads = 0
-        self._open: list[list[Any]] = []  # [phase, since, ms run before a pause]: the innermost one runs
+        self._spans: list[tuple[str, Any, Any]] = []  # (phase, from mark, to mark)
+        self._added: dict[str, float] = defaultdict(float)  # milliseconds booked as numbers
+        self._open: list[list[Any]] = []  # [phase, since mark, exposed]: the innermost one runs
+        self._step: tuple[Any, Any] | None = None
+        self._ms: defaultdict[str, float] | None = None
 
     def add_dense_allreduce(self, nbytes: int, calls: int) -> None:
         """Book gradient bytes that travelled uncompressed through an allreduce."""
@@ -45,33 +124,64 @@ class StepStats:
         self.calls_dense += calls
 
     @contextmanager
-    def time(self, phase: str) -> Iterator[None]:
+    def time(self, phase: str, exposed: bool = False) -> Iterator[None]:
         """Time the block as `phase` (less the phases entered inside it)."""
-        self.begin(phase)
+        self.begin(phase, exposed)
         try:
             yield
         finally:
             self.end(phase)
 
-    def begin(self, phase: str) -> None:
+    def begin(self, phase: str, exposed: bool = False) -> None:
         """Start timing `phase` (for spans a `with` cannot hold: between two autograd callbacks)."""
-        now = time.perf_counter()
+        now = self.clock.mark()
         if self._open:  # the enclosing phase pauses: book what it has run so far
-            outer = self._open[-1]
-            outer[2] += (now - outer[1]) * 1e3
-        self._open.append([phase, now, 0.0])
+            self._book(self._open[-1][0], self._open[-1][1], now)
+        self._open.append([phase, now, exposed])
 
-    def end(self, phase: str) -> float:
-        """Stop timing `phase` (the innermost open one); the phase it interrupted resumes. Returns the
-        span's own milliseconds (nested phases left out)."""
-        now = time.perf_counter()
-        name, since, ran = self._open.pop()
+    def end(self, phase: str) -> None:
+        """Stop timing `phase` (the innermost open one); the phase it interrupted resumes."""
+        now = self.clock.mark()
+        name, since, _ = self._open[-1]
         assert name == phase, f"phase {phase} ended inside {name}"
-        ms = ran + (now - since) * 1e3
-        self.ms[phase] += ms
+        self._book(name, since, now)
+        self._open.pop()
         if self._open:  # the enclosing phase resumes now
             self._open[-1][1] = now
-        return ms
+
+    def _book(self, phase: str, since: Any, now: Any) -> None:
+        self._spans.append((phase, since, now))
+        if phase in _EXPOSABLE and any(exposed for *_, exposed in self._open):
+            self._spans.append(("comm_exposed", since, now))
+        self._ms = None
+
+    def begin_step(self) -> None:
+        self._step = (self.clock.mark(), None)
+
+    def end_step(self) -> None:
+        assert self._step is not None, "end_step without begin_step"
+        self._step = (self._step[0], self.clock.mark())
+        self._ms = None
 
     def add_ms(self, phase: str, ms: float) -> None:
-        self.ms[phase] += ms
+        """Book milliseconds measured elsewhere (a host-side wait) to `phase`."""
+        self._added[phase] += ms
+        self._ms = None
+
+    @property
+    def ms(self) -> defaultdict[str, float]:
+        """Milliseconds per phase booked so far (and `step` once `end_step` ran); reading it waits
+        for the clock's marks (a GPU's events) once per step."""
+        if self._ms is None:
+            marks = [b for _, _, b in self._spans]
+            if self._step is not None and self._step[1] is not None:
+                marks.append(self._step[1])
+            if marks:
+                self.clock.settle(marks[-1])
+            ms: defaultdict[str, float] = defaultdict(float, self._added)
+            for phase, a, b in self._spans:
+                ms[phase] += self.clock.elapsed_ms(a, b)
+            if self._step is not None and self._step[1] is not None:
+                ms["step"] += self.clock.elapsed_ms(*self._step)
+            self._ms = ms
+        return self._ms

@@ -91,7 +91,7 @@ PROBES: dict[str, tuple[Callable[[Path], list[str]], str]] = {
 }
 if not torch.cuda.is_available():
     PROBES["nccl-without-cuda"] = (_fixed("engine=torch", "engine.backend=nccl"),
-                                   "engine.backend=nccl needs CUDA")
+                                   "engine.backend=nccl reduces CUDA tensors and this run trains on the CPU")
 
 
 def _base(args: list[str]) -> list[str]:

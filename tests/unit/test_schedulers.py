@@ -28,6 +28,7 @@ class WireEngine(EngineBase):
     `delay_s` after the previous one (or after it started, if later). Records what was started."""
 
     name, rank, size, local_rank, local_size = "wire", 0, 1, 0, 1
+    device, backend = torch.device("cpu"), "wire"
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s, self.free_at = delay_s, 0.0

@@ -206,7 +206,7 @@ def _cpu_kernel_decodes(packed: Tensor, out: Tensor | None, *values: Tensor) -> 
 
 
 def _cpu_decode(packed: Tensor, numel: int, bits: int, values: Tensor, out: Tensor | None) -> Tensor:
-    flat = torch.empty(numel, dtype=torch.float32) if out is None else out.reshape(-1)
+    flat = torch.empty(numel, dtype=torch.float32, device=packed.device) if out is None else out.reshape(-1)
     return cpu.decode_codes(packed.contiguous(), numel, bits, values, flat)[:numel]
 
 

@@ -36,7 +36,8 @@ INTRA_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 def node_leaders(engine: Engine) -> list[int]:
     """The leader (first rank) of every node, after checking that every node's ranks are
     consecutive and agree on their node's size."""
-    mine = torch.tensor([[engine.rank - engine.local_rank, engine.local_size]], dtype=torch.int64)
+    mine = torch.tensor([[engine.rank - engine.local_rank, engine.local_size]], dtype=torch.int64,
+                        device="cpu")  # the topology: host-side
     rows = [r[0].view(-1).tolist() for r in engine.allgather([mine], "hierarchical.topology")]
     for rank, (leader, size) in enumerate(rows):
         members = range(leader, leader + size)

@@ -141,7 +141,7 @@ class PSComm(BlockingComm):
             known = [sum(wire.nbytes(spec) for spec in specs[0])] * n
         else:  # the element counts of every payload tensor first
             counts = torch.tensor([[t.numel() for p in dest for t in p] for dest in outgoing],
-                                  dtype=torch.int64)
+                                  dtype=torch.int64, device="cpu")  # sizes: host-side
             recv_counts, _ = self.engine.alltoall(counts.view(-1), [counts.shape[1]] * n, f"{name}.ps.n")
             specs = []
             for row in recv_counts.view(n, -1).tolist():

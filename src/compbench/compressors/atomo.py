@@ -26,7 +26,7 @@ def atomo_probabilities(sigma: Tensor, budget: float, rtol: float = 0.0) -> Tens
     c = (s - k) / sum(sigma[k:]); the right k is the smallest with c * sigma[k] <= 1 (then every
     clipped atom has c * sigma_i > 1 too). The expected number of atoms is then exactly s. Values at
     most rtol * sigma_max count as numerically zero (the matrix_rank convention): they get p = 0 and
-    `rank` counts only the others. Computed in float64 on the CPU (the vector is short).
+    `rank` counts only the others. Computed in float64 on the host (the vector is short).
     """
     sigma = sigma.detach().to("cpu", torch.float64)
     p = torch.zeros_like(sigma)
@@ -38,7 +38,7 @@ def atomo_probabilities(sigma: Tensor, budget: float, rtol: float = 0.0) -> Tens
         return p
     s = sigma[:rank]
     tail = s.flip(0).cumsum(0).flip(0)  # tail[k] = sum(s[k:])
-    k = torch.arange(rank, dtype=torch.float64)
+    k = torch.arange(rank, dtype=torch.float64, device="cpu")
     c = (budget - k) / tail
     # Exists and is < budget (at k = ceil(budget) - 1, c * s[k] <= s[k] / tail[k] <= 1).
     first = int(torch.nonzero(c * s <= 1.0 + 1e-12)[0])
@@ -53,7 +53,7 @@ def _atomo_encode(mat: Tensor, budget: float, gen: torch.Generator) -> tuple[Ten
     rtol = max(mat.shape) * torch.finfo(mat.dtype).eps
     p = atomo_probabilities(sigma, budget, rtol)
     # Uniforms in [0, 1): p = 0 is never kept and p = 1 always is.
-    keep = torch.nonzero(torch.rand(p.shape, generator=gen, dtype=torch.float64) < p).flatten()
+    keep = torch.nonzero(torch.rand(p.shape, generator=gen, dtype=torch.float64, device="cpu") < p).flatten()
     scaled = (sigma.detach().to("cpu", torch.float64)[keep] / p[keep]).to(mat.dtype)
     idx = keep.to(mat.device)
     return u.index_select(1, idx), vh.index_select(0, idx), scaled.to(mat.device)
@@ -85,6 +85,9 @@ class Atomo(CompressorBase):
     Random draws: a CPU generator seeded by (seed, step, tensor name, process rank), the rank read from
     env RANK or HOROVOD_RANK (default 0): runs are reproducible and ranks draw independently (their
     estimates' errors then average out over N ranks instead of adding up coherently).
+
+    The atoms are drawn on the host, from the singular values read there: on a GPU one host
+    synchronization per tensor (how many atoms are sent is the payload's size).
 
     Where compbench deliberately differs from the reference code (hwang595/ATOMO):
     - the reference clips p_i at 1 without redistributing the lost budget (fewer atoms than s in

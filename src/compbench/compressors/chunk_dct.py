@@ -52,8 +52,8 @@ def dct_matrix(n: int, dtype: torch.dtype = torch.float32, device: torch.device 
     (D is orthogonal, so its transpose is the inverse, a DCT-III)."""
     key = (n, dtype, torch.device(device))
     if key not in _BASES:
-        k = torch.arange(n, dtype=torch.float64).view(-1, 1)
-        i = torch.arange(n, dtype=torch.float64).view(1, -1)
+        k = torch.arange(n, dtype=torch.float64, device="cpu").view(-1, 1)  # built once on the host
+        i = torch.arange(n, dtype=torch.float64, device="cpu").view(1, -1)
         d = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
         d[0] /= math.sqrt(2.0)
         _BASES[key] = d.to(dtype=dtype, device=device)

@@ -53,15 +53,15 @@ def _select(
     if deferred is None:
         assert values is not None
         flat = values.detach().reshape(-1)
-        n = flat.numel()
+        n, device = flat.numel(), flat.device
         _, wanted = sample_layout(n, ratio, sample_ratio)
         if not (cpu_kernels_enabled(flat) and AbsIndex.takes_summary(flat, ratio)):
             return runtime.select_indices(sel, flat, ratio, wanted, k, gen)
 
-        def summarize(samples: Tensor | None, start: int, stride: int) -> tuple[Tensor, Tensor]:
+        def summarize(samples: Tensor | None, start: int, stride: int) -> tuple[Tensor, Tensor | None]:
             return flat, cpu.block_absmax(flat, samples, start, stride)
     else:
-        n = deferred.numel
+        n, device = deferred.numel, deferred.device
         _, wanted = sample_layout(n, ratio, sample_ratio)
         summarize = deferred.summary
     where = runtime.strided_sample(sel, n, wanted, gen)
@@ -70,7 +70,7 @@ def _select(
         y, summary = summarize(None, 0, 1)
     else:
         start, stride, count = where
-        sample = runtime.StridedSample(start, stride, torch.empty(count))
+        sample = runtime.StridedSample(start, stride, torch.empty(count, device=device))
         y, summary = summarize(sample.values, start, stride)
     index = AbsIndex(y.detach().reshape(-1), ws, density=ratio, summary=summary)
     return runtime.select_indices(sel, y, ratio, wanted, k, gen, compaction=index.indices_ge, sample=sample)

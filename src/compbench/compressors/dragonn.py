@@ -63,24 +63,30 @@ def _select(
     return table[table >= 0]
 
 
-def sample_indices(n: int, m: int, seed: int) -> np.ndarray:
-    """The CPU sample stream: element (murmur3_32(i, seed) * n) >> 32 for i < m, uniform over [0, n)
+def sample_indices(n: int, m: int, seed: int, device: torch.device | str = "cpu") -> Tensor:
+    """The sample stream: element (murmur3_32(i, seed) * n) >> 32 for i < m, uniform over [0, n)
     up to n / 2^32 (as the compiled `sampled_threshold` draws them; a counter-based stream, so the
-    kernel computes each index where it gathers)."""
-    h = murmur3_32_np(np.arange(m, dtype=np.uint32), seed).astype(np.uint64)
-    return ((h * np.uint64(n)) >> np.uint64(32)).astype(np.int64)
+    kernel computes each index where it gathers), int64 on `device`: the same elements on every
+    device (numpy on the CPU, torch's twin of the hash on a GPU, no copy from the host)."""
+    if torch.device(device).type == "cpu":
+        hashed = murmur3_32_np(np.arange(m, dtype=np.uint32), seed).astype(np.uint64)
+        return torch.from_numpy(((hashed * np.uint64(n)) >> np.uint64(32)).astype(np.int64))
+    h = murmur3_32(torch.arange(m, device=device), seed)
+    # (h * n) >> 32 in int64 without overflow (n may reach 2^32): n cut into 16-bit halves
+    return (h * (n >> 16) + ((h * (n & 0xFFFF)) >> 16)) >> 16
 
 
 def sampled_threshold(flat: Tensor, m: int, j: int, seed: int) -> Tensor:
     """The j-th largest of `m` magnitudes drawn uniformly with replacement from a stream seeded by
-    `seed`: on CPU the murmur3 counter stream (`sample_indices`; one compiled pass that gathers and
-    keeps the j largest, or its numpy twin), on other devices torch's generator."""
+    `seed`: the murmur3 counter stream (`sample_indices`; on the CPU one compiled pass that gathers
+    and keeps the j largest, or its numpy twin), so the CPU and a GPU sample the same elements
+    (torch's generator beyond 2^32 elements)."""
     n = flat.numel()
     j = min(max(j, 1), m)
-    if flat.device.type == "cpu" and n < 2**32:
+    if n < 2**32:
         if cpu_kernels_enabled(flat):
             return cpu.sampled_threshold(flat, m, j, seed & M32)
-        idx = torch.from_numpy(sample_indices(n, m, seed & M32))
+        idx = sample_indices(n, m, seed & M32, flat.device)
     else:
         gen = torch.Generator(device=flat.device).manual_seed(seed)
         idx = torch.randint(n, (m,), generator=gen, device=flat.device)
@@ -188,7 +194,7 @@ class DRAGONN(SparseCompressor):
         seed = stable_seed(self.seed, self.step, name)
         j = min(max(math.ceil(m * r), 1), m)
         # = sampled_threshold(compensated, m, j, seed): the same stream, the same j-th largest.
-        samples = deferred.at(torch.from_numpy(sample_indices(n, m, seed & M32)))
+        samples = deferred.at(sample_indices(n, m, seed & M32, deferred.device))
         threshold = kth_largest(samples.abs(), j)
         y, idx = deferred.select(float(threshold), 4 * self.k_for(n), self._hash_seed(name))
         return sparse_payload(y.reshape(-1).index_select(0, idx), idx), make_ctx(y, name)

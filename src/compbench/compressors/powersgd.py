@@ -131,7 +131,8 @@ class PowerSGD(CompressorBase):
         prev = self._q.get(name)
         if prev is None or prev.shape != (cols, q) or prev.device != device:
             gen = cpu_generator(stable_seed("powersgd", self.seed, name))
-            prev = torch.randn(cols, q, generator=gen).to(device)
+            # drawn on the host and copied, as torch's PowerSGD hook does: the same Q on every device
+            prev = torch.randn(cols, q, generator=gen, device="cpu").to(device)
         q_start = orthogonalize_(prev)
         dead = q_start.abs().amax(0) == 0
         if bool(dead.any()):  # one small sync; Q is identical on every rank, so is this decision

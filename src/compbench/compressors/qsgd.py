@@ -140,7 +140,8 @@ def _dequantize(codes: Tensor, norms: Tensor, levels: int, bucket_size: int, out
     """codes (uint8, offset binary) and bucket norms -> flat fp32 values (code - s) * norm / s,
     written into `out[:n]` when given; on CPU one compiled pass (`kernels.cpu.qsgd_dequantize`)."""
     if cpu_kernels_enabled(norms) and (out is None or cpu_kernels_enabled(out.reshape(-1))):
-        flat = torch.empty(codes.numel(), dtype=torch.float32) if out is None else out.reshape(-1)
+        flat = (torch.empty(codes.numel(), dtype=torch.float32, device=codes.device) if out is None
+                else out.reshape(-1))
         return cpu.qsgd_dequantize(codes.contiguous(), norms, levels, bucket_size, flat)[: codes.numel()]
     out = codes.to(torch.float32) if out is None else out[: codes.numel()].copy_(codes)
     step = norms.float() / levels

@@ -1,5 +1,7 @@
 """`randk`: k = ceil(n*r) uniformly random entries whose indices every rank draws from the same seed,
-so only the values travel (4k bytes) and payloads may be allreduced (summable)."""
+so only the values travel (4k bytes) and payloads may be allreduced (summable). The indices are drawn
+on the host by a fast sampler (the same on every rank and device) and copied to a GPU: k int64 per
+tensor and step (GRACE draws them with randperm on the device, which costs more at large n)."""
 
 from __future__ import annotations
 
@@ -24,10 +26,10 @@ def _draw_indices(n: int, k: int, gen: torch.Generator) -> Tensor:
     fraction of n (many repeat draws) or n is small.
     """
     if 4 * k > n or n <= 65536:
-        return torch.randperm(n, generator=gen)[:k].sort().values
-    u = _sorted_distinct(torch.randint(n, (k,), generator=gen).numpy())
+        return torch.randperm(n, generator=gen, device="cpu")[:k].sort().values
+    u = _sorted_distinct(torch.randint(n, (k,), generator=gen, device="cpu").numpy())
     while u.size < k:
-        more = _sorted_distinct(torch.randint(n, (k - u.size,), generator=gen).numpy())
+        more = _sorted_distinct(torch.randint(n, (k - u.size,), generator=gen, device="cpu").numpy())
         pos = np.minimum(np.searchsorted(u, more), u.size - 1)
         u = np.sort(np.concatenate((u, more[u[pos] != more])))
     return torch.from_numpy(u)

@@ -247,8 +247,8 @@ def exact_topk_indices(values: Tensor | None, k: int, ws: Workspace,
     flat: Tensor | None = None
     if deferred is not None:
         n = deferred.numel
-        if k >= n or n <= 65536 or 8 * k > n:
-            return exact_topk_indices(deferred.apply(), k, ws)
+        if k >= n or n <= 65536 or 8 * k > n or deferred.device.type != "cpu":
+            return exact_topk_indices(deferred.apply(), k, ws)  # a GPU's topk reads the result
     else:
         assert values is not None, "exact_topk_indices: values, or a deferred compensation"
         flat = values.detach().reshape(-1)

@@ -133,8 +133,8 @@ def quantize(vals: Tensor, quantization_range: float) -> tuple[Tensor, Tensor]:
     centered = vals - shift
     std = centered.norm() / math.sqrt(vals.numel() - 1) if vals.numel() > 1 else centered.new_zeros(())
     scale = quantization_range * std / BINS
-    if not (bool(torch.isfinite(scale)) and scale.item() != 0):
-        scale = torch.ones((), dtype=centered.dtype, device=centered.device)
+    # 1 where the spread is zero or not finite, decided on the device (no host synchronization)
+    scale = torch.where(torch.isfinite(scale) & (scale != 0), scale, torch.ones_like(scale))
     codes = (centered / scale + BINS // 2).round_().clamp_(0, BINS - 1).to(torch.uint8)
     sums = torch.zeros(BINS, dtype=torch.float32, device=vals.device).index_add_(0, codes.long(), centered)
     counts = torch.bincount(codes.long(), minlength=BINS).to(torch.float32)

@@ -95,7 +95,7 @@ def _scale(flat: Tensor, clip_sigma: float | None) -> Tensor:
         if clip_sigma is not None:
             bound = clip_sigma * math.sqrt(var)
             s = min(s, bound) if bound > 0 else s  # NaN: bound > 0 is false and s is NaN
-        return torch.tensor(s, dtype=torch.float32)
+        return torch.tensor(s, dtype=torch.float32, device=flat.device)
     lo, hi = torch.aminmax(flat)
     s = torch.maximum(hi, -lo)
     if clip_sigma is not None:

@@ -51,6 +51,8 @@ class Engine(Protocol):
     size: int
     local_rank: int  # rank within this machine (node); a node's ranks are local_size consecutive ranks
     local_size: int
+    device: torch.device  # this rank's (compbench.device): where its training tensors live
+    backend: str  # what carries its collectives: gloo, nccl, cpu:gloo,cuda:nccl (results.json)
 
     def allreduce_async(self, t: Tensor, name: str, average: bool = True) -> Handle: ...
     def allreduce_inplace_async(self: Engine, t: Tensor, name: str) -> Handle: ...

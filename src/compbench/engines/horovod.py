@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from compbench.device import Placement
 from compbench.engines import wire
 from compbench.engines.base import EngineBase, Handle, own_group
 from compbench.values import KeyRange
@@ -23,13 +24,20 @@ class HorovodEngine(EngineBase):
     KEY_RANGES: ClassVar[dict[str, KeyRange]] = {
         "min_np": KeyRange(1, what="the fewest workers an elastic run continues with")}
 
-    def __init__(self, elastic: bool = False, min_np: int = 1) -> None:
+    def __init__(self, elastic: bool = False, min_np: int = 1, placement: Placement | None = None) -> None:
         import horovod.torch as hvd
 
         self.hvd = hvd
         self.elastic, self.min_np = elastic, min_np
         hvd.init()
         self.refresh()
+        # The device is this process's for its whole life: an elastic reset renumbers the ranks, and
+        # a survivor's model and state stay where they are (compbench.device; one GPU per worker).
+        self.device = (placement or Placement("cpu", 0, 1, "device=cpu")).device(self.local_rank)
+        self.backend = "gloo"
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # Horovod's NCCL reduces on the current device
+            self.backend = "nccl" if hvd.nccl_built() else "gloo"
 
     def refresh(self) -> None:
         """Read this process's place in the (new) world: after `hvd.init`, and after each reset of an

@@ -1,4 +1,5 @@
-"""`engine=torch`: torch.distributed over gloo (the trained tensors live in host memory)."""
+"""`engine=torch`: torch.distributed: gloo on the CPU; on GPUs NCCL for the CUDA tensors (gloo for the
+host-side ones), or gloo's CUDA collectives where workers share a GPU (compbench.device)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from compbench.device import Placement, torch_backend
 from compbench.engines import wire
 from compbench.engines.base import EngineBase, Handle, own_group
 from compbench.values import KeyRange
@@ -35,6 +37,12 @@ class TorchEngine(EngineBase):
     `elastic`: the job runs under TorchElastic (torchrun --nnodes=MIN:MAX, compbench.train.elastic_torch):
     a failed or joining worker restarts every worker in a new world, which continues from its commits;
     `min_np`: the fewest workers it continues with (below, it stops with a checkpoint).
+
+    `placement` (compbench.device) puts this rank on its device and picks the backend `auto` means
+    (`device.torch_backend`): gloo on the CPU; on GPUs one process group with NCCL for CUDA tensors
+    and gloo for host tensors, so that every collective goes where its tensor lives; gloo alone
+    where workers share a GPU, whose CUDA collectives stage through host memory and which has no
+    point-to-point for CUDA tensors (`shift` then takes the all-to-all of `EngineBase.shift`).
     """
 
     name = "torch"
@@ -42,13 +50,16 @@ class TorchEngine(EngineBase):
         "min_np": KeyRange(1, what="the fewest workers an elastic run continues with")}
 
     def __init__(self, backend: str = "auto", timeout_s: float = 300.0, elastic: bool = False,
-                 min_np: int = 1) -> None:
+                 min_np: int = 1, placement: Placement | None = None) -> None:
         self.elastic, self.min_np = elastic, min_np
-        if backend == "auto":  # the trained tensors live in host memory (compbench trains on the CPU)
-            backend = "gloo"
+        placement = placement or Placement("cpu", 0, 1, "device=cpu")
+        self.device = placement.device(int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL's communicators and the kernels' current device
+        self.backend = torch_backend(backend, self.device, placement.shares_gpu)
         if not dist.is_initialized():
             dist.init_process_group(
-                backend,
+                self.backend,
                 init_method=os.environ.get("COMPBENCH_INIT_METHOD", "env://"),
                 rank=int(os.environ["RANK"]),
                 world_size=int(os.environ["WORLD_SIZE"]),
@@ -206,8 +217,11 @@ class TorchEngine(EngineBase):
         return box[0]
 
     def shift(self, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]:
-        """A ring hop with point-to-point sends: a fixed-length header, then the bytes."""
+        """A ring hop with point-to-point sends: a fixed-length header, then the bytes. gloo sends
+        host tensors only: CUDA payloads over gloo take the all-to-all of `EngineBase.shift`."""
         device = payload[0].device if payload else torch.device("cpu")
+        if device.type == "cuda" and self.backend == "gloo":
+            return super().shift(payload, dst, src, name)
         head_out = wire.header(payload).to(device)
         blob_out = wire.to_bytes(payload, device)
         head_in = torch.empty_like(head_out)

@@ -20,7 +20,7 @@ Spec = tuple[int, torch.dtype]
 def header(payload: list[Tensor]) -> Tensor:
     """[number of tensors, (numel, dtype code) per tensor], fixed length, int64."""
     assert len(payload) <= MAX_TENSORS, f"a payload of {len(payload)} tensors exceeds the wire header"
-    head = torch.zeros(HEADER_LEN, dtype=torch.int64)
+    head = torch.zeros(HEADER_LEN, dtype=torch.int64, device="cpu")  # built on the host, sent where asked
     head[0] = len(payload)
     for i, t in enumerate(payload):
         head[1 + 2 * i] = t.numel()

@@ -22,11 +22,11 @@ def cuda_kernels_enabled(t: Tensor) -> bool:
     """Whether `t` is a CUDA tensor and the RawKernels can run on it (CuPy importable, not disabled)."""
     if not t.is_cuda:
         return False
-    return os.environ.get("COMPBENCH_KERNELS", "1") != "0" and _cupy_importable()
+    return os.environ.get("COMPBENCH_KERNELS", "1") != "0" and cupy_importable()
 
 
 @cache
-def _cupy_importable() -> bool:
+def cupy_importable() -> bool:
     try:
         import cupy  # noqa: F401
     except Exception:  # ImportError, or a CuPy build that does not match the driver
@@ -34,4 +34,4 @@ def _cupy_importable() -> bool:
     return True
 
 
-__all__ = ["cpu_kernels_enabled", "cuda_kernels_enabled"]
+__all__ = ["cpu_kernels_enabled", "cuda_kernels_enabled", "cupy_importable"]

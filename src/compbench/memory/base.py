@@ -10,7 +10,7 @@ from torch import Tensor
 
 from compbench.codec.base import Compressor, Ctx
 from compbench.codec.deferred import Deferred
-from compbench.kernels import cpu
+from compbench.kernels import cpu, cuda_kernels_enabled
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,14 @@ class ScalesInput(Protocol):
 
 
 def fusable(*tensors: Tensor) -> bool:
-    """Whether the compiled fused pass can run on these tensors (contiguous CPU fp32, kernels built
-    and not disabled by COMPBENCH_KERNELS=0, which keeps the unfused twin path)."""
-    return all(cpu.enabled(t) for t in tensors)
+    """Whether the compiled fused pass can run on these tensors (contiguous fp32 on one device whose
+    kernels run: the CPU's built, CuPy's on a GPU; not disabled by COMPBENCH_KERNELS=0, which keeps
+    the unfused twin path). A GPU without CuPy runs the twins, said once at the start
+    (compbench.device.check)."""
+    if all(cpu.enabled(t) for t in tensors):
+        return True
+    return all(cuda_kernels_enabled(t) and t.dtype == torch.float32 and t.is_contiguous()
+               and t.device == tensors[0].device for t in tensors)
 
 
 NO_STATE = torch.empty(0)  # the unused `b` of a RESIDUAL compensation

@@ -6,13 +6,14 @@ config trained on 1 worker with batch 2b or 2 workers with batch b takes the sam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
-from compbench.kernels import cpu
+from compbench.kernels import cpu, cuda_kernels_enabled
 from compbench.optim.clip import CLIP_KEY
 from compbench.optim.muon import Muon, matrices, tag_groups
 from compbench.optim.schedule import SCHEDULE_KEYS
@@ -23,7 +24,7 @@ from compbench.optim.schedule import SCHEDULE_KEYS
 def _flat_entries(p: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
     """(flat int64 indices into p, values) of a sparse .grad, for the one-pass kernels."""
     sparse = grad.coalesce()  # a no-op for the pipeline's updates (built coalesced)
-    strides = torch.tensor(p.stride(), dtype=torch.int64).view(-1, 1)
+    strides = torch.tensor(p.stride(), dtype=torch.int64, device=grad.device).view(-1, 1)
     return (sparse.indices() * strides).sum(0), sparse.values().contiguous()
 
 
@@ -32,7 +33,26 @@ def _sparse_params(self: Any) -> set[Tensor]:
     payload) straight into its one-pass update, without a dense decode first (comm=allgather hands
     them over so: `GradientPipeline.sparse_names`). `SGD.sparse_params`, `Adam.sparse_params`."""
     return {p for group in self.param_groups if self._one_pass(group) for p in group["params"]
-            if cpu.enabled(p)}
+            if one_pass_kernels(p) is not None}
+
+
+def one_pass_kernels(p: Tensor) -> ModuleType | None:
+    """The compiled one-pass steps for parameter `p`'s device: `kernels.cpu` (contiguous fp32 on the
+    CPU, built), `kernels.ops` (CUDA with CuPy: extensions/cuda/optim.cu), else None (the twin: the
+    dense decode and torch's step). On a GPU torch's own fused step rounds as its kernel does: the
+    one-pass step matches it within float rounding, not bit for bit (docs: what stays exact)."""
+    if cpu.enabled(p):
+        return cpu
+    if cuda_kernels_enabled(p) and p.dtype == torch.float32 and p.is_contiguous():
+        from compbench.kernels import ops
+
+        return ops
+    return None
+
+
+def _fma_tail(kernels: ModuleType, p: Tensor) -> int:
+    """torch's fused CPU kernel rounds its scalar tail differently (`kernels.cpu.fused_sgd_tail`)."""
+    return cpu.fused_sgd_tail(p.numel()) if kernels is cpu else 0
 
 
 @runtime_checkable
@@ -89,8 +109,10 @@ class SGD(torch.optim.SGD):
                     continue
                 # A dense .grad of torch's own rule is left to torch's step (its fused kernel is one
                 # pass already); DGC's groups and sparse .grads are stepped here.
-                if one_pass and cpu.enabled(p) and (p.grad.is_sparse or (dgc and cpu.enabled(p.grad))):
-                    self._step_in_one_pass(p, group)
+                kernels = one_pass_kernels(p) if one_pass else None
+                dense_dgc = dgc and one_pass_kernels(p.grad) is kernels
+                if kernels is not None and (p.grad.is_sparse or dense_dgc):
+                    self._step_in_one_pass(p, group, kernels)
                     consumed.append((p, p.grad))
                     p.grad = None
                     continue
@@ -122,7 +144,7 @@ class SGD(torch.optim.SGD):
         return (not group.get("maximize") and not group.get("dampening") and not group.get("differentiable")
                 and isinstance(group["lr"], float | int))
 
-    def _step_in_one_pass(self, p: Tensor, group: dict[str, Any]) -> None:
+    def _step_in_one_pass(self, p: Tensor, group: dict[str, Any], kernels: ModuleType) -> None:
         """The decode (a sparse .grad: the averaged sparse payload) and the step in one pass over p and
         its buffer; the same bytes as the dense decode, the decay term and torch's step."""
         dgc = group.get("dgc")
@@ -142,10 +164,9 @@ class SGD(torch.optim.SGD):
             dense = _EMPTY
         else:
             dense, indices, values = grad, _EMPTY_LONG, _EMPTY
-        # torch's fused kernel rounds its scalar tail differently (`kernels.cpu.fused_sgd_tail`).
-        tail = cpu.fused_sgd_tail(p.numel()) if group.get("fused") and not dgc else 0
-        cpu.sgd_step(p, _EMPTY if buf is None else buf, dense, indices, values, float(group["lr"]), wd, m,
-                     nesterov, first, dgc is not None, tail)
+        tail = _fma_tail(kernels, p) if group.get("fused") and not dgc else 0
+        kernels.sgd_step(p, _EMPTY if buf is None else buf, dense, indices, values, float(group["lr"]), wd, m,
+                         nesterov, first, dgc is not None, tail)
 
     sparse_params = _sparse_params
 
@@ -165,8 +186,9 @@ class _OnePassAdam(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None or not p.grad.is_sparse:
                     continue  # a dense .grad is torch's (its fused kernel is one pass already)
-                if one_pass and cpu.enabled(p):
-                    self._step_in_one_pass(p, group)
+                kernels = one_pass_kernels(p) if one_pass else None
+                if kernels is not None:
+                    self._step_in_one_pass(p, group, kernels)
                     consumed.append((p, p.grad))
                     p.grad = None
                 else:  # the twin of the one-pass step: the dense decode it replaces
@@ -185,22 +207,22 @@ class _OnePassAdam(torch.optim.Optimizer):
                 and not group["capturable"] and not group["differentiable"]
                 and all(isinstance(v, float | int) for v in (group["lr"], *group["betas"])))
 
-    def _step_in_one_pass(self, p: Tensor, group: dict[str, Any]) -> None:
+    def _step_in_one_pass(self, p: Tensor, group: dict[str, Any], kernels: ModuleType) -> None:
         """The decode (a sparse .grad: the averaged sparse payload) and the step in one pass over p and
         its moments; the same bytes as the dense decode and torch's fused step (its state, too)."""
         state = self.state[p]
-        if not state:  # torch's fused initialization: a float32 step count, zero moments
-            state["step"] = torch.zeros((), dtype=torch.float32)
+        if not state:  # torch's fused initialization: a float32 step count on p's device, zero moments
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state["step"].add_(1)
         assert p.grad is not None
         indices, values = _flat_entries(p, p.grad)
         beta1, beta2 = group["betas"]
-        cpu.adam_step(p, state["exp_avg"], state["exp_avg_sq"], _EMPTY, indices, values,
-                      float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                      float(group["weight_decay"]), float(state["step"]),
-                      bool(group.get("decoupled_weight_decay")), cpu.fused_sgd_tail(p.numel()))
+        kernels.adam_step(p, state["exp_avg"], state["exp_avg_sq"], _EMPTY, indices, values,
+                          float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                          float(group["weight_decay"]), float(state["step"]),
+                          bool(group.get("decoupled_weight_decay")), _fma_tail(kernels, p))
 
     sparse_params = _sparse_params
 
@@ -286,11 +308,12 @@ def build_optimizer(param_groups: list[dict[str, Any]], name: str, **kwargs: Any
     return optimizer_class(name)(param_groups, **kwargs)
 
 
-def optimizer_over(model: nn.Module, params: list[Tensor], optim: dict[str, Any]) -> torch.optim.Optimizer:
+def optimizer_over(model: nn.Module, params: Sequence[Tensor],
+                   optim: dict[str, Any]) -> torch.optim.Optimizer:
     """The `optim` group's optimizer over `params` of `model` in one group, with optim=muon's split
     taken from the model (`model_groups`): every mode that builds its own optimizer goes through here,
     so that none hands Muon the embeddings or the output layer."""
-    return build_optimizer(model_groups(model, [{"params": params}], optim), **optim)
+    return build_optimizer(model_groups(model, [{"params": list(params)}], optim), **optim)
 
 
 def plain_optimizer(model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:

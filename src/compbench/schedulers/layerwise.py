@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import time
 
+import torch
 from torch import nn
 
 from compbench.schedulers import SchedulerTraits
@@ -74,7 +75,7 @@ class Layerwise:
     def _start(self, pipeline: GradientPipeline) -> None:
         self._build(pipeline)
         self.pipeline = pipeline
-        self._t0 = time.perf_counter()
+        self._t0 = self._clock(pipeline)
         self._fired: list[int] = []
         self._seen = [False] * len(self.params)
         self._missing = [len(run) for run in self.runs]
@@ -118,7 +119,7 @@ class Layerwise:
             group.write_back(averaged)
         if not self.order_recorded:
             self._record_order(pipeline)
-        self.after_step(pipeline, (time.perf_counter() - self._t0) * 1e3)
+        self.after_step(pipeline, (self._clock(pipeline) - self._t0) * 1e3)
         self.steps += 1
 
     def _record_order(self, pipeline: GradientPipeline) -> None:
@@ -132,6 +133,15 @@ class Layerwise:
 
     def on_order_recorded(self, pipeline: GradientPipeline) -> None:
         self.set_runs([[i] for i in self.order])
+
+    searching = False  # a subclass that times its steps (MergeComp's search)
+
+    def _clock(self, pipeline: GradientPipeline) -> float:
+        """Now, in seconds; while `searching`, after the device's work so far is done (a GPU's launches
+        return before their work: the search must compare the work, not the launches)."""
+        if self.searching and pipeline.engine.device.type == "cuda":
+            torch.cuda.synchronize(pipeline.engine.device)
+        return time.perf_counter()
 
     def after_step(self, pipeline: GradientPipeline, ms: float) -> None:
         """Hook for subclasses, after the averaged gradients are written: `ms` is this step's

@@ -176,6 +176,11 @@ class MergeComp(Layerwise):
         self._build(pipeline)
         regroup_state(pipeline, old, self.groups)
 
+    @property
+    def searching(self) -> bool:  # type: ignore[override]  # a property over the base's flag
+        """The `groups=auto` search is on: its steps are timed to the end of their work."""
+        return self.search is not None
+
     def after_step(self, pipeline: GradientPipeline, ms: float) -> None:
         if self.search is None or not self.order_recorded or self.steps == 0:
             return

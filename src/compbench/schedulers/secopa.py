@@ -178,7 +178,8 @@ class SeCoPa:
               net: Any) -> tuple[list[PlanLine], dict[str, Any]]:
         world = pipeline.engine.size
         prims, rho, details = fit_primitives(pipeline.compressor, world, self.gbps, self.latency_us, net=net,
-                                             sizes=self.probe_sizes, reps=self.probe_reps)
+                                             sizes=self.probe_sizes, reps=self.probe_reps,
+                                             device=pipeline.engine.device)  # the training's
         decisions = plan_gradients(grads, world, topology, prims, rho, pipeline.selection.compress_threshold)
         s: dict[str, Any] = summarize(decisions)
         info = {"topology": topology, "network": details["network"], "lines_s": details["lines"],

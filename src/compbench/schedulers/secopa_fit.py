@@ -31,6 +31,8 @@ ENGINE_SIZES = (1024, 16384, 262144)
 _STEADY_EPOCH = 1e9
 
 
+_CPU = torch.device("cpu")
+
 def fit_line(xs: list[float], ts: list[float]) -> Line:
     """cost(x) = max(overhead, w*x + b): least squares on relative errors (the sizes span decades,
     so plain least squares would ignore the small ones); overhead = the time at the smallest size."""
@@ -53,32 +55,37 @@ def fit_line(xs: list[float], ts: list[float]) -> Line:
     return Line(w=w, b=b, overhead=floor)
 
 
-def best_time(fn: Callable[[], Any], reps: int) -> float:
+def best_time(fn: Callable[[], Any], reps: int, device: torch.device = _CPU) -> float:
     """The least wall time of `reps` calls of `fn` in seconds, after one untimed warm-up call:
-    interference from other processes (a shared machine) only ever adds time."""
+    interference from other processes (a shared machine) only ever adds time. On a GPU each call is
+    timed to the end of its work (synchronized before and after), not to the end of its launches."""
+    wait = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     fn()
     times = []
     for _ in range(max(1, reps)):
+        wait()
         t0 = time.perf_counter()
         fn()
+        wait()
         times.append(time.perf_counter() - t0)
     return min(times)
 
 
-def probe_compressor(compressor: Any, sizes: tuple[int, ...] = PROBE_SIZES, reps: int = 5
-                     ) -> tuple[Line, Line, float, list[dict[str, float]]]:
-    """Time encode and decode at each size on a private copy of `compressor` (its per-tensor state
-    must not leak into training). Returns (enc, dec, measured wire rate at the largest size, samples)."""
+def probe_compressor(compressor: Any, sizes: tuple[int, ...] = PROBE_SIZES, reps: int = 5,
+                     device: torch.device = _CPU) -> tuple[Line, Line, float, list[dict[str, float]]]:
+    """Time encode and decode at each size on `device` (the training's) on a private copy of
+    `compressor` (its per-tensor state must not leak into training). Returns (enc, dec, measured wire
+    rate at the largest size, samples)."""
     comp = copy.deepcopy(compressor)
     comp.begin_step(0, _STEADY_EPOCH)
     gen = torch.Generator().manual_seed(0)
     samples = []
     for m in sizes:
-        x = torch.randn(int(m), generator=gen)
+        x = torch.randn(int(m), generator=gen, device="cpu").to(device)  # the same values on every device
         name = f"secopa.probe.{m}"
-        t_enc = best_time(partial(comp.compress, x, name), reps)
+        t_enc = best_time(partial(comp.compress, x, name), reps, device)
         payload, ctx = comp.compress(x, name)
-        t_dec = best_time(partial(comp.decompress, payload, ctx), reps)
+        t_dec = best_time(partial(comp.decompress, payload, ctx), reps, device)
         samples.append({"numel": int(m), "wire_bytes": payload_nbytes(payload), "enc_s": t_enc,
                         "dec_s": t_dec})
     enc = fit_line([s["numel"] for s in samples], [s["enc_s"] for s in samples])
@@ -87,12 +94,12 @@ def probe_compressor(compressor: Any, sizes: tuple[int, ...] = PROBE_SIZES, reps
     return enc, dec, rate, samples
 
 
-def probe_aggr(sizes: tuple[int, ...] = PROBE_SIZES, reps: int = 5) -> Line:
-    """Adding two fp32 vectors (a server summing a peer's decoded shard into its own)."""
+def probe_aggr(sizes: tuple[int, ...] = PROBE_SIZES, reps: int = 5, device: torch.device = _CPU) -> Line:
+    """Adding two fp32 vectors on `device` (a server summing a peer's decoded shard into its own)."""
     times = []
     for m in sizes:
-        a, b = torch.zeros(int(m)), torch.ones(int(m))
-        times.append(best_time(partial(a.add_, b), reps))
+        a, b = torch.zeros(int(m), device=device), torch.ones(int(m), device=device)
+        times.append(best_time(partial(a.add_, b), reps, device))
     return fit_line([float(m) for m in sizes], times)
 
 
@@ -112,17 +119,18 @@ def net_lines(gbps: float, latency_us: float, world: int) -> dict[str, Line]:
 
 def probe_engine(engine: Any, sizes: tuple[int, ...] = ENGINE_SIZES, reps: int = 5) -> dict[str, Line]:
     """Collective: every rank calls it with the same arguments. Times all-to-all, allgather and
-    allreduce at each size (x floats per peer) and fits gather, bcast and send."""
-    n = engine.size
+    allreduce at each size (x floats per peer) of tensors on the engine's device (the training's
+    collectives) and fits gather, bcast and send."""
+    n, device = engine.size, engine.device
     gather, bcast, send = [], [], []
     for x in sizes:
         x = int(x)
-        buf, mine, whole = torch.ones(n * x), torch.ones(x), torch.ones(n * x)
-        gather.append(best_time(partial(engine.alltoall, buf, [x] * n, "secopa.probe.a2a"), reps))
-        bcast.append(best_time(partial(engine.allgather, [mine], "secopa.probe.ag"), reps))
+        buf, mine, whole = (torch.ones(count, device=device) for count in (n * x, x, n * x))
+        gather.append(best_time(partial(engine.alltoall, buf, [x] * n, "secopa.probe.a2a"), reps, device))
+        bcast.append(best_time(partial(engine.allgather, [mine], "secopa.probe.ag"), reps, device))
         # A ring allreduce of N*x floats is 2(N-1) hops of x floats.
         hops = 2 * max(1, n - 1)
-        send.append(best_time(partial(engine.allreduce, whole, "secopa.probe.ar"), reps) / hops)
+        send.append(best_time(partial(engine.allreduce, whole, "secopa.probe.ar"), reps, device) / hops)
     xs = [float(x) for x in sizes]
     return {"gather": fit_line(xs, gather), "bcast": fit_line(xs, bcast), "send": fit_line(xs, send)}
 
@@ -145,10 +153,10 @@ def rate_function(compressor: Any, measured: float) -> Callable[[int], float]:
 
 
 def fit_primitives(compressor: Any, world: int, gbps: float | None, latency_us: float,
-                   net: dict[str, Line] | None = None, sizes: tuple[int, ...] = PROBE_SIZES, reps: int = 5
-                   ) -> tuple[Primitives, Callable[[int], float], dict[str, Any]]:
-    """Every primitive's line: enc/dec/aggr timed here; the network from `gbps` (with `latency_us`),
-    else `net` (lines from `probe_engine`), else zero (one worker sends nothing).
+                   net: dict[str, Line] | None = None, sizes: tuple[int, ...] = PROBE_SIZES, reps: int = 5,
+                   device: torch.device = _CPU) -> tuple[Primitives, Callable[[int], float], dict[str, Any]]:
+    """Every primitive's line: enc/dec/aggr timed here on `device`; the network from `gbps` (with
+    `latency_us`), else `net` (lines from `probe_engine`), else zero (one worker sends nothing).
     Returns (lines, rho(m), details for the record)."""
     if gbps is not None:
         net, source = net_lines(gbps, latency_us, world), f"net model: {gbps} Gbit/s, {latency_us} us"
@@ -156,8 +164,8 @@ def fit_primitives(compressor: Any, world: int, gbps: float | None, latency_us: 
         source = "engine probe"
     else:
         net, source = {k: Line(0.0) for k in ("gather", "bcast", "send")}, "no network (1 worker)"
-    enc, dec, measured_rate, samples = probe_compressor(compressor, sizes, reps)
-    aggr = probe_aggr(sizes, reps)
+    enc, dec, measured_rate, samples = probe_compressor(compressor, sizes, reps, device)
+    aggr = probe_aggr(sizes, reps, device)
     prims = primitives(enc, dec, aggr, net)
     details = {"network": source, "lines": prims.as_dict(), "measured_rate": measured_rate, "probe": samples}
     return prims, rate_function(compressor, measured_rate), details

@@ -158,11 +158,5 @@ class GradientPipeline:
     def _communicating(self, exposed: bool) -> Iterator[None]:
         """Time the block as communication (the encoding and decoding inside it time themselves);
         when the step waits for it (`exposed`), its communication and decoding count as exposed."""
-        decoded = self.stats.ms["decompress"]
-        self.stats.begin("comm")
-        try:
+        with self.stats.time("comm", exposed=exposed):
             yield
-        finally:
-            waited = self.stats.end("comm")
-            if exposed:
-                self.stats.add_ms("comm_exposed", waited + self.stats.ms["decompress"] - decoded)

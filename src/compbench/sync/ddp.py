@@ -165,8 +165,8 @@ class DDPSync:
             engine = torch.autograd.Variable._execution_engine
 
             def first() -> None:
-                self.stats.begin("comm")
-                engine.queue_callback(lambda: self.stats.add_ms("comm_exposed", self.stats.end("comm")))
+                self.stats.begin("comm", exposed=True)
+                engine.queue_callback(lambda: self.stats.end("comm"))
 
             engine.queue_callback(first)
 

@@ -96,9 +96,8 @@ class HorovodOptimizerSync:
 
     def _synchronize(self) -> None:
         # Timed as communication, exposed: inside loss.backward() it pauses the trainer's compute.
-        self.stats.begin("comm")
-        self.optimizer.synchronize()
-        self.stats.add_ms("comm_exposed", self.stats.end("comm"))
+        with self.stats.time("comm", exposed=True):
+            self.optimizer.synchronize()
         self._synchronized = True
 
     def synchronize(self) -> None:

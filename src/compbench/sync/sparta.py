@@ -16,7 +16,9 @@ pipeline (so the compressors compose with its outer step; ExoGym's H = 100 its d
 Deviations from the reference, each documented:
 - The masks: ExoGym draws each on every rank and broadcasts rank 0's (a bool tensor the size of the
   parameter, every step); here every rank draws the same masks from a generator seeded by `seed` and
-  the step count (on the CPU, the same on every device), so only the picked values travel.
+  the step count, on the parameters' device, so only the picked values travel. The picked values'
+  counts are read by the host (one synchronization per tensor on a GPU, after the step, outside
+  back-propagation).
 - One allreduce of every tensor's picked values together (ExoGym: one per tensor), booked as a dense
   allreduce of 4 bytes per picked value; every step books 4n dense bytes (a per-step exchange's).
 - The sparse exchange goes through no compressor (its values are a fraction p already): `sync=sparta`
@@ -62,9 +64,12 @@ def check_options(p: float = P_DEFAULT, seed: int = 0) -> None:
 
 
 def masks(params: Sequence[Tensor], p: float, seed: int, step: int) -> list[Tensor]:
-    """Step `step`'s Bernoulli(p) masks, one per tensor: the same on every rank."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    return [(torch.rand(t.shape, generator=gen) < p).to(t.device) for t in params]
+    """Step `step`'s Bernoulli(p) masks, one per tensor: the same on every rank, drawn on the
+    parameters' device as ExoGym draws them (a GPU's generator is not the CPU's: the masks of a run
+    depend on its device, not on its rank)."""
+    device = params[0].device if params else torch.device("cpu")
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + step)
+    return [torch.rand(t.shape, generator=gen, device=device) < p for t in params]
 
 
 @torch.no_grad()

@@ -95,7 +95,7 @@ def joiner_state(peer: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
     local parameters, outer optimizer: what must agree), with its own `fresh` error-feedback memory,
     compressor and communicator state (a peer's residual is that peer's: copying it would count it
     twice) and its own random state."""
-    return {**peer, **{k: fresh[k] for k in (*OWN_PIPELINE_KEYS, "torch_rng") if k in fresh}}
+    return {**peer, **{k: fresh[k] for k in (*OWN_PIPELINE_KEYS, "torch_rng", "cuda_rng") if k in fresh}}
 
 
 def load_pipeline_state(pipeline: GradientPipeline, state: dict[str, Any]) -> None:

@@ -105,10 +105,10 @@ def run_config(cfg: DictConfig) -> dict[str, Any]:
 # -- reading ----------------------------------------------------------------------------------------
 
 
-def read_checkpoint(path: Path, who: str, map_location: str | None = "cpu") -> dict[str, Any]:
-    """Load a checkpoint (tensors and plain data only; on the CPU unless `map_location` is None: then
-    where it was saved); ValueError naming `who` (e.g. `resume=DIR`) for a file that is unsafe,
-    truncated, or not a compbench checkpoint."""
+def read_checkpoint(path: Path, who: str, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """Load a checkpoint (tensors and plain data only) onto `map_location`, whatever device wrote it
+    (a GPU run resumes on the CPU and back); ValueError naming `who` (e.g. `resume=DIR`) for a file
+    that is unsafe, truncated, or not a compbench checkpoint."""
     try:
         with warnings.catch_warnings():  # e.g. torch's note on a foreign pickle protocol
             warnings.simplefilter("ignore")
@@ -222,19 +222,47 @@ class CheckpointPlace:
     config: dict[str, Any]
 
 
-def rank_state(state: TrainingState) -> dict[str, Any]:
-    # The synchronizer's per-rank state: memories, compressor and communicator state, scheduler
-    # decisions, and, where ranks diverge inside a round (diloco), their parameters and optimizer.
-    return {**state.sync.state_dict(), "torch_rng": torch.get_rng_state()}
+def rank_state(state: TrainingState, device: torch.device) -> dict[str, Any]:
+    """The synchronizer's per-rank state (memories, compressor and communicator state, scheduler
+    decisions, and, where ranks diverge inside a round (diloco), their parameters and optimizer)
+    and the random generators' states: the CPU's, and the rank's GPU's on `device` cuda."""
+    rng = {"torch_rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        rng["cuda_rng"] = torch.cuda.get_rng_state(device)
+    return {**state.sync.state_dict(), **rng}
+
+
+def on_device(obj: Any, device: torch.device | str) -> Any:
+    """A state (dicts, lists and tuples of tensors and plain data) with every tensor on `device`: a
+    checkpoint or commit written on another device, or sent between ranks through host memory (a
+    peer's GPU is not this rank's). Tensors already there are the same objects."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: on_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(on_device(v, device) for v in obj)
+    return obj
+
+
+def restore_rng(mine: dict[str, Any], device: torch.device) -> None:
+    """The generators' states of `rank_state`: the CPU's always; the GPU's where this rank runs on one
+    and the run that saved it did (a GPU run resumed on the CPU draws its device's numbers from the
+    CPU's generator from then on, and a CPU run resumed on a GPU seeds nothing new: its GPU's
+    generator keeps the run's seed)."""
+    torch.set_rng_state(mine["torch_rng"].cpu())
+    if device.type == "cuda" and "cuda_rng" in mine:
+        torch.cuda.set_rng_state(mine["cuda_rng"].cpu(), device)
 
 
 def _gather_to_all(engine: Engine, obj: Any) -> list[Any]:
-    """Every rank's `obj` (tensors and plain data), on every rank: serialized, all-gathered as bytes,
-    and read back with weights_only (a peer's bytes are data, never code)."""
+    """Every rank's `obj` (tensors and plain data), on every rank, in host memory: serialized,
+    all-gathered as bytes (on the rank's device: the engine's collective for it), and read back with
+    weights_only (a peer's bytes are data, never code) onto the CPU (a peer's GPU is not this rank's)."""
     buf = io.BytesIO()
     torch.save(obj, buf)
-    blob = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-    return [torch.load(io.BytesIO(p[0].numpy().tobytes()), weights_only=True)
+    blob = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(engine.device)
+    return [torch.load(io.BytesIO(p[0].cpu().numpy().tobytes()), map_location="cpu", weights_only=True)
             for p in engine.allgather([blob], "ckpt.gather")]
 
 
@@ -256,7 +284,7 @@ def shared_state(state: TrainingState, epoch: int, batch: int, world_size: int) 
 
 def save_checkpoint(state: TrainingState, place: CheckpointPlace, epoch: int, batch: int) -> None:
     """Collective: every rank calls it at the same point; rank 0 writes."""
-    per_rank = _gather_to_all(place.engine, rank_state(state))
+    per_rank = _gather_to_all(place.engine, rank_state(state, place.engine.device))
     if place.engine.rank != 0:
         return
     saved = {"format": FORMAT, "config": place.config, **shared_state(state, epoch, batch, place.engine.size),
@@ -273,23 +301,27 @@ def load_checkpoint(state: TrainingState, engine: Engine, path: Path, who: str) 
     """Restore everything saved into `state` (its objects in place, its `step`); returns the position
     (epoch, batch) to continue from. The parent's config check (`check_resume`) has already refused a
     checkpoint of another run; the world size is checked again here, where it is known for sure."""
-    saved = read_checkpoint(path, who, map_location=None)
+    saved = read_checkpoint(path, who, map_location=engine.device)
     if saved["world_size"] != engine.size:
         raise ValueError(f"{path} was written by {saved['world_size']} workers; "
                          f"resume with engine.np={saved['world_size']}")
-    return restore_state(state, saved, saved["per_rank"][engine.rank])
+    return restore_state(state, saved, saved["per_rank"][engine.rank], engine.device)
 
 
-def restore_state(state: TrainingState, shared: dict[str, Any], mine: dict[str, Any]) -> tuple[int, int]:
+def restore_state(state: TrainingState, shared: dict[str, Any], mine: dict[str, Any],
+                  device: torch.device) -> tuple[int, int]:
     """Load `shared` (`shared_state`'s) and this rank's `mine` (`rank_state`'s) into `state`'s objects
-    and its `step`; returns the position (epoch, batch) to continue from."""
+    and its `step`; returns the position (epoch, batch) to continue from. The tensors are loaded
+    where the objects' own are (`load_state_dict` copies into them, or the caller mapped them to
+    `device`)."""
+    shared, mine = on_device(shared, device), on_device(mine, device)  # a state another device wrote
     state.model.load_state_dict(shared["model"])
     state.optimizer.load_state_dict(shared["optimizer"])
     state.lr_schedule.load_state_dict(shared["lr_schedule"])
     if state.scheduler is not None:
         state.scheduler.load_state_dict(shared["scheduler"])
     state.sync.load_state_dict(mine)  # after the model and optimizer: a rank's own replace rank 0's
-    torch.set_rng_state(mine["torch_rng"])
+    restore_rng(mine, device)
     state.step = shared["step"]
     if "progress" in shared:  # written by a compbench that records curves
         state.progress.load_state_dict(shared["progress"])

@@ -43,7 +43,7 @@ def take_commit(trainer: Trainer, epoch: int, batch: int) -> tuple[dict[str, Any
     """Copies of the trainer's shared state and this rank's own, valid while training goes on."""
     state = trainer.training_state()
     return (copy_state(shared_state(state, epoch, batch, trainer.engine.size)),
-            copy_state(rank_state(state)))
+            copy_state(rank_state(state, trainer.device)))
 
 
 class BelowMinimum(ValueError):
@@ -58,8 +58,8 @@ def restore_commit(trainer: Trainer, shared: dict[str, Any], mine: dict[str, Any
     record; raises BelowMinimum, after a checkpoint, when the new world is below engine.min_np."""
     engine = trainer.engine
     state = trainer.training_state()
-    own = mine if mine is not None else joiner_state(peer or {}, rank_state(state))
-    epoch, batch = restore_state(state, shared, own)
+    own = mine if mine is not None else joiner_state(peer or {}, rank_state(state, trainer.device))
+    epoch, batch = restore_state(state, shared, own, trainer.device)
     trainer.step = state.step
     before = int(shared["world_size"])
     batch = batch * before // engine.size  # the samples consumed stay consumed
@@ -106,10 +106,10 @@ def _replicas_identical(trainer: Trainer) -> bool:
     """Whether every rank holds bit-identical parameters: a digest of their bytes, all-gathered."""
     digest = hashlib.sha256()
     for p in trainer.model.parameters():
-        digest.update(p.detach().contiguous().view(torch.uint8).numpy().tobytes())
-    mine = torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8)
+        digest.update(p.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    mine = torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8).to(trainer.device)
     gathered = trainer.engine.allgather([mine], "elastic.digest")
-    return all(torch.equal(g[0], mine) for g in gathered)
+    return all(torch.equal(g[0], mine) for g in gathered)  # on the device: one engine collective
 
 
 def _memory_bytes(mine: dict[str, Any]) -> int:

@@ -31,6 +31,7 @@ import torch
 from horovod.common.elastic import State
 from omegaconf import DictConfig
 
+from compbench.train.checkpoint import on_device
 from compbench.train.elastic import copy_state, restore_commit, take_commit
 from compbench.train.loop import Trainer
 from compbench.train.metrics import Recorder
@@ -89,8 +90,10 @@ class ElasticState(State):
         source = int(hvd.allreduce(have, name="elastic.source", op=hvd.Min).item())
         if source == self.engine.size:
             return  # the start: nobody has committed yet
-        self.shared = hvd.broadcast_object(self.shared, root_rank=source, name="elastic.shared")
-        self.peer = hvd.broadcast_object(self.mine, root_rank=source, name="elastic.peer")
+        # through host memory: a tensor pickled on the source's GPU would land on that GPU's index here
+        shared, mine = on_device(self.shared, "cpu"), on_device(self.mine, "cpu")
+        self.shared = hvd.broadcast_object(shared, root_rank=source, name="elastic.shared")
+        self.peer = hvd.broadcast_object(mine, root_rank=source, name="elastic.peer")
 
     def reset(self) -> None:
         """After Horovod joined the new world (a worker failed, or hosts were added or removed): read

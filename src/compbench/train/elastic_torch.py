@@ -40,6 +40,7 @@ from omegaconf import DictConfig
 
 from compbench.errors import PEER_LOST_EXIT, as_peer_lost, say_error
 from compbench.launch import NODE_ENV, die_with_parent
+from compbench.train.checkpoint import on_device
 from compbench.train.elastic import BelowMinimum, restore_commit, take_commit
 from compbench.train.loop import Trainer
 
@@ -119,7 +120,7 @@ def _recover(trainer: Trainer, saved: dict[str, Any] | None, source: int, record
 
     def held_by(rank: int, key: str) -> Any:  # `key` of `rank`'s commit, on every rank
         mine = saved[key] if saved is not None and engine.rank == rank else None
-        return engine.broadcast_object(mine, rank)
+        return engine.broadcast_object(on_device(mine, "cpu"), rank)  # through host memory
 
     shared, peer = held_by(source, "shared"), held_by(source, "mine")
     # the same on every rank: the source's
@@ -165,7 +166,7 @@ class CommitFile:
         found = {}
         for path in (self.path, self.prev):
             try:
-                saved = torch.load(path, weights_only=True)
+                saved = torch.load(path, map_location="cpu", weights_only=True)  # restore maps it
             except FileNotFoundError:
                 continue
             if saved.get("job") == self.job:

@@ -33,7 +33,7 @@ from compbench.results import (
 )
 from compbench.seam.build import build_datasets, build_model
 from compbench.settings import RunSettings
-from compbench.stats import StepStats
+from compbench.stats import StepStats, clock_for
 from compbench.sync.build import build_synchronizer
 from compbench.train import faults
 from compbench.train.checkpoint import (
@@ -56,8 +56,11 @@ class Trainer:
         self.cfg, self.engine, self.run_dir = cfg, engine, run_dir
         self.settings = s = RunSettings.of(cfg)  # the top-level keys, typed
         self.rank0 = engine.rank == 0
-        torch.manual_seed(s.seed)  # identical initial weights on every rank
-        self.model = build_model(cfg)
+        # The rank's device (compbench.device, set by its engine): model, batches, optimizer state,
+        # memories and the pipeline's buffers live there.
+        self.device = engine.device
+        torch.manual_seed(s.seed)  # identical initial weights on every rank (CUDA's generators too)
+        self.model = build_model(cfg).to(self.device)
         with torch.no_grad():  # and, for safety under any launcher, rank 0's weights everywhere
             for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
                 engine.broadcast_(t.data, 0, f"init.{name}")
@@ -65,14 +68,17 @@ class Trainer:
         train_ds, *eval_sets = build_datasets(cfg)
         self.data_info = self.task.data_info(train_ds)
         self.train_loader = ShardedLoader(train_ds, s.batch_size, engine.rank, engine.size, s.seed, True,
-                                          s.num_workers)
-        self.eval_loaders = [ShardedLoader(ds, s.eval_batch_size, engine.rank, engine.size, train=False)
-                             for ds in eval_sets]
+                                          s.num_workers, self.device)
+        self.eval_loaders = [ShardedLoader(ds, s.eval_batch_size, engine.rank, engine.size, train=False,
+                                           device=self.device) for ds in eval_sets]
         if len(self.train_loader) == 0:
             raise ValueError(f"batch_size={s.batch_size} x {engine.size} workers exceeds the "
                              f"{len(train_ds)} training samples; lower batch_size")
 
-        self.stats = StepStats()
+        self.stats = StepStats(clock_for(self.device, s.timing))  # CUDA events on a GPU
+        # precision=bf16: forward (and so backward) under autocast; parameters, gradients and the
+        # pipeline stay fp32.
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=s.precision == "bf16")
         # The synchronization mode, assembled in one place (compbench.sync.build): per step through
         # compbench's pipeline, a baseline's own (sync=ddp, horovod_optimizer), in rounds (diloco).
         self.sync = build_synchronizer(cfg, engine, self.stats, guard_nonfinite=s.on_nonfinite == "skip")
@@ -174,10 +180,12 @@ class Trainer:
             if self.faults.kills:
                 self.faults.before_step(self.step, engine.rank, self.run_dir, s.seed)
             stats.reset()
+            stats.begin_step()
             t0 = time.perf_counter()
             self.sync.begin_step(self.step, epoch + i / steps)
             with stats.time("compute"):
-                loss = self.task.loss(model(x), y)
+                with self.autocast:
+                    loss = self.task.loss(model(x), y)
                 self.optimizer.zero_grad()
                 self.sync.before_backward()  # overlapping schedulers arm their hooks
                 loss.backward()
@@ -192,12 +200,13 @@ class Trainer:
                 self.optimizer.step()
                 self.lr_schedule.step()
             self.sync.after_step()  # a periodic mode ends its round here
-            stats.add_ms("step", (time.perf_counter() - t0) * 1e3)
+            loss_value = loss.item()  # the step's last wait on a GPU: inside its time
+            stats.end_step()
             units = self.task.count(y) * engine.size
             self.progress.add_step(self.step, stats.ms["step"], units, stats.bytes_sent, engine)
-            self.record_step(loss.item(), units)
+            self.record_step(loss_value, units)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss_value:.3f}")
             self.step += 1
             if self.progress.due(self.step) and i + 1 < steps and self.evaluate_once(epoch + (i + 1) / steps):
                 bar.close()
@@ -221,10 +230,11 @@ class Trainer:
         tiny allreduce. Overlapping schedulers may already have sent some groups: skipping then
         still drains them, so the next step starts clean."""
         # The sum is non-finite whenever an element is: one cheap reduction per tensor (2 ms instead of
-        # 68 ms for 16.8M gradients), and the full check only then (an overflowing sum of finite values).
-        bad = [n for n, p in self.model.named_parameters()
-               if p.grad is not None and not torch.isfinite(p.grad.sum())
-               and not torch.isfinite(p.grad).all()]
+        # 68 ms for 16.8M gradients), read by the host once for all of them (one wait on a GPU), and
+        # the full check only where a sum is not finite (an overflowing sum of finite values).
+        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+        finite = torch.stack([g.sum() for _, g in named]).isfinite().tolist() if named else []
+        bad = [n for (n, g), ok in zip(named, finite, strict=True) if not ok and not torch.isfinite(g).all()]
         if self.settings.on_nonfinite == "raise":
             if bad:
                 raise FloatingPointError(f"non-finite gradient at step {self.step} (rank {self.engine.rank}: "
@@ -233,9 +243,9 @@ class Trainer:
             return True
         # Booked as exposed communication: this allreduce queues behind the collectives an overlapping
         # scheduler already started, so its wait is their transfer time, not "other".
-        self.stats.begin("comm")
-        ranks_with_bad = self.engine.allreduce(torch.tensor([float(bool(bad))]), "nonfinite", average=False)
-        self.stats.add_ms("comm_exposed", self.stats.end("comm"))
+        with self.stats.time("comm", exposed=True):
+            flag = torch.tensor([float(bool(bad))], device=self.device)
+            ranks_with_bad = self.engine.allreduce(flag, "nonfinite", average=False)
         if ranks_with_bad.item() == 0:
             return True
         self.sync.drain()  # e.g. groups an overlapping scheduler already submitted
@@ -287,7 +297,8 @@ class Trainer:
         return metrics
 
     def eval_metrics(self) -> dict[str, float]:
-        sums = self.task.eval_sums(self.model, self.eval_loaders)  # correct and samples, or nats and tokens
+        with self.autocast:  # correct and samples, or nats and tokens, summed on the device
+            sums = self.task.eval_sums(self.model, self.eval_loaders, self.device)
         return self.task.metrics(self.engine.allreduce(sums, "eval", average=False))
 
     def period(self) -> int:
@@ -340,7 +351,7 @@ class Trainer:
         summary["other_ms"] = split["other"] if split else None
         r.finish()
         results = {"config": OmegaConf.to_container(self.cfg, resolve=True),
-                   "environment": environment(self.engine),
+                   "environment": environment(self.engine, self.settings.precision),
                    "hparams": run_hparams(self.cfg, self.engine.size), "summary": summary,
                    "summary_method": {k: SUMMARY[k] for k in summary if k in SUMMARY}
                    | ({"per_step": ROUND_MEAN} if period > 1 else {}),
@@ -383,8 +394,10 @@ def _slowest_link(net: DictConfig) -> float | None:
     return net.get("emulate_gbps")
 
 
-def environment(engine) -> dict[str, Any]:
+def environment(engine, precision: str = "fp32") -> dict[str, Any]:
     import importlib.metadata as md
+
+    from compbench.kernels.cpu import cpu_model
 
     def version(pkg: str) -> str | None:
         try:
@@ -394,7 +407,9 @@ def environment(engine) -> dict[str, Any]:
 
     return {
         "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "device": str(engine.device), "precision": precision, "backend": engine.backend,
+        "device_name": (torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda"
+                        else cpu_model()),
         "cpu_count": os.cpu_count(), "threads_per_rank": torch.get_num_threads(),
         "engine": engine.name, "world_size": engine.size,
         "versions": {p: version(p) for p in ("torch", "torchvision", "timm", "horovod", "hydra-core", "numpy",

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from compbench import registry
+from compbench import device, registry
 from compbench.errors import as_peer_lost
 from compbench.settings import RunSettings
 from compbench.train.loop import Trainer
@@ -26,7 +26,9 @@ def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
     # A model that has learned its data drives activations and gradients into the denormal range,
     # where x86 arithmetic is ~100x slower: the MLP of bench_e2e took 216 ms a step instead of 117.
     torch.set_flush_denormal(settings.flush_denormal)
-    engine = registry.build(cfg.engine, drop=("np",))
+    # Where this machine's workers train (compbench.device): the engine puts this rank on its device.
+    placement = device.place(settings.device, device.local_workers(int(cfg.engine.get("np", 1))))
+    engine = registry.build(cfg.engine, drop=("np",), placement=placement)
     elastic = bool(cfg.engine.get("elastic"))
     if run_dir is None:
         from compbench.rundir import prepare_run_dir

@@ -34,10 +34,10 @@ class Classification:
         """Throughput units in a batch: samples."""
         return len(target)
 
-    def eval_sums(self, model: nn.Module, loaders: list) -> Tensor:
-        """This rank's sums over the evaluation set (allreduced by the trainer): correct, samples,
-        summed cross-entropy."""
-        sums = torch.zeros(3, dtype=torch.float64)
+    def eval_sums(self, model: nn.Module, loaders: list, device: torch.device) -> Tensor:
+        """This rank's sums over the evaluation set on `device` (allreduced by the trainer): correct,
+        samples, summed cross-entropy."""
+        sums = torch.zeros(3, dtype=torch.float64, device=device)
         for x, y in loaders[0]:
             out = model(x)
             sums[0] += (out.argmax(1) == y).sum()
@@ -82,9 +82,9 @@ class LanguageModel:
         """Throughput units in a batch: predicted tokens."""
         return target.numel()
 
-    def eval_sums(self, model: nn.Module, loaders: list) -> Tensor:
-        """Summed token losses (nats) and token counts, per evaluation set, on this rank."""
-        sums = torch.zeros(2 * len(loaders), dtype=torch.float64)
+    def eval_sums(self, model: nn.Module, loaders: list, device: torch.device) -> Tensor:
+        """Summed token losses (nats) and token counts, per evaluation set, on this rank (on `device`)."""
+        sums = torch.zeros(2 * len(loaders), dtype=torch.float64, device=device)
         for i, loader in enumerate(loaders):
             for x, y in loader:
                 sums[2 * i] += F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum").double()

@@ -1,0 +1,163 @@
+"""Where a run trains: `device=auto|cpu|cuda` and `precision=fp32|bf16` (conf/train.yaml).
+
+A run has one device per worker; everything on the training's hot path lives there (model, batches,
+optimizer state, memories, compressor state, packing buffers); host-side only what must be (sizes
+for uneven collectives, records). One rule, `place`, decides it from the setting and the number of
+workers on this machine: in the parent, where the start line says what it chose, and again with the
+same answer in each worker (under horovodrun or torchrun, in the workers alone):
+
+- `cpu`: the CPU.
+- `cuda`: CUDA, refused where torch sees no GPU; worker `local_rank` takes GPU `local_rank mod
+  GPUs`, so more workers than GPUs share them (engine=torch then reduces over gloo's CUDA
+  collectives: NCCL puts one rank on a GPU).
+- `auto`: CUDA when this machine has a GPU for every local worker, else the CPU (the start line says
+  why). Sharing a GPU is a choice (`device=cuda`), never a default.
+
+The engines take the worker's device (`torch.device`): engine=torch picks its backend with
+`torch_backend`, engine=horovod needs a build with CUDA for CUDA tensors. `check` is the config
+check (compbench.checks): every refusal one line, before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from compbench.settings import DEVICES
+
+# engine=torch's backend for CUDA tensors with one GPU per worker: NCCL for them, gloo for the
+# host-side tensors (sizes, objects) in the same process group.
+NCCL_WITH_HOST = "cpu:gloo,cuda:nccl"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this machine's `workers` train: `kind` cpu or cuda, over `gpus` visible GPUs; `why`
+    completes the start line."""
+
+    kind: str
+    gpus: int
+    workers: int
+    why: str
+
+    @property
+    def shares_gpu(self) -> bool:
+        """Several workers on one GPU (device=cuda with more workers than GPUs)."""
+        return self.kind == "cuda" and self.workers > self.gpus
+
+    def device(self, local_rank: int) -> torch.device:
+        """The device of the worker with this rank on its machine."""
+        if self.kind == "cpu":
+            return torch.device("cpu")
+        return torch.device("cuda", local_rank % self.gpus)
+
+    def describe(self) -> str:
+        """The start line's words, e.g. `device cuda (2 workers on 2 GPUs, one each)`."""
+        return f"device {self.kind} ({self.why})"
+
+
+def visible_gpus() -> int:
+    """CUDA devices torch can use here (0 without CUDA, or with a CPU build of torch)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def place(setting: str, workers: int) -> Placement:
+    """The placement of `workers` local workers for `device=setting`; ValueError (one line) where the
+    setting cannot hold."""
+    gpus = visible_gpus()
+    if setting == "cpu":
+        return Placement("cpu", gpus, workers, "device=cpu")
+    if setting == "cuda":
+        if gpus == 0:
+            raise ValueError("device=cuda but torch sees no CUDA GPU here (torch.cuda.is_available() is "
+                             "false); use device=cpu or device=auto")
+        return Placement("cuda", gpus, workers, _shares(workers, gpus))
+    if setting != "auto":
+        raise ValueError(f"device={setting} is unknown; use {', '.join(DEVICES[:-1])} or {DEVICES[-1]}")
+    if gpus == 0:
+        return Placement("cpu", 0, workers, "auto: no CUDA GPU")
+    if gpus < workers:
+        return Placement("cpu", gpus, workers, f"auto: {gpus} GPU(s) for {workers} workers, one each is "
+                                               "needed; device=cuda shares them")
+    return Placement("cuda", gpus, workers, "auto: " + _shares(workers, gpus))
+
+
+def _shares(workers: int, gpus: int) -> str:
+    if workers <= gpus:
+        return f"{workers} worker(s) on {gpus} GPU(s), one each"
+    return f"{workers} workers share {gpus} GPU(s)"
+
+
+def local_workers(np: int) -> int:
+    """Workers on this machine: the external launcher's (horovodrun, torchrun), else `engine.np`
+    (compbench starts them all here)."""
+    for key in ("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
+        if os.environ.get(key):
+            return int(os.environ[key])
+    return np
+
+
+def torch_backend(requested: str, device: torch.device, shares_gpu: bool) -> str:
+    """engine=torch's process-group backend for a worker on `device`: gloo on the CPU; with CUDA,
+    NCCL for the CUDA tensors (and gloo for the host-side ones) when each worker has its own GPU,
+    gloo's CUDA collectives when workers share one (`requested` gloo chooses those anyway)."""
+    if device.type != "cuda" or requested == "gloo":
+        return "gloo"
+    if requested == "nccl" or not shares_gpu:
+        return NCCL_WITH_HOST
+    return "gloo"
+
+
+def check(setting: str, precision: str, workers: int, engine: str, backend: str | None) -> Placement:
+    """The config check of device, precision and the engine's backend for `workers` local workers
+    (ValueError: one line naming the key and the fix); the placement for the start line."""
+    placement = place(setting, workers)
+    if backend == "nccl":
+        if placement.kind != "cuda":
+            raise ValueError(f"engine.backend=nccl reduces CUDA tensors and this run trains on the CPU "
+                             f"({placement.why}); use device=cuda, or engine.backend=gloo (or auto)")
+        if placement.shares_gpu:
+            raise ValueError(f"engine.backend=nccl needs a GPU per worker: {workers} workers on "
+                             f"{placement.gpus} GPU(s); use engine.np<={placement.gpus}, or "
+                             "engine.backend=gloo (workers share a GPU over gloo's CUDA collectives)")
+    if precision == "bf16" and not bf16_supported(placement.kind):
+        raise ValueError(f"precision=bf16: this {placement.kind.upper()} has no bfloat16 arithmetic; "
+                         "use precision=fp32")
+    if placement.kind == "cuda" and engine == "horovod":
+        _check_horovod_cuda(placement)
+    if placement.kind == "cuda" and not cupy_importable():
+        warnings.warn("device=cuda without CuPy: the CUDA kernels (compression, fused memory and optimizer "
+                      "steps) cannot run and their torch twins do; pip install cupy-cuda13x "
+                      "(compbench's [gpu] extra)", stacklevel=2)
+    return placement
+
+
+def bf16_supported(kind: str) -> bool:
+    """Whether this machine's `kind` device has bfloat16 arithmetic for autocast."""
+    if kind == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _check_horovod_cuda(placement: Placement) -> None:
+    """Horovod reduces CUDA tensors only when built with CUDA (and NCCL, `make setup` where both are
+    present); a Gloo-only build fails inside its completion callback. NCCL puts one rank on a GPU."""
+    import horovod.torch as hvd
+
+    if not hvd.cuda_built():
+        raise ValueError("engine=horovod was built without CUDA (Gloo only) and device=cuda hands it CUDA "
+                         "tensors; rebuild it with `make setup` where CUDA and NCCL are present, or use "
+                         "engine=torch, or device=cpu")
+    if placement.shares_gpu:
+        raise ValueError(f"engine=horovod reduces CUDA tensors over NCCL, one worker per GPU: "
+                         f"{placement.workers} workers on {placement.gpus} GPU(s); use "
+                         f"engine.np<={placement.gpus}, or engine=torch (workers share a GPU over gloo)")
+
+
+def cupy_importable() -> bool:
+    from compbench.kernels import cupy_importable as importable
+
+    return importable()

@@ -1,0 +1,28 @@
+"""scripts/gpu_check.sh --cpu: the GPU check's every section on the CPU (the same code a lent GPU
+runs with device=cuda), so that the script cannot rot where CI has no GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import default_sigint
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.dist
+
+
+def test_the_gpu_check_runs_every_section_on_the_cpu(tmp_path):
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, preexec_fn=default_sigint,
+                          env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable})
+    report = (tmp_path / "report.md").read_text()
+    assert proc.returncode == 0, report[-3000:]
+    assert report.splitlines()[2] == "all sections passed"
+    sections = [line for line in report.splitlines() if line.startswith("## ")]
+    assert len(sections) == 6 and all(": ok (" in line for line in sections), sections
+    assert "34 of 34 runs as on the CPU" in report  # every method of section 3 trained
