@@ -83,6 +83,26 @@ def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_sur
 
 
 @needs_root
+def test_a_stopped_diloco_run_resumed_with_the_same_threads_ends_where_the_elastic_run_ends(tmp_path):
+    """The promise on another model, data set and mode (DiLoCo rounds of 4 steps, a CNN on digits,
+    killed mid-round): bit for bit with the elastic run's threads; with other threads the resume says
+    it continues within rounding only."""
+    common = ["model=cnn", "dataset=digits", "progress=false", "engine=horovod", "engine.np=2",
+              "batch_size=16", "max_steps=24", "sync=diloco", "sync.inner_steps=4", "optim=adamw",
+              "threads=1", "eval_points=1", "engine.elastic=true", *KILL]
+    elastic, _ = train(tmp_path, *common, name="elastic")
+    stopped = tmp_path / "stopped"
+    proc = compbench("train", *common, "engine.min_np=2", f"output_dir={stopped}")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    resume = [*common[:-3], "engine.np=1", f"resume={stopped}"]
+    other, proc = train(tmp_path, *resume, "threads=2", name="other_threads")
+    assert "note: 2 compute threads per worker, the checkpoint's run had 1" in proc.stdout
+    resumed, _ = train(tmp_path, *resume, name="resumed")
+    a, b = params(elastic), params(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@needs_root
 @pytest.mark.slow
 @pytest.mark.parametrize("engine, rejoin", [("horovod", "fault.rejoin_after_s=0"),
                                             ("horovod", "fault.rejoin_after_steps=8"),

@@ -274,6 +274,9 @@ def shared_state(state: TrainingState, epoch: int, batch: int, world_size: int) 
         "position": {"epoch": epoch, "batch": batch},
         "step": state.step,
         "world_size": world_size,
+        # compute threads per worker: a matrix product's float sums split by thread, so a run resumed
+        # with other threads continues within rounding, not bit for bit (`Trainer.resume_position`)
+        "threads": torch.get_num_threads(),
         "model": state.model.state_dict(),
         "optimizer": state.optimizer.state_dict(),
         "lr_schedule": state.lr_schedule.state_dict(),
@@ -297,15 +300,18 @@ def save_checkpoint(state: TrainingState, place: CheckpointPlace, epoch: int, ba
     os.replace(tmp, path)
 
 
-def load_checkpoint(state: TrainingState, engine: Engine, path: Path, who: str) -> tuple[int, int]:
+def load_checkpoint(state: TrainingState, engine: Engine, path: Path,
+                    who: str) -> tuple[int, int, int | None]:
     """Restore everything saved into `state` (its objects in place, its `step`); returns the position
-    (epoch, batch) to continue from. The parent's config check (`check_resume`) has already refused a
+    (epoch, batch) to continue from and the compute threads per worker of the run that wrote it
+    (None: not recorded). The parent's config check (`check_resume`) has already refused a
     checkpoint of another run; the world size is checked again here, where it is known for sure."""
     saved = read_checkpoint(path, who, map_location=engine.device)
     if saved["world_size"] != engine.size:
         raise ValueError(f"{path} was written by {saved['world_size']} workers; "
                          f"resume with engine.np={saved['world_size']}")
-    return restore_state(state, saved, saved["per_rank"][engine.rank], engine.device)
+    epoch, batch = restore_state(state, saved, saved["per_rank"][engine.rank], engine.device)
+    return epoch, batch, saved.get("threads")
 
 
 def restore_state(state: TrainingState, shared: dict[str, Any], mine: dict[str, Any],

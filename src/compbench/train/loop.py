@@ -146,11 +146,15 @@ class Trainer:
         if path is None:
             return 0, 0
         state = self.training_state()
-        epoch, batch = load_checkpoint(state, self.engine, path, f"resume={self.settings.resume}")
+        epoch, batch, saved = load_checkpoint(state, self.engine, path, f"resume={self.settings.resume}")
         self.step = state.step
         self.final = self.progress.last_metrics
         if self.rank0:
             print(f"resumed from {path} at epoch {epoch + 1}, batch {batch} (step {self.step})", flush=True)
+            if saved not in (None, torch.get_num_threads()):
+                print(f"note: {torch.get_num_threads()} compute threads per worker, the checkpoint's run had "
+                      f"{saved}: float sums split by thread differ, so the run continues within rounding of "
+                      f"it, not bit for bit; pass threads={saved} for that", flush=True)
         return epoch, batch
 
     def training_state(self) -> TrainingState:
