@@ -24,8 +24,9 @@ Deviations from the reference, each documented:
   m_i ← μ·m_i + lr·(mean_g(θ_j) − φ_i). Equal to the reference up to rounding, half its bytes.
 - The reference sends through the group's first rank with point-to-point messages; here the group's
   allreduce does it (the same average).
-- The run's optimizer for the inner steps (the reference uses Adam), and the inner steps clipped as
-  DiLoCo's recipe clips them.
+- The run's optimizer for the inner steps: by the recipe AdamW (the reference uses Adam; a user's
+  `optim=` wins), the inner steps clipped as DiLoCo's recipe clips them. H = 100 (`inner_steps`),
+  the reference configs' value.
 
 With 2 workers the one group is both workers: the average is global and NoLoCo differs from DiLoCo
 only by its outer update (per-worker φ, heavy-ball momentum, no separate outer gradient). NoLoCo's
@@ -49,12 +50,15 @@ from compbench.engines.base import Engine
 from compbench.optim.optimizers import optimizer_over
 from compbench.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
-from compbench.sync.diloco import RECIPE
 from compbench.sync.diloco import check_options as check_diloco
 from compbench.values import is_int
 
+# The reference's inner optimizer (Adam; AdamW here, the transformer recipes' choice) and DiLoCo's
+# clipping of every inner gradient.
+RECIPE = {"optim": "adamw", "optim.clip_grad_norm": 1.0}
 
-def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.3,
+
+def check_options(inner_steps: int = 100, outer_lr: float = 0.7, outer_momentum: float = 0.3,
                   group_size: int = 2) -> None:
     """Config-time check of sync=noloco's settings."""
     check_diloco(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum)
@@ -82,7 +86,7 @@ class NoLoCo:
     pipeline = None
     scheduler = None
 
-    def __init__(self, engine: Engine, stats: StepStats, inner_steps: int = 50, outer_lr: float = 0.7,
+    def __init__(self, engine: Engine, stats: StepStats, inner_steps: int = 100, outer_lr: float = 0.7,
                  outer_momentum: float = 0.3, group_size: int = 2) -> None:
         check_options(inner_steps, outer_lr, outer_momentum, group_size)
         self.engine, self.stats = engine, stats

@@ -53,9 +53,10 @@ from compbench.sync.step import StepSync
 
 # DeepSpeed's engine hands 1-bit Adam one flat fp32 buffer per parameter group: the whole model's
 # momentum in one flat buffer here too (one scale, one all-to-all and one all-gather per step).
-# No weight decay unless the user sets it: DeepSpeed's OnebitAdam defaults to weight_decay=0.
+# No weight decay unless the user sets it: DeepSpeed's OnebitAdam defaults to weight_decay=0. The
+# optimizer's settings (lr, betas, weight decay) come from optim=adamw, the one it takes.
 RECIPE = {"compressor": "rms_sign", "memory": "residual", "comm": "ps", "scheduler": "mergecomp",
-          "scheduler.groups": 1, "optim.weight_decay": 0.0}
+          "scheduler.groups": 1, "optim": "adamw", "optim.weight_decay": 0.0}
 
 
 def check_options(freeze_step: int = 100, eps: float = 1e-8) -> None:

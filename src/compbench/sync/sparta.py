@@ -26,6 +26,14 @@ Deviations from the reference, each documented:
   compressor applies to its outer step only.
 - Parameters without a gradient at a step are averaged too (ExoGym skips them): the mask does not
   depend on what a rank's batch touched, so every rank sends the same number of values.
+- `sync.p` must pick at least 10 entries a step on average (p x the model's entries, checked at
+  compose time), so that a step's exchange is not empty by design.
+- sparta_diloco's rounds are all `inner_steps` long. ExoGym counts its local steps from 0 and takes
+  the outer step where local_step % H == 0 and local_step > 0, after that step's inner step: its first
+  round has H + 1 inner steps, every later one H (DiLoCo's paper and compbench's sync=diloco: H each).
+
+The recipe (applied unless the user sets the key, said at the start): AdamW inner steps (ExoGym's
+default inner optimizer) and DiLoCo's clipping of each inner gradient to norm 1.
 """
 
 from __future__ import annotations
@@ -41,12 +49,14 @@ from compbench.optim.optimizers import optimizer_over
 from compbench.schedulers import Scheduler
 from compbench.seam.pipeline import GradientPipeline
 from compbench.stats import StepStats
-from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
-from compbench.sync.diloco import RECIPE, DiLoCo
+from compbench.sync import ExchangePlan, SyncTraits
+from compbench.sync.diloco import DiLoCo
 from compbench.sync.diloco import check_options as check_diloco
 from compbench.values import is_int, is_number
 
 P_DEFAULT = 0.005  # ExoGym's p_sparta
+# ExoGym's inner optimizer (its strategies' default OptimSpec: AdamW), and DiLoCo's clipping.
+RECIPE = {"optim": "adamw", "optim.clip_grad_norm": 1.0}
 
 
 def check_p(p: float, seed: int) -> None:
@@ -61,6 +71,21 @@ def check_p(p: float, seed: int) -> None:
 def check_options(p: float = P_DEFAULT, seed: int = 0) -> None:
     """Config-time check of sync=sparta's settings."""
     check_p(p, seed)
+
+
+# The fewest entries a step averages on average (p x the model's entries): at 10 a step picks none
+# with probability e^-10, so SPARTA exchanges something every step (sync.p=1e-12 sent 0 bytes).
+MIN_PICKED = 10
+
+
+def check_picks(model: nn.Module, p: float = P_DEFAULT, **_: Any) -> None:
+    """Config-time check of `p` against the model (built on the meta device): p x its trainable
+    entries must reach MIN_PICKED."""
+    entries = sum(t.numel() for t in model.parameters() if t.requires_grad)
+    if is_number(p) and p * entries < MIN_PICKED:
+        raise ValueError(f"sync.p={p:g} averages {p * entries:.2g} of the model's {entries} entries a step, "
+                         f"so most steps exchange nothing; pass sync.p>={MIN_PICKED / entries:.2g} "
+                         f"({MIN_PICKED} entries a step; ExoGym's p is {P_DEFAULT})")
 
 
 def masks(params: Sequence[Tensor], p: float, seed: int, step: int) -> list[Tensor]:
@@ -95,9 +120,10 @@ class Sparta:
     """Local steps with a random fraction p of the parameters averaged every step (see the module)."""
 
     name = "sparta"
-    sync_traits: ClassVar[SyncTraits] = SyncTraits(pipeline=False, pattern="allreduce", replicas_diverge=True)
+    sync_traits: ClassVar[SyncTraits] = SyncTraits(pipeline=False, pattern="allreduce", recipe=RECIPE,
+                                                   replicas_diverge=True)
     check_options = staticmethod(check_options)
-    check_model = staticmethod(fits_any_model)
+    check_model = staticmethod(check_picks)
     pipeline = None
     scheduler = None
 
@@ -166,6 +192,11 @@ class SpartaDiLoCo(DiLoCo):
     check_options: ClassVar[Callable[..., None]] = staticmethod(check_combined)
     sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps", recipe=RECIPE,
                                                    replicas_diverge=True)
+
+    @staticmethod
+    def check_model(model: nn.Module, p: float = P_DEFAULT, fragments: int = 1, **_: Any) -> None:
+        check_picks(model, p)
+        DiLoCo.check_model(model, fragments)
 
     def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, engine: Engine, stats: StepStats,
                  p: float = P_DEFAULT, seed: int = 0, inner_steps: int = 100, outer_lr: float = 0.7,
