@@ -247,7 +247,7 @@ def real_jobs(device: torch.device) -> str:
     rows = ["| job | status | step ms | split sum ms | split off by |", "|---|---|---|---|---|"]
     for label, overrides in jobs.items():
         run_dir = Path(tempfile.mkdtemp(prefix="gpu-check-job-"))  # not $OUT: only the report comes back
-        proc = subprocess.run([sys.executable, "-m", "compbench", "train", *COMMON, "max_steps=20",
+        proc = subprocess.run([sys.executable, "-m", "compbench", "train", *COMMON, "max_steps=12",
                                "eval_points=2", *overrides, f"output_dir={run_dir}"], cwd=ROOT,
                               capture_output=True, text=True, timeout=180)
         if proc.returncode != 0:

@@ -36,6 +36,7 @@ def check_settings(cfg: DictConfig) -> None:
     """Refuse bad values with a ValueError (one line: key, value, fix); warn where a value only hurts."""
     _check_model_fits_dataset(cfg)  # first: a mismatch leaves ${dataset.*} interpolations unresolved
     _check_finite(cfg)
+    _check_declared_keys(cfg)
     _check_run_settings(cfg)
     _check_engine(cfg)
     _check_device(cfg)
@@ -138,6 +139,26 @@ def _default_type_problem(default: Any, value: Any) -> str | None:
     return None
 
 
+def _check_declared_keys(cfg: DictConfig) -> None:
+    """A key that nothing reads (`+foo=1`, `+net.foo=1`: Hydra's `+` adds any) is refused: the run
+    would start without it doing anything. The top level takes conf/train.yaml's keys and the
+    groups; `net` (read by key, no constructor) its option's file's keys. The groups built from a
+    `_target_` are checked against what it takes (compbench.config.check)."""
+    from compbench import registry
+
+    top = OmegaConf.load(registry.conf_dir() / "train.yaml")
+    known = {str(k) for k in top if k != "defaults"} | set(cfg.choices) | {"choices", "recipe"}
+    for key in map(str, cfg):
+        if key not in known:
+            raise ValueError(f"{key} is not a setting of compbench train; remove +{key}= (the settings are "
+                             "listed by `compbench train --cfg job`)")
+    declared = registry.option_config("net", cfg.choices["net"])
+    for key in map(str, cfg.net):
+        if key not in declared:
+            raise ValueError(f"net.{key} is not a setting of net={cfg.choices['net']}; its settings are: "
+                             f"{', '.join(declared)}")
+
+
 def _check_run_settings(cfg: DictConfig) -> None:
     s = RunSettings.of(cfg)  # the top-level keys, typed (compbench.settings)
     if s.target_loss is not None and s.target_acc1 is not None:
@@ -164,7 +185,7 @@ def _check_engine(cfg: DictConfig) -> None:
                        fix="seconds a collective may wait, e.g. engine.timeout_s=300")
     backend = cfg.engine.get("backend")
     if backend is not None and backend not in _BACKENDS:
-        raise ValueError(f"engine.backend={backend} is unknown; use {', '.join(_BACKENDS)}")
+        raise ValueError(f"engine.backend={show(backend)} is unknown; use {', '.join(_BACKENDS)}")
     from compbench.launch import external_engine
 
     if external_engine() is None:  # under horovodrun / torchrun the launcher decides the ranks
@@ -229,7 +250,7 @@ def _check_optim(cfg: DictConfig) -> None:
 
     o = cfg.optim
     name = o.get("name", "optim")
-    cls = optimizer_class(str(name))  # a known name or an importable Optimizer class, before any worker
+    cls = optimizer_class(name)  # a known name or an importable Optimizer class, before any worker
     _check_optimizer_takes(cls, o)
     if isinstance(cls, ChecksOwnOptions):  # an optimizer's own keys (optim=muon's)
         import inspect
@@ -259,7 +280,8 @@ def _check_optim(cfg: DictConfig) -> None:
             raise ValueError(f"optim.betas={show(betas)} must be two numbers in [0, 1); "
                              f"e.g. optim.betas=[0.9,0.999]")
     if "lr_schedule" in o and o.lr_schedule not in _LR_SCHEDULES:
-        raise ValueError(f"optim.lr_schedule={o.lr_schedule} is unknown; use {', '.join(_LR_SCHEDULES)}")
+        raise ValueError(f"optim.lr_schedule={show(o.lr_schedule)} is unknown; use "
+                         f"{', '.join(_LR_SCHEDULES)}")
     steps = o.get("lr_step_epochs")
     steps_ok = steps is None or (OmegaConf.is_list(steps) and all(is_number(s) and s >= 0 for s in steps))
     if not steps_ok:
@@ -267,20 +289,21 @@ def _check_optim(cfg: DictConfig) -> None:
 
 
 def _check_optimizer_takes(cls: type, o: DictConfig) -> None:
-    """A user's optimizer class (optim.name=package.module.Class) takes the group's keys as keyword
-    arguments, the schedule's aside: one it does not take is refused here, not by a worker's TypeError."""
-    import inspect
-
+    """The optimizer class (compbench's, or a user's: optim.name=package.module.Class) takes the group's
+    keys as keyword arguments, the schedule's aside: one it does not take (`+optim.lrr=0.1`) is refused
+    here, not by a worker's TypeError; a class that takes any keyword takes them all."""
+    from compbench import registry
     from compbench.optim.clip import CLIP_KEY
     from compbench.optim.schedule import SCHEDULE_KEYS
 
-    params = inspect.signature(cls).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    params, open_ended = registry.named_parameters(cls)
+    if open_ended:
         return
     for key in map(str, o):
         if key not in ("name", CLIP_KEY, *SCHEDULE_KEYS) and key not in params:
-            raise ValueError(f"optim.{key}: optim.name={o.name} takes no such argument; remove it "
-                             f"(~optim.{key}) or give your optimizer its own conf/optim/NAME.yaml")
+            settings = ", ".join(k for k in params if k != "params")
+            raise ValueError(f"optim.{key} is not a setting of optim.name={o.name}; remove it "
+                             f"(~optim.{key}); its settings are: {settings}")
 
 
 def _default_lr(name: str) -> str:
@@ -305,8 +328,8 @@ def _check_model_fits_dataset(cfg: DictConfig) -> None:
     if lm_data:
         vocab, tokens = cfg.model.get("vocab_size"), cfg.dataset.get("vocab_size")
         if vocab != tokens:
-            raise ValueError(f"model.vocab_size={vocab} differs from the dataset's vocab_size={tokens} (its "
-                             "tokens); drop model.vocab_size: it follows dataset.vocab_size")
+            raise ValueError(f"model.vocab_size={show(vocab)} differs from the dataset's vocab_size={tokens} "
+                             "(its tokens); drop model.vocab_size: it follows dataset.vocab_size")
         block, context = cfg.model.get("block_size"), cfg.dataset.get("block_size")
         if is_int(block) and is_int(context) and block < context:
             raise ValueError(f"model.block_size={block} is shorter than the dataset's windows "

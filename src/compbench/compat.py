@@ -18,6 +18,7 @@ from compbench.memory.base import MemoryTraits
 from compbench.optim.schedule import SCHEDULE_KEYS
 from compbench.schedulers import SchedulerTraits
 from compbench.sync import SyncTraits
+from compbench.values import show
 
 STEP = SyncTraits()  # sync=step, the default mode
 
@@ -86,8 +87,8 @@ def _check_sync_optimizer(y: str, sync: SyncTraits, optim_name: str, optim: Mapp
     for key, value in optim.items():
         if key not in taken and key in defaults and value != defaults[key]:
             raise ValueError(f"sync={y} takes only optim.{', optim.'.join(sync.optimizer_keys)} and the "
-                             f"schedule from optim={optim_name}, so optim.{key}={value} would not be used; "
-                             f"drop optim.{key}")
+                             f"schedule from optim={optim_name}, so optim.{key}={show(value)} would not be "
+                             f"used; drop optim.{key}")
 
 
 def _check_rounds(y: str, m: str, s: str, memory: MemoryTraits) -> None:

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import re
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from compbench import registry
 from compbench.checks import check_settings
 from compbench.codec.base import check_ratio
+from compbench.settings import RunSettings
+from compbench.values import is_number
 
 if TYPE_CHECKING:
     from compbench.comm.base import CommTraits
@@ -74,6 +78,42 @@ def _check_group_choices(overrides: list[str]) -> None:
             raise ValueError(f"unknown {key}={value}; choose one of: {', '.join(registry.options(key))}")
 
 
+def _not_a_setting(hydra_message: str, overrides: list[str]) -> str | None:
+    """Hydra's "Could not override 'memory.beta'." as what it means: the group's option in force has no
+    such key; name the options that have it (a compressor's recipe picks its memory only after the
+    overrides are read, so `compressor=topk memory.beta=0.9` needs `memory=residual` named)."""
+    match = re.fullmatch(r"Could not override '([^']+)'\..*", hydra_message)
+    group, _, setting = match.group(1).partition(".") if match else ("", "", "")
+    if group not in GROUPS or not setting or "." in setting:
+        return None
+    named = [o.partition("=")[2] for o in overrides if o.startswith(f"{group}=")]
+    option = named[-1] if named else _default_option(group)
+    having = [o for o in registry.options(group) if setting in registry.option_config(group, o)]
+    fix = f"name one that has it: {group}={having[0]} {group}.{setting}=..." if having else \
+        f"no {group} option has it; drop it"
+    return f"{group}.{setting} is not a setting of {group}={option}; {fix}"
+
+
+def _default_option(group: str) -> str:
+    """The option conf/train.yaml's defaults list picks for `group`."""
+    top = cast(DictConfig, OmegaConf.load(registry.conf_dir() / "train.yaml"))  # a mapping
+    for entry in top.get("defaults", []):
+        if isinstance(entry, DictConfig) and group in entry:
+            return str(entry[group])
+    return "null"
+
+
+def home_expanded(override: str) -> str:
+    """`key=~/texts` with the home folder written out (and quoted: Hydra's grammar reads `~` only as
+    the deletion of a key, and its lexer refuses it in a value; the shell does not expand it after
+    `key.with.dots=`): a path setting (dataset.root, output_dir, resume, ...) says what it means."""
+    key, sep, value = override.partition("=")
+    if not sep or not (value == "~" or value.startswith("~/")):
+        return override
+    home = os.path.expanduser(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"{key}='{home}'"
+
+
 def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool = False) -> DictConfig:
     """The config `config_name` with `overrides` (and, for train, the compressor's recipe), with
     `choices` (the option each group took). `keep_hydra` keeps Hydra's own node (`--cfg hydra`)."""
@@ -84,6 +124,7 @@ def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool =
     from yaml import YAMLError
 
     searched = search_path()
+    overrides = [home_expanded(o) for o in overrides]
 
     def compose_with(extra: list[str]) -> DictConfig:
         try:
@@ -92,7 +133,8 @@ def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool =
                                      return_hydra_config=True)
         except (HydraException, OmegaConfBaseException) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"{first} (settings are listed by `compbench train --cfg`)") from None
+            raise ValueError(_not_a_setting(first, overrides) or
+                             f"{first} (settings are listed by `compbench train --cfg`)") from None
         except YAMLError as e:  # a plugin's (or an edited) conf file that is not YAML
             where, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
             raise ValueError(f"{where.name if where else 'a conf file'} is not a readable YAML config "
@@ -179,6 +221,10 @@ def _experiment_keys(name: str) -> set[str]:
 
 def check(cfg: DictConfig) -> DictConfig:
     """Validate and normalize a composed train config; returns it (ratio shorthand applied)."""
+    with open_dict(cfg):  # `output_dir=3` names a folder "3": text for every reader of the config
+        for key in RunSettings.path_keys():
+            if is_number(cfg.get(key)):
+                cfg[key] = str(cfg[key])
     check_settings(cfg)  # values, types, output folder (compbench.checks)
     picked = cfg.choices
     with open_dict(cfg):
@@ -193,12 +239,13 @@ def check(cfg: DictConfig) -> DictConfig:
             check_ratio(cfg.compressor.ratio, f"compressor={picked['compressor']}")
     np = cfg.engine.get("np", 1)  # an integer >= 1 (compbench.checks)
     net = cfg.net
-    if any(net.get(k) for k in ("emulate_gbps", "emulate_rank_gbps", "emulate_latency_us")):
+    # `is not None`: a falsy value (0, false, [], '') is a setting to refuse, not an absent one
+    if any(net.get(k) is not None for k in ("emulate_gbps", "emulate_rank_gbps", "emulate_latency_us")):
         from compbench.netem import check as check_shaped_link
 
         rank_gbps = net.get("emulate_rank_gbps")
         check_shaped_link(net.get("emulate_gbps"), net.get("emulate_latency_us"),  # root, ip, tc
-                          OmegaConf.to_object(rank_gbps) if rank_gbps is not None else None, np)
+                          OmegaConf.to_object(rank_gbps) if OmegaConf.is_config(rank_gbps) else rank_gbps, np)
         if rank_gbps is not None and cfg.engine.get("elastic"):
             raise ValueError("net.emulate_rank_gbps with engine.elastic=true: an elastic job's workers share "
                              "one namespace (a host address each), not a link each; use net.emulate_gbps, or "
@@ -217,7 +264,8 @@ def check(cfg: DictConfig) -> DictConfig:
                                 ("scheduler", (), ()),
                                 ("sync", (), ("pipeline", "scheduler", "engine", "stats")),
                                 ("engine", ("np",), ("placement",)), ("fault", (), ())):
-        registry.check_settings(cfg[group], f"{group}={picked[group]}", drop=drop, passed=passed)
+        registry.check_settings(cfg[group], f"{group}={picked[group]}", drop=drop, passed=passed,
+                                declared=tuple(registry.option_config(group, picked[group])))
     compressor, _ = build_compressor_and_selection(cfg)
     comm_cls = registry.locate(cfg.comm._target_)
     comm_cls.check_options(**{k: v for k, v in registry.plain(cfg.comm).items() if k != "_target_"})
@@ -236,9 +284,15 @@ def check(cfg: DictConfig) -> DictConfig:
     else:  # the model's own checks (model=gpt's heads, dropout, ...) here, not in a worker; nothing allocated
         import torch
 
-        with torch.device("meta"):
-            model = build_model(cfg)
+        try:
+            with torch.device("meta"):
+                model = build_model(cfg)
+        except (RuntimeError, TypeError, IndexError) as e:  # torch's own refusal of a shape (a width of -1)
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise ValueError(f"model={picked['model']} cannot be built with these settings ({first}); check "
+                             "its model.* settings (`compbench train --cfg job`)") from None
     sync_cls.check_model(model, **{k: v for k, v in registry.plain(cfg.sync).items() if k != "_target_"})
+    _check_muon_has_matrices(cfg, model)
     _check_rounds_fit(cfg, sync_cls.sync_traits)
     from compbench.train.checkpoint import check_resume
 
@@ -266,6 +320,29 @@ def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:
                          "horovodrun -H, torchrun --nnodes)")
 
 
+def _check_muon_has_matrices(cfg: DictConfig, model: Any) -> None:
+    """optim=muon steps the hidden weight matrices; a model without one would train on AdamW alone."""
+    from compbench.optim.muon import matrices
+
+    if cfg.optim.get("name") == "muon" and not matrices(model):
+        raise ValueError(f"optim=muon steps hidden nn.Linear matrices and model={cfg.choices['model']} has "
+                         "none (convolutions, embeddings and the output layer stay on AdamW), so every "
+                         "parameter would take AdamW; use optim=adamw")
+
+
+def _run_steps(cfg: DictConfig, np: int) -> tuple[int, str] | None:
+    """How many steps the run takes and what bounds it (`max_steps=N`, or `epochs=E` of the data's
+    full batches), None where the data's size is only known to the workers (ImageNet)."""
+    steps = cfg.get("max_steps")
+    size_of = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).train_size_of
+    n = size_of(**registry.plain(cfg.dataset))
+    if n is not None:
+        per_epoch = n // np // cfg.batch_size
+        if steps is None or cfg.epochs * per_epoch < steps:
+            return cfg.epochs * per_epoch, f"epochs={cfg.epochs} of {per_epoch} steps"
+    return (steps, f"max_steps={steps}") if steps is not None else None
+
+
 def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
     """engine.elastic and the fault group, against the job and what its parts declare."""
     from compbench.launch import external_engine
@@ -275,7 +352,7 @@ def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
     np = int(cfg.engine.get("np", 1))
     external = external_engine() is not None
     faults = registry.build(cfg.fault)
-    faults.check(np, elastic, cfg.get("max_steps"), cfg.choices["engine"])
+    faults.check(np, elastic, _run_steps(cfg, np), cfg.choices["engine"])
     if faults.rejoins and external:
         raise ValueError("fault.rejoin_after_s/_steps: under horovodrun or torchrun you start the worker "
                          "that joins (your host discovery script, another torchrun agent); drop the setting")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from compbench.settings import DEVICES
+from compbench.values import show
 
 # engine=torch's backend for CUDA tensors with one GPU per worker: NCCL for them, gloo for the
 # host-side tensors (sizes, objects) in the same process group.
@@ -76,7 +77,7 @@ def place(setting: str, workers: int) -> Placement:
                              "false); use device=cpu or device=auto")
         return Placement("cuda", gpus, workers, _shares(workers, gpus))
     if setting != "auto":
-        raise ValueError(f"device={setting} is unknown; use {', '.join(DEVICES[:-1])} or {DEVICES[-1]}")
+        raise ValueError(f"device={show(setting)} is unknown; use {', '.join(DEVICES[:-1])} or {DEVICES[-1]}")
     if gpus == 0:
         return Placement("cpu", 0, workers, "auto: no CUDA GPU")
     if gpus < workers:

@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from compbench.values import show
+
 _PREFIX = "compbench"
 _NAME = re.compile(rf"^{_PREFIX}-(\d+)-[0-9a-f]{{6}}(-sw|-r\d+)?$")  # a job's namespace, or its rank links'
 RANK_SUBNET = "10.213.8"  # the rank links' addresses, inside a job's own namespaces only
@@ -50,7 +52,7 @@ DELAY_US = (0.0, 1_000_000.0)
 
 
 def _named(key: str, value: object) -> str:
-    return f"{key} {value}" if key.startswith("--") else f"{key}={value}"
+    return f"{key} {value}" if key.startswith("--") else f"{key}={show(value)}"
 
 
 def check_rate(key: str, gbps: object, null: str = "") -> float:
@@ -81,8 +83,8 @@ def check(gbps: float | None, latency_us: float | None = 0, rank_gbps: object = 
                          "rate per worker) are two ways to shape the links; set one of them")
     if rank_gbps is not None:
         if not isinstance(rank_gbps, list | tuple) or len(rank_gbps) != np:
-            raise ValueError(f"net.emulate_rank_gbps={rank_gbps} must be a list of {np} rates in Gbit/s, one "
-                             f"per worker of engine.np={np}, e.g. "
+            raise ValueError(f"net.emulate_rank_gbps={show(rank_gbps)} must be a list of {np} rates in "
+                             f"Gbit/s, one per worker of engine.np={np}, e.g. "
                              f"net.emulate_rank_gbps=[{','.join(['1'] * np)}]")
         for rank, rate in enumerate(rank_gbps):
             check_rate(f"net.emulate_rank_gbps[{rank}]", rate)

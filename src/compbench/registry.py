@@ -156,21 +156,39 @@ def plain(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
 
 
 def check_settings(cfg: DictConfig | dict[str, Any], who: str, *, drop: tuple[str, ...] = (),
-                   passed: tuple[str, ...] = ()) -> None:
+                   passed: tuple[str, ...] = (), declared: tuple[str, ...] = ()) -> None:
     """ValueError naming the first key of the node that its `_target_` does not take (a typo such as
     `+compressor.ratoi=...`, which Hydra's `+` lets through): the key would otherwise fail inside
-    a worker. `drop`: keys the caller removes; `passed`: arguments the caller supplies itself."""
+    a worker, or be ignored. `drop`: keys the caller removes; `passed`: arguments the caller supplies
+    itself; `declared`: the option's own YAML keys, the settings of a target that takes any keyword
+    (a data set's factory, which the model's interpolations hand keys it does not read)."""
     kwargs = plain(cfg)
-    params = inspect.signature(locate(kwargs.pop("_target_"))).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    takes = [k for k in params if k not in passed]
+    named, open_ended = named_parameters(locate(kwargs.pop("_target_")))
+    takes = [k for k in named if k not in passed]
+    if open_ended:
+        takes += [k for k in declared if k not in takes and k != "_target_"]
     unknown = [k for k in kwargs if k not in drop and k not in takes]
     if unknown:
         group = who.partition("=")[0]
         settings = ", ".join([*takes, *drop])
         raise ValueError(f"{group}.{unknown[0]} is not a setting of {who}; "
                          + (f"its settings are: {settings}" if settings else "it takes none"))
+
+
+def named_parameters(obj: Any) -> tuple[list[str], bool]:
+    """The keyword arguments `obj` (a class or a function) names, and whether it takes others too. A
+    class whose constructor passes `**kwargs` on to its base's (compbench's SGD to torch's) names
+    its bases' arguments as well, up to the first constructor without `**kwargs`."""
+    names: list[str] = []
+    classes = obj.__mro__ if inspect.isclass(obj) else ()
+    inits = [vars(c)["__init__"] for c in classes if "__init__" in vars(c)] or [obj]
+    for fn in inits:
+        params = inspect.signature(fn).parameters
+        names += [k for k, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                  and k not in ("self", *names)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return names, False
+    return names, True
 
 
 def build(cfg: DictConfig | dict[str, Any], *, drop: tuple[str, ...] = (), **extra: Any) -> Any:

@@ -83,6 +83,11 @@ class RunSettings:
                                         fix="seconds of training, e.g. max_train_s=90")
 
     @classmethod
+    def path_keys(cls) -> tuple[str, ...]:
+        """The settings that name a file or folder (a number given there is its name)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata["kind"] == "path")
+
+    @classmethod
     def of(cls, cfg: DictConfig) -> RunSettings:
         """The settings of `cfg`, each checked (ValueError: one line naming the key and the fix)."""
         return cls(**{f.name: _checked(f, cfg[f.name]) for f in dataclasses.fields(cls)})
@@ -103,8 +108,10 @@ def _checked(f: dataclasses.Field, v: Any) -> Any:
     elif kind == "bool" and not isinstance(v, bool):
         raise ValueError(f"{f.name}={show(v)} must be true or false")
     elif kind == "choice" and v not in meta["choices"]:
-        raise ValueError(f"{f.name}={v} is unknown; use {', '.join(meta['choices'][:-1])} or "
+        raise ValueError(f"{f.name}={show(v)} is unknown; use {', '.join(meta['choices'][:-1])} or "
                          f"{meta['choices'][-1]}")
     elif kind == "path":
+        if isinstance(v, bool) or not isinstance(v, str | int | float):
+            raise ValueError(f"{f.name}={show(v)} must be a path")
         return str(v)
     return v

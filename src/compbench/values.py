@@ -40,7 +40,11 @@ def show(v: Any) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     if OmegaConf.is_config(v):
-        return str(OmegaConf.to_container(v))
+        v = OmegaConf.to_container(v)
+    if isinstance(v, list | tuple):
+        return "[" + ",".join(show(x) for x in v) + "]"
+    if v == "":
+        return "''"
     return str(v)
 
 

@@ -22,7 +22,8 @@ COMMON = [*TINY, "engine.np=2", "batch_size=16", "epochs=4", "compressor=topk", 
 KILL = ["fault.kill_rank=1", "fault.at_step=12"]
 
 
-@pytest.mark.parametrize("engine", ["horovod", "torch"])
+# Suite time: torch's run in the slow tier (the kill is the trainer's, the same on both engines)
+@pytest.mark.parametrize("engine", ["horovod", pytest.param("torch", marks=pytest.mark.slow)])
 def test_a_killed_worker_stops_the_job_and_resume_finishes(tmp_path, engine):
     run = tmp_path / "run"
     base = [*COMMON, f"engine={engine}", "checkpoint_every_steps=4", f"output_dir={run}"]

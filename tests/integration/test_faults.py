@@ -21,8 +21,10 @@ def _ckpt(run: Path) -> dict:
     return torch.load(run / "checkpoint.pt", weights_only=True)
 
 
+# Suite time: dragonn's in the slow tier (a residual memory resumes in test_resume.py's layerwise-ps)
 @pytest.mark.parametrize("setup",
-                         [["compressor=dgc", "memory=dgc"], ["compressor=dragonn", "memory=residual"]],
+                         [["compressor=dgc", "memory=dgc"],
+                          pytest.param(["compressor=dragonn", "memory=residual"], marks=pytest.mark.slow)],
                          ids=["dgc", "dragonn"])
 def test_resume_is_bit_exact(tmp_path, setup):
     common = [*TINY, "optim.lr_schedule=cosine", "engine.np=2", "batch_size=16", "ratio=0.05",

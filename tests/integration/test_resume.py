@@ -65,8 +65,14 @@ def _plan(tmp_path: Path) -> Path:
     return plan
 
 
+# Suite time: mergecomp with DGC in the slow tier (DGC's memory resumes in test_faults.py, MergeComp's
+# groups in mergecomp-auto).
+SLOW_CASES = ("mergecomp-allgather-dgc",)
+
+
 @pytest.mark.dist
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c
+                                  for c in CASES])
 def test_two_epochs_equal_one_epoch_and_resume(tmp_path, case):
     setup = [*COMMON, *CASES[case]]
     if case.startswith("secopa"):

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.dist
 RUNS = str(Path(__file__).with_name("scheduler_runs.py"))
 
 
-@pytest.mark.parametrize("engine", ["horovod", "torch"])
+# Suite time: torch's run in the slow tier (the engines' parity is tests/dist/test_engine_parity.py)
+@pytest.mark.parametrize("engine", ["horovod", pytest.param("torch", marks=pytest.mark.slow)])
 def test_every_scheduler_equals_layerwise_without_compression(tmp_path, engine):
     """compressor=none, 5 steps: layerwise (overlapped and not), mergecomp 0/1/3 groups and auto
     give layerwise's parameters to 1e-5 (scheduler_runs.py checks it on every rank). Then a

@@ -12,7 +12,8 @@ from tests.helpers import TINY, event_tags, params, results, train
 pytestmark = pytest.mark.dist
 
 
-@pytest.mark.parametrize("engine", ["horovod", "torch"])
+# Suite time: torch's run in the slow tier (the engines' parity is tests/dist/test_engine_parity.py)
+@pytest.mark.parametrize("engine", ["horovod", pytest.param("torch", marks=pytest.mark.slow)])
 def test_two_workers_equal_one_worker_with_double_batch(tmp_path, engine):
     common = [*TINY, "compressor=none", "eval=false", "max_steps=5", "epochs=1", f"engine={engine}"]
     two, _ = train(tmp_path, *common, "engine.np=2", "batch_size=8", name="two")

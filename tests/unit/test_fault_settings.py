@@ -25,7 +25,15 @@ KILL = ["fault.kill_rank=1", "fault.at_step=3"]
     (["fault.kill_rank=2", "fault.at_step=3"], "fault.kill_rank=2 is not a rank of engine.np=2 workers"),
     (["fault.kill_rank=-1", "fault.at_step=3"], "fault.kill_rank=-1 must be an integer >= 0"),
     (["fault.kill_rank=1", "fault.at_step=0"], "fault.at_step=0 must be an integer >= 1"),
-    (["fault.kill_rank=1", "fault.at_step=8", "max_steps=8"], "fault.at_step=8 is not before max_steps=8"),
+    (["fault.kill_rank=1", "fault.at_step=8", "max_steps=8"],
+     "fault.at_step=8 is not before the run's end at step 8 (max_steps=8): nothing would be killed; pass "
+     "fault.at_step below 8"),
+    # 256 samples / (2 x 32) a step = 4 steps an epoch: 8 epochs end at step 32
+    (["fault.kill_rank=1", "fault.at_step=40"],
+     "fault.at_step=40 is not before the run's end at step 32 (epochs=8 of 4 steps): nothing would be "
+     "killed; pass fault.at_step below 32"),
+    (["fault.kill_prob=0.1", "engine.np=1"], "fault.kill_prob=0.1 kills workers other than rank 0 (which "
+                                             "keeps the records), and engine.np=1 has none; use engine.np=2"),
     ([*KILL, "fault.rejoin_after_s=5"], "fault.rejoin_after_s brings back a killed worker, which needs "
                                         "engine.elastic=true"),
     ([*KILL, "fault.rejoin_after_steps=5"], "fault.rejoin_after_steps brings back a killed worker"),
@@ -173,6 +181,23 @@ def test_a_commit_file_keeps_two_commits_and_ignores_another_jobs(tmp_path):
     assert sorted(kept) == [4, 5] and torch.equal(kept[5]["shared"]["w"], torch.full((2,), 5.0))
     assert not list((tmp_path / "elastic").glob("*.tmp"))
     assert CommitFile(tmp_path / "elastic" / "node1.pt", "job-b").read() == {}
+
+
+def test_a_tampered_commit_is_refused_with_one_line(tmp_path):
+    """A commit file holding more than tensors and plain data (here: a function to import) is
+    refused as a tampered checkpoint.pt is, naming the file and the fix; nothing in it runs."""
+    import os
+
+    from compbench.train.elastic_torch import CommitFile
+
+    path = tmp_path / "elastic" / "node1.pt"
+    path.parent.mkdir()
+    torch.save({"step": 3, "job": "job-a", "hook": os.getcwd}, path)
+    with pytest.raises(ValueError) as e:
+        CommitFile(path, "job-a").read()
+    assert str(e.value) == (f"engine.elastic: {path} holds objects other than tensors and plain data "
+                            "(loading it could run code); refusing it: remove it (the run then continues "
+                            "from its other commit, or from the start)")
 
 
 @pytest.mark.parametrize("held, step, source, recorder", [

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import psutil
 
-from compbench.args import ArgumentParser
+from compbench.args import ArgumentParser, decimal, whole
 from compbench.cluster import nodes
 from compbench.cluster.nodes import Cluster
 from compbench.errors import INTERRUPTED_EXIT
@@ -44,10 +44,10 @@ def _parser() -> ArgumentParser:
     sub = p.add_subparsers(dest="action", required=True)
     for name in ("up", "run"):
         s = sub.add_parser(name)
-        s.add_argument("--nodes", type=int, default=2, help="emulated machines (default 2)")
+        s.add_argument("--nodes", type=whole, default=2, help="emulated machines (default 2)")
         s.add_argument("--gbps", default="10",
                        help="node link, Gbit/s each way (default 10), or one per node: --gbps 1,1,0.1")
-        s.add_argument("--latency-us", type=float, default=0.0, help="one-way delay added per node link")
+        s.add_argument("--latency-us", type=decimal, default=0.0, help="one-way delay added per node link")
     run = sub.choices["run"]
     run.add_argument("--each", action="store_true", help="run the command on every node at once")
     run.add_argument("--elastic", action="store_true",
@@ -105,10 +105,11 @@ def _wanted(args: argparse.Namespace) -> Cluster:
 
 
 def _number(text: str) -> float | str:
-    """A --gbps item as a number (check_rate says what is wrong with one that is not)."""
+    """A --gbps item as a decimal number (check_rate says what is wrong with one that is not: 1_0 too,
+    which float() would read as 10)."""
     try:
-        return float(text)
-    except ValueError:
+        return decimal(text)
+    except argparse.ArgumentTypeError:
         return text
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard, TypeVar, r
 import torch
 from torch import Tensor
 
-from compbench.values import KeyRange
+from compbench.values import KeyRange, show
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -418,7 +418,7 @@ def check_ratio(ratio: float, who: str) -> float:
     # typo, not a number to convert; NaN fails the interval test.
     number = isinstance(ratio, int | float) and not isinstance(ratio, bool)
     if not number or not (0 < float(ratio) <= 1):
-        raise ValueError(f"{who}: ratio={ratio} is outside (0, 1]; pass e.g. ratio=1e-3")
+        raise ValueError(f"{who}: ratio={show(ratio)} is outside (0, 1]; pass e.g. ratio=1e-3")
     return float(ratio)
 
 

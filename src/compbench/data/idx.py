@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from compbench.data import IMAGE_SIZE, SEED, KeyRange
+from compbench.values import show
 
 TASK = "classification"
 _FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
@@ -138,7 +139,7 @@ def idx_dataset(root: str | None = None, name: str = "fashion_mnist", image_size
                 channels: int = 1, train_size: int | None = None, test_size: int | None = None,
                 seed: int = 0, **_: object):
     if name not in _STATS:
-        raise ValueError(f"dataset.name={name} is unknown; use one of {', '.join(_STATS)}")
+        raise ValueError(f"dataset.name={show(name)} is unknown; use one of {', '.join(_STATS)}")
     if channels not in (1, 3):
         raise ValueError(f"dataset.channels={channels} must be 1 or 3 (3 repeats the gray channel)")
     folder = str(_check_folder(root, name))

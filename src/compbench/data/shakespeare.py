@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from compbench.data.text_corpus import OOD_FILE, default_root, read_manifest
+from compbench.values import show
 
 TASK = "language_model"
 # No numeric ranges for the parent's generic check: check_root checks every setting against the
@@ -75,9 +76,9 @@ def _settings(root: str | None, tokenizer: str, holdout_every: int, block_size: 
     if eval_windows is not None and (not isinstance(eval_windows, int) or eval_windows < 1):
         raise ValueError(f"dataset.eval_windows={eval_windows} must be an integer >= 1 or null (all)")
     if tokenizer not in TOKENIZERS:
-        raise ValueError(f"dataset.tokenizer={tokenizer} is unknown; use {' or '.join(TOKENIZERS)}")
+        raise ValueError(f"dataset.tokenizer={show(tokenizer)} is unknown; use {' or '.join(TOKENIZERS)}")
     if ood not in (None, "kjv"):
-        raise ValueError(f"dataset.ood={ood} is unknown; use kjv (the King James Bible) or null (none)")
+        raise ValueError(f"dataset.ood={show(ood)} is unknown; use kjv (the King James Bible) or null (none)")
     return Path(root) if root else default_root()
 
 

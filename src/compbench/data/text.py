@@ -21,6 +21,7 @@ Decisions:
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ import torch
 
 from compbench.data import KeyRange
 from compbench.data.shakespeare import TOKENIZERS, TokenWindows, encode, vocabulary, windows
+from compbench.values import show
 
 TASK = "language_model"
 KEY_RANGES = {"holdout_every": KeyRange(2, what="every k-th file is validation"),
@@ -70,6 +72,27 @@ def _scan(folder: str, tokenizer: str, stamp: tuple) -> Files:
     return tuple(names), tuple(texts), tuple(counts)
 
 
+def _text_files(folder: Path, root: str) -> list[Path]:
+    """Every .txt file under `folder`, sorted, symlinked folders followed (a user's corpus is often
+    links to where the texts live). Each real folder is read once: one reached again (a link back up,
+    a loop; or a second link to it) is refused, its files would count twice."""
+    seen: dict[str, str] = {}
+    found = []
+    for here, _, files in os.walk(folder, followlinks=True, onerror=_raise):
+        real = os.path.realpath(here)
+        rel = os.path.relpath(here, folder)
+        if real in seen:
+            raise ValueError(f"dataset.root={root}: {rel} is {seen[real]} again (through a symlink), so its "
+                             "files would count twice; remove the link")
+        seen[real] = rel
+        found += [Path(here, name) for name in files if name.endswith(".txt") and Path(here, name).is_file()]
+    return sorted(found)
+
+
+def _raise(e: OSError) -> None:
+    raise e
+
+
 def _files(root: str | None, tokenizer: str) -> Files:
     if not root:
         raise ValueError(f"dataset.root=null: dataset=text reads your own text files; {FIX}")
@@ -79,7 +102,7 @@ def _files(root: str | None, tokenizer: str) -> Files:
     if not folder.is_dir():
         raise ValueError(f"dataset.root={root} is not a folder; {FIX}")
     try:
-        paths = sorted(p for p in folder.rglob("*.txt") if p.is_file())
+        paths = _text_files(folder, root)
         stamp = tuple((str(p.relative_to(folder)), st.st_size, st.st_mtime_ns)
                       for p in paths for st in (p.stat(),))
     except OSError as e:
@@ -96,7 +119,7 @@ def _files(root: str | None, tokenizer: str) -> Files:
 def _plan(root: str | None, tokenizer: str, holdout_every: int, vocab_size: int, block_size: int
           ) -> tuple[list[int], list[int], list[str], tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
     if tokenizer not in TOKENIZERS:
-        raise ValueError(f"dataset.tokenizer={tokenizer} is unknown; use {' or '.join(TOKENIZERS)}")
+        raise ValueError(f"dataset.tokenizer={show(tokenizer)} is unknown; use {' or '.join(TOKENIZERS)}")
     names, texts, counts = _files(root, tokenizer)
     val = list(range(0, len(names), holdout_every))
     train = [i for i in range(len(names)) if i not in val]

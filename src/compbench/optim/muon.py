@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from compbench.values import is_number, show
+
 ADJUST_LR = (None, "original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
 
 
@@ -52,21 +54,21 @@ def check_options(lr: float = 0.02, momentum: float = 0.95, nesterov: bool = Tru
                   adamw_weight_decay: float = 0.0, fused: bool = True) -> None:
     """Config-time check of optim=muon's own keys (the common ones are checked with every optimizer)."""
     if not isinstance(ns_steps, int) or isinstance(ns_steps, bool) or ns_steps < 1:
-        raise ValueError(f"optim.ns_steps={ns_steps} must be an integer >= 1 (Newton-Schulz iterations); "
-                         "e.g. optim.ns_steps=5")
+        raise ValueError(f"optim.ns_steps={show(ns_steps)} must be an integer >= 1 (Newton-Schulz "
+                         "iterations); e.g. optim.ns_steps=5")
     if adjust_lr_fn not in ADJUST_LR:
-        raise ValueError(f"optim.adjust_lr_fn={adjust_lr_fn} is unknown; use null, original or "
+        raise ValueError(f"optim.adjust_lr_fn={show(adjust_lr_fn)} is unknown; use null, original or "
                          "match_rms_adamw")
     if not isinstance(adamw_lr, int | float) or not adamw_lr > 0:
-        raise ValueError(f"optim.adamw_lr={adamw_lr} must be a number > 0 (AdamW's, for the parameters "
+        raise ValueError(f"optim.adamw_lr={show(adamw_lr)} must be a number > 0 (AdamW's, for the parameters "
                          "Muon does not step); e.g. optim.adamw_lr=1e-3")
-    betas = list(adamw_betas)
-    if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
-        raise ValueError(f"optim.adamw_betas={betas} must be two numbers in [0, 1); "
+    betas = list(adamw_betas) if isinstance(adamw_betas, list | tuple) else [adamw_betas]
+    if len(betas) != 2 or not all(is_number(b) and 0 <= b < 1 for b in betas):
+        raise ValueError(f"optim.adamw_betas={show(adamw_betas)} must be two numbers in [0, 1); "
                          "e.g. optim.adamw_betas=[0.9,0.999]")
     for key, value in (("adamw_eps", adamw_eps), ("adamw_weight_decay", adamw_weight_decay)):
-        if not isinstance(value, int | float) or value < 0:
-            raise ValueError(f"optim.{key}={value} must be a number >= 0")
+        if not is_number(value) or value < 0:
+            raise ValueError(f"optim.{key}={show(value)} must be a number >= 0")
 
 
 class Muon(torch.optim.Optimizer):

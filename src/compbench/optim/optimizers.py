@@ -17,6 +17,7 @@ from compbench.kernels import cpu, cuda_kernels_enabled
 from compbench.optim.clip import CLIP_KEY
 from compbench.optim.muon import Muon, matrices, tag_groups
 from compbench.optim.schedule import SCHEDULE_KEYS
+from compbench.values import show
 
 # Settings of the `optim` group that shape the learning-rate schedule, whatever the optimizer.
 
@@ -251,14 +252,14 @@ _EMPTY_LONG = torch.empty(0, dtype=torch.int64)
 _OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "muon": Muon}
 
 
-def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+def optimizer_class(name: Any) -> type[torch.optim.Optimizer]:
     """`optim.name`'s class: sgd, adam, adamw or muon, or "package.module.Class" (a torch.optim.Optimizer
     of a user's package, taking the optim group's other keys as keyword arguments); ValueError (one
     line, naming the key) for anything else."""
     if name in _OPTIMIZERS:
         return _OPTIMIZERS[name]
-    if "." not in name:
-        raise ValueError(f"optim.name={name} is unknown; use sgd, adam, adamw or package.module.Class "
+    if not isinstance(name, str) or "." not in name:
+        raise ValueError(f"optim.name={show(name)} is unknown; use sgd, adam, adamw or package.module.Class "
                          "(a torch.optim.Optimizer of your own)")
     from compbench import registry
 

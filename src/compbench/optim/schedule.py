@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from compbench.values import show
+
 SCHEDULE_KEYS = ("lr_schedule", "warmup_epochs", "lr_min_factor", "lr_step_epochs", "lr_gamma")
 
 
@@ -18,7 +20,7 @@ def build_schedule(optimizer: torch.optim.Optimizer, steps_per_epoch: int, epoch
     warm = int(warmup_epochs * steps_per_epoch)
     steps = [int(e * steps_per_epoch) for e in (lr_step_epochs or [])]
     if lr_schedule not in ("constant", "cosine", "step"):
-        raise ValueError(f"optim.lr_schedule={lr_schedule} is unknown; use constant, cosine or step")
+        raise ValueError(f"optim.lr_schedule={show(lr_schedule)} is unknown; use constant, cosine or step")
 
     def factor(step: int) -> float:
         if step < warm:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from compbench.args import ArgumentParser
+from compbench.args import ArgumentParser, decimal, whole
 from compbench.errors import INTERRUPTED_EXIT
 from compbench.matrix import Job, check_jobs, run_jobs
 from compbench.race.report import load, write
 from compbench.race.suites import RACES, Race
 from compbench.race.targets import TARGETS
+
+MAX_SEEDS = 10  # a race of 3 links and 8 methods at 10 seeds is 240 runs already
 
 
 def main(argv: list[str]) -> int:
@@ -38,15 +40,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default=None, help="output folder (default outputs/race-SUITE[-quick])")
     parser.add_argument("--only", default=None, help="comma-separated methods (default: all)")
     parser.add_argument("--links", default=None, help="comma-separated links in Mbit/s (default 10,100,1000)")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default 2; --quick 1)")
+    parser.add_argument("--seeds", type=whole, default=None,
+                        help=f"seeds per run, 1 to {MAX_SEEDS} (default 2; --quick 1)")
     parser.add_argument("overrides", nargs="*", help="key=value applied to every run")
     args = parser.parse_args(argv)
     race = RACES[args.suite]
     methods = _select(args.only, race)
     links = _links(args.links) if args.links is not None else race.links_mbps
     seeds = args.seeds if args.seeds is not None else (1 if args.quick else race.seeds)
-    if seeds < 1:
-        raise ValueError(f"--seeds {seeds} must be >= 1")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ValueError(f"--seeds {seeds} must be within 1 to {MAX_SEEDS} (each seed is one run per method "
+                         "and link); e.g. --seeds 3")
     out = Path(args.out or f"outputs/race-{race.name}{'-quick' if args.quick else ''}")
     target = race.quick_target if args.quick else race.target
     budget = race.quick_budget_s if args.quick else race.budget_s
@@ -74,15 +78,26 @@ def _select(only: str | None, race: Race) -> list[str]:
     if unknown or not wanted:
         raise ValueError(f"--only {only}: unknown method {', '.join(unknown) or '(none given)'}; "
                          f"choose from {', '.join(race.methods)}")
+    _once("--only", only, wanted)
     return wanted
+
+
+def _once(flag: str, text: str, items: list) -> None:
+    """A list flag names each item once: a second run of the same method on the same link would
+    replace the first's finished folder."""
+    twice = next((x for i, x in enumerate(items) if x in items[:i]), None)
+    if twice is not None:
+        raise ValueError(f"{flag} {text} names {twice:g} twice; give each once" if isinstance(twice, float)
+                         else f"{flag} {text} names {twice} twice; give each once")
 
 
 def _links(text: str) -> tuple[float, ...]:
     try:
-        links = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
+        links = tuple(decimal(x.strip()) for x in text.split(",") if x.strip())
+    except argparse.ArgumentTypeError:
         links = ()
     if not links or not all(x > 0 for x in links):
         raise ValueError(f"--links {text} must be a comma-separated list of link rates in Mbit/s > 0, e.g. "
                          "--links 10,100,1000")
+    _once("--links", text, list(links))
     return links

@@ -35,7 +35,7 @@ from compbench.optim.optimizers import plain_optimizer
 from compbench.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.sync.ddp_topk_hook import TopKHookState, topk_hook
-from compbench.values import KeyRange
+from compbench.values import KeyRange, show
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "topk")
 
@@ -45,7 +45,7 @@ def check_options(hook: str = "allreduce", powersgd_rank: int = 1, start_powersg
     """Config-time check of sync=ddp's own options (the engine and compbench's unused compressor,
     memory, communicator and scheduler are checked by compbench.compat from `sync_traits`)."""
     if hook not in HOOKS:
-        raise ValueError(f"sync.hook={hook} is unknown; use one of: {', '.join(HOOKS)}")
+        raise ValueError(f"sync.hook={show(hook)} is unknown; use one of: {', '.join(HOOKS)}")
     if hook == "bf16" and not torch.cuda.is_available():
         raise ValueError("sync.hook=bf16 (torch's bf16_compress_hook) needs CUDA + NCCL; use sync.hook=fp16")
     if isinstance(powersgd_rank, bool) or not isinstance(powersgd_rank, int) or powersgd_rank < 1:

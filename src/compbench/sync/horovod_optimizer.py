@@ -34,6 +34,7 @@ from compbench.engines.base import Engine
 from compbench.optim.optimizers import plain_optimizer
 from compbench.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
+from compbench.values import show
 
 COMPRESSIONS = ("none", "fp16")
 
@@ -42,7 +43,8 @@ def check_options(compression: str = "none", **_: Any) -> None:
     """Config-time check of sync=horovod_optimizer's own options (the engine and compbench's unused
     compressor, memory, communicator and scheduler are checked by compbench.compat from `sync_traits`)."""
     if compression not in COMPRESSIONS:
-        raise ValueError(f"sync.compression={compression} is unknown; use one of: {', '.join(COMPRESSIONS)}")
+        raise ValueError(f"sync.compression={show(compression)} is unknown; use one of: "
+                         f"{', '.join(COMPRESSIONS)}")
 
 
 class HorovodOptimizerSync:

@@ -194,7 +194,7 @@ class SpartaDiLoCo(DiLoCo):
                                                    replicas_diverge=True)
 
     @staticmethod
-    def check_model(model: nn.Module, p: float = P_DEFAULT, fragments: int = 1, **_: Any) -> None:
+    def check_model(model: nn.Module, fragments: int = 1, p: float = P_DEFAULT, **_: Any) -> None:
         check_picks(model, p)
         DiLoCo.check_model(model, fragments)
 

@@ -109,6 +109,20 @@ def read_checkpoint(path: Path, who: str, map_location: torch.device | str = "cp
     """Load a checkpoint (tensors and plain data only) onto `map_location`, whatever device wrote it
     (a GPU run resumes on the CPU and back); ValueError naming `who` (e.g. `resume=DIR`) for a file
     that is unsafe, truncated, or not a compbench checkpoint."""
+    state = load_safely(path, who, map_location)
+    if not isinstance(state, dict) or "model" not in state or "position" not in state:
+        raise ValueError(f"{who}: {path} is not a compbench checkpoint; pass a run directory or its {FILE}")
+    if state.get("format") != FORMAT or not isinstance(state.get("config"), dict):
+        raise ValueError(f"{who}: {path} was written by an older compbench (checkpoint format "
+                         f"{state.get('format', 1)}, this one reads {FORMAT}); start a new run")
+    return state
+
+
+def load_safely(path: Path, who: str, map_location: torch.device | str = "cpu",
+                fix: str = "pass another checkpoint or start a new run") -> Any:
+    """`torch.load(weights_only=True)` of a file compbench wrote (a checkpoint, an elastic commit):
+    ValueError naming `who` and `fix` for one that holds objects other than tensors and plain data
+    (loading it could run code), or that is truncated or corrupt; FileNotFoundError as it is."""
     try:
         with warnings.catch_warnings():  # e.g. torch's note on a foreign pickle protocol
             warnings.simplefilter("ignore")
@@ -116,17 +130,13 @@ def read_checkpoint(path: Path, who: str, map_location: torch.device | str = "cp
     except pickle.UnpicklingError as e:
         if "global" in str(e).lower():  # the weights-only unpickler met a class or function to import
             raise ValueError(f"{who}: {path} holds objects other than tensors and plain data (loading it "
-                             f"could run code); refusing it: start a new run") from None
+                             f"could run code); refusing it: {fix}") from None
         raise ValueError(f"{who}: {path} is not a checkpoint of tensors and plain data (corrupt, or a "
-                         f"pickle that could run code); pass another checkpoint or start a new run") from None
+                         f"pickle that could run code); {fix}") from None
+    except FileNotFoundError:
+        raise
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as e:
-        raise ValueError(f"{who}: {path} is truncated or corrupt ({_first_line(e)}); pass another "
-                         f"checkpoint or start a new run") from None
-    if not isinstance(state, dict) or "model" not in state or "position" not in state:
-        raise ValueError(f"{who}: {path} is not a compbench checkpoint; pass a run directory or its {FILE}")
-    if state.get("format") != FORMAT or not isinstance(state.get("config"), dict):
-        raise ValueError(f"{who}: {path} was written by an older compbench (checkpoint format "
-                         f"{state.get('format', 1)}, this one reads {FORMAT}); start a new run")
+        raise ValueError(f"{who}: {path} is truncated or corrupt ({_first_line(e)}); {fix}") from None
     return state
 
 

@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 
 from compbench.errors import PEER_LOST_EXIT, as_peer_lost, say_error
 from compbench.launch import NODE_ENV, die_with_parent
-from compbench.train.checkpoint import on_device
+from compbench.train.checkpoint import load_safely, on_device
 from compbench.train.elastic import BelowMinimum, restore_commit, take_commit
 from compbench.train.loop import Trainer
 
@@ -165,10 +165,13 @@ class CommitFile:
         """This job's commits here, by step."""
         found = {}
         for path in (self.path, self.prev):
-            try:
-                saved = torch.load(path, map_location="cpu", weights_only=True)  # restore maps it
+            try:  # onto the CPU: the restore maps it to the rank's device
+                saved = load_safely(path, "engine.elastic", fix="remove it (the run then continues from its "
+                                    "other commit, or from the start)")
             except FileNotFoundError:
                 continue
+            if not isinstance(saved, dict) or "step" not in saved:
+                raise ValueError(f"engine.elastic: {path} is not a commit of this run's machine; remove it")
             if saved.get("job") == self.job:
                 found[int(saved["step"])] = saved
         return found

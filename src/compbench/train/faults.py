@@ -64,8 +64,9 @@ class FaultPlan:
         self.slow_rank, self.slow_factor = slow_rank, float(slow_factor)
         self.kill_prob, self.process_only = float(kill_prob), bool(process_only)
 
-    def check(self, np: int, elastic: bool, max_steps: int | None, engine: str) -> None:
-        """Config-time check against the job (ValueError of one line naming the fix)."""
+    def check(self, np: int, elastic: bool, run_steps: tuple[int, str] | None, engine: str) -> None:
+        """Config-time check against the job (ValueError of one line naming the fix); `run_steps`: how
+        many steps the run takes and what bounds it, None where unknown here."""
         if self.process_only and not (self.kills and elastic and engine == "torch"):
             raise ValueError("fault.process_only=true kills a worker's process but not its machine, which "
                              "only TorchElastic tells apart (its agent restarts the worker in place; Horovod "
@@ -85,9 +86,13 @@ class FaultPlan:
                              "(TensorBoard, results.json) and its machine the rendezvous, and the survivors "
                              "must have them; kill another rank (fault.kill_rank=1), or only rank 0's "
                              "process (fault.process_only=true, engine=torch)")
-        if self.at_step is not None and max_steps is not None and self.at_step >= max_steps:
-            raise ValueError(f"fault.at_step={self.at_step} is not before max_steps={max_steps}: the run "
-                             f"ends first; pass fault.at_step below {max_steps}")
+        if self.at_step is not None and run_steps is not None and self.at_step >= run_steps[0]:
+            raise ValueError(f"fault.at_step={self.at_step} is not before the run's end at step "
+                             f"{run_steps[0]} ({run_steps[1]}): nothing would be killed; pass fault.at_step "
+                             f"below {run_steps[0]}")
+        if self.kill_prob and np < 2:
+            raise ValueError(f"fault.kill_prob={self.kill_prob:g} kills workers other than rank 0 (which "
+                             "keeps the records), and engine.np=1 has none; use engine.np=2 or more")
         if self.rejoin_after_s is not None and self.rejoin_after_steps is not None:
             raise ValueError("fault.rejoin_after_s and fault.rejoin_after_steps are two ways to say when a "
                              "replacement joins; set one of them")

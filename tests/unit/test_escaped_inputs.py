@@ -1,0 +1,122 @@
+"""Bad inputs that used to escape the config check: each is refused with one line naming the key and
+the fix, before anything is written (the CLI prints it as `error: ...` and exits 2)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from compbench import config
+from compbench.cluster.main import main as cluster
+from compbench.data.text import _text_files
+from compbench.race.main import main as race
+from tests.helpers import TINY, compbench
+
+NP2 = "engine.np=2"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # falsy network values: checked like any other, not skipped as absent
+    (["net.emulate_rank_gbps=0"], "net.emulate_rank_gbps=0 must be a list of 2 rates in Gbit/s, one per "
+                                  "worker of engine.np=2, e.g. net.emulate_rank_gbps=[1,1]"),
+    (["net.emulate_rank_gbps=false"], "net.emulate_rank_gbps=false must be a list of 2 rates in Gbit/s"),
+    (["net.emulate_rank_gbps=[]"], "net.emulate_rank_gbps=[] must be a list of 2 rates in Gbit/s"),
+    (["net.emulate_gbps=0"], "net.emulate_gbps=0 must be a number of Gbit/s > 0 within [0.001, 1000] (or "
+                             "null: no shaping)"),
+    (["net.emulate_gbps=false"], "net.emulate_gbps=false must be a number of Gbit/s > 0"),
+    (["net.emulate_gbps=''"], "net.emulate_gbps='' must be a number of Gbit/s > 0"),
+    # `+key=value` typos: a key nothing reads
+    (["+foo=1"], "foo is not a setting of compbench train; remove +foo= (the settings are listed by "
+                 "`compbench train --cfg job`)"),
+    (["+optim.lrr=0.1"], "optim.lrr is not a setting of optim.name=sgd; remove it (~optim.lrr); its settings "
+                         "are: lr, momentum, dampening, weight_decay, nesterov, maximize, foreach, "
+                         "differentiable, fused"),
+    (["+net.foo=1"], "net.foo is not a setting of net=measured; its settings are: gbps, latency_us, "
+                     "emulate_gbps, emulate_rank_gbps, emulate_latency_us"),
+    (["+dataset.foo=2"], "dataset.foo is not a setting of dataset=synthetic; its settings are: num_classes, "
+                         "image_size, channels, train_size, test_size, noise, seed"),
+    (["compressor=topk", "comm=allgather", "memory.beta=0.9"],
+     "memory.beta is not a setting of memory=none; name one that has it: memory=residual memory.beta=..."),
+    # widths that are not widths
+    (["model.hidden=[-5]"], "model.hidden=[-5] must list the hidden layers' widths, whole numbers >= 1, e.g. "
+                            "model.hidden=[256] (or [] for none)"),
+    (["model.hidden=[1.5]"], "model.hidden=[1.5] must list the hidden layers' widths"),
+    (["model.hidden=[0]"], "model.hidden=[0] must list the hidden layers' widths"),
+    (["model=resnet20", "model.num_classes=-1"],
+     "model=resnet20 cannot be built with these settings (Trying to create tensor with negative dimension "
+     "-1: [-1, 64]); check its model.* settings (`compbench train --cfg job`)"),
+    # settings that could never take effect
+    (["optim=muon", "model=resnet20"],
+     "optim=muon steps hidden nn.Linear matrices and model=resnet20 has none (convolutions, embeddings and "
+     "the output layer stay on AdamW), so every parameter would take AdamW; use optim=adamw"),
+    # the setting as it is written, not Python's None or True, nor OmegaConf's wording
+    (["device=null"], "device=null is unknown; use auto, cpu or cuda"),
+    (["optim.name=true"], "optim.name=true is unknown; use sgd, adam, adamw or package.module.Class"),
+    (["optim.lr_schedule=null"], "optim.lr_schedule=null is unknown; use constant, cosine, step"),
+    (["engine=torch", "engine.backend=true"], "engine.backend=true is unknown; use auto, gloo, nccl"),
+    (["resume=true"], "resume=true must be a path"),
+    (["ratio=true"], "ratio: ratio=true is outside (0, 1]; pass e.g. ratio=1e-3"),
+])
+def test_the_input_is_one_line_naming_its_fix(overrides, message):
+    base = [o for o in TINY if not o.startswith("model")] if any(o.startswith("model=") for o in overrides) \
+        else TINY
+    with pytest.raises(ValueError) as e:
+        config.check(config.compose([*base, NP2, *overrides]))
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_a_falsy_link_is_refused_before_the_run_folder_exists(tmp_path):
+    proc = compbench("train", *TINY, "net.emulate_gbps=0", f"output_dir={tmp_path / 'run'}")
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: net.emulate_gbps=0 must be")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_home_folder_is_written_out_for_hydra(monkeypatch, tmp_path):
+    """`dataset.root=~/texts`, as the guide writes it (Hydra's lexer refuses an unquoted ~)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = config.compose(["model=gpt", "dataset=text", "dataset.root=~/texts"])
+    assert cfg.dataset.root == f"{tmp_path}/texts"
+    assert config.home_expanded("output_dir=~") == f"output_dir='{tmp_path}'"
+    assert config.home_expanded("a=b~/c") == "a=b~/c"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--links", "10,10"], "--links 10,10 names 10 twice; give each once"),
+    (["--only", "demo,demo"], "--only demo,demo names demo twice; give each once"),
+    (["--seeds", "100"], "--seeds 100 must be within 1 to 10 (each seed is one run per method and link); "
+                         "e.g. --seeds 3"),
+    (["--seeds", "1_0"], "argument --seeds: '1_0' is not a whole number"),
+    (["--links", "1_0"], "--links 1_0 must be a comma-separated list of link rates in Mbit/s > 0"),
+])
+def test_a_race_queues_each_run_once_and_a_bounded_number_of_seeds(argv, message):
+    with pytest.raises(ValueError) as e:
+        race(argv)
+    assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["up", "--gbps", "1_0"], "--gbps 1_0 must be a number of Gbit/s > 0"),
+    (["up", "--latency-us", "1_0"], "argument --latency-us: '1_0' is not a number"),
+    (["up", "--nodes", "1_0"], "argument --nodes: '1_0' is not a whole number"),
+])
+def test_a_cluster_reads_numbers_as_written(argv, message):
+    with pytest.raises(ValueError) as e:
+        cluster(argv)
+    assert str(e.value).startswith(message)
+
+
+def test_symlinked_folders_of_a_text_root_are_followed_and_a_loop_refused(tmp_path):
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    (root / "a").mkdir(parents=True)
+    elsewhere.mkdir()
+    (root / "a" / "x.txt").write_text("x")
+    (elsewhere / "y.txt").write_text("y")
+    os.symlink(elsewhere, root / "linked")
+    assert [str(p.relative_to(root)) for p in _text_files(root, "R")] == ["a/x.txt", "linked/y.txt"]
+    os.symlink(root, root / "a" / "up")
+    with pytest.raises(ValueError, match=r"^dataset.root=R: a/up is \. again \(through a symlink\), so its "
+                                         r"files would count twice; remove the link$"):
+        _text_files(root, "R")
+    assert Path(root / "a" / "up").is_symlink()
