@@ -13,6 +13,7 @@ scripts/gpu_check.sh run it on a GPU):
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -259,3 +260,23 @@ def test_a_checkpoint_written_on_a_gpu_resumes_on_the_cpu(tmp_path, monkeypatch)
     torch.manual_seed(123)
     restore_rng(state["per_rank"][0], torch.device("cpu"))  # the CPU's state back; the GPU's ignored
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_bf16_autocasts_forward_and_keeps_gradients_and_the_pipeline_in_fp32(tmp_path):
+    if not device.bf16_supported("cpu"):
+        pytest.skip("this CPU has no bfloat16 arithmetic")
+    cfg = config.check(config.compose([*SMALL, "precision=bf16", "compressor=topk", "comm=allgather",
+                                       "memory=residual", "max_steps=6"]))
+
+    def rank(engine):
+        trainer = Trainer(cfg, engine, tmp_path)
+        seen = []
+        hook = trainer.model.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+        trainer.fit()
+        hook.remove()
+        return seen, {p.grad.dtype for p in trainer.model.parameters()}, trainer.recorder
+
+    seen, grads, recorder = ThreadWorld(2).run(rank)[0]
+    assert set(seen) == {torch.bfloat16} and grads == {torch.float32}
+    losses = recorder.history["train/loss"]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]

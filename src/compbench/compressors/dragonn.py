@@ -42,7 +42,9 @@ def _select(
     Empty slots hold -1, so element 0 can be selected (the reference marks empty slots with 0 and so
     never sends element 0). On CPU the compiled kernel (`kernels.cpu`) does the same in one pass
     (blocks of 64 below the threshold skipped, per-range tables merged by max); its twin hashes only the
-    candidates: `AbsIndex` finds them from per-block maxima, numpy hashes the ~k of them.
+    candidates: `AbsIndex` finds them from per-block maxima, numpy hashes the ~k of them. On a GPU the
+    filled slots are compacted, which reads their count on the host (the payload's size: one
+    synchronization per tensor, the method's only one; the threshold is read there too).
     """
     flat = x.detach().reshape(-1)
     if cuda_kernels_enabled(flat):

@@ -1,4 +1,5 @@
-"""`graddrop`: Aji and Heafield's gradient dropping (EMNLP 2017): drop the (1 - r) smallest by magnitude."""
+"""`graddrop`: Aji and Heafield's gradient dropping (EMNLP 2017): drop the (1 - r) smallest by magnitude.
+On a GPU its selection reads the selected count on the host once per tensor (the payload's size)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,10 @@ maxima (see there); a sampled threshold plus `topk` among the candidates is ~25x
 `torch.topk` over the whole tensor. CUDA tensors take the kernels of `compbench.kernels` when CuPy is
 installed, else the same torch expressions as before.
 
+Host synchronization on a GPU: a selection by threshold (topk's candidates, DGC, DRAGONN, graddrop)
+reads how many elements it selected, once per tensor (the payload's size, which the uneven allgather
+needs); rand-k's indices are a host draw copied to the device. Nothing else in here waits for the GPU.
+
 Decode into a caller's buffer: `sparse_decode(..., out=buf)` and `sparse_decode_all(..., out=buf)`
 zero-fill and scatter into `buf` instead of a fresh tensor (aliasing rule: `buffers.py`).
 """

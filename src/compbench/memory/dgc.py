@@ -69,7 +69,9 @@ class DGCMemory:
         self.velocities: dict[str, Tensor] = {}
 
     def _clip_factor(self, g: Tensor) -> float | None:
-        """The local clipping factor of `g` (one read of it), None when it is not clipped."""
+        """The local clipping factor of `g` (one read of it), None when it is not clipped. The norm is read
+        on the host (on a GPU one synchronization per tensor, with gradient_clipping only), as the
+        reference's clipping reads it: the factor is computed in double precision there."""
         norm = float(torch.linalg.vector_norm(g.float()))
         if self.clip_norm is not None and norm > self.clip_norm:
             return self.clip_norm / (norm + 1e-6)

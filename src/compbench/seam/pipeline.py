@@ -119,7 +119,8 @@ class GradientPipeline:
 
     def _prepare(self, grad: Tensor) -> Tensor:
         """Before a tensor is compressed: the sampled reads its encode makes are booked, and a
-        non-finite one is zeroed where the step is going to be dropped (`guard_nonfinite`)."""
+        non-finite one is zeroed where the step is going to be dropped (`guard_nonfinite`). That check
+        reads one flag per group on the host (on_nonfinite=skip with an overlapping scheduler only)."""
         if self.guard_nonfinite and not bool(torch.isfinite(grad).all()):
             grad = torch.zeros_like(grad)  # the trainer skips this step anyway; keep the memory finite
         if samples_at_random(self.compressor):

@@ -98,7 +98,11 @@ def check_options(freeze_step: int = 100, eps: float = 1e-8, max_coeff: float = 
 class OnebitLambStep(OnebitAdamStep):
     """1-bit LAMB's update rule alone (see the module). State per parameter: `step`, `exp_avg`,
     `exp_avg_sq`, `exp_avg_sq_fresh`, `lamb_coeff_freeze`, `last_factor` and, from the first
-    compressed step, `scaling_coeff`; per group: `initialized`, `frozen` (1-bit Adam's)."""
+    compressed step, `scaling_coeff`; per group: `initialized`, `frozen` (1-bit Adam's).
+
+    Its step reads each tensor's trust ratio (and the compressed stage's factor) on the host, as
+    DeepSpeed's `.item()` calls do: on a GPU one synchronization per tensor in the optimizer's step
+    (none in back-propagation), the price of its Python arithmetic matching the reference bit for bit."""
 
     label, mode = "1-bit LAMB", "onebit_lamb"
 
