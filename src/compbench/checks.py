@@ -301,6 +301,9 @@ def _check_optimizer_takes(cls: type, o: DictConfig) -> None:
         return
     for key in map(str, o):
         if key not in ("name", CLIP_KEY, *SCHEDULE_KEYS) and key not in params:
+            if "." in str(o.name):  # a user's class under another option's keys (optim=sgd's momentum)
+                raise ValueError(f"optim.{key}: optim.name={o.name} takes no such argument; remove it "
+                                 f"(~optim.{key}) or give your optimizer its own conf/optim/NAME.yaml")
             settings = ", ".join(k for k in params if k != "params")
             raise ValueError(f"optim.{key} is not a setting of optim.name={o.name}; remove it "
                              f"(~optim.{key}); its settings are: {settings}")

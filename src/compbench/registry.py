@@ -166,6 +166,8 @@ def check_settings(cfg: DictConfig | dict[str, Any], who: str, *, drop: tuple[st
     named, open_ended = named_parameters(locate(kwargs.pop("_target_")))
     takes = [k for k in named if k not in passed]
     if open_ended:
+        if not declared:  # nothing says which keys it reads: any
+            return
         takes += [k for k in declared if k not in takes and k != "_target_"]
     unknown = [k for k in kwargs if k not in drop and k not in takes]
     if unknown:

@@ -100,6 +100,12 @@ SUMMARY: dict[str, str] = {
     "final_loss": "train/loss at the last step (nats)",
     "throughput": _MEDIAN.format(tag="train/throughput", unit="samples/s"),
     **{f"{p}_ms": _MEDIAN.format(tag=f"time/{p}_ms", unit="ms") for p in PHASES},
+    "step_ms_q1": "first quartile of time/step_ms after the warm-up steps (a round's mean for a periodic "
+                  "mode) (ms): with step_ms_q3, the step time's spread",
+    "step_ms_q3": "third quartile of time/step_ms after the warm-up steps (ms)",
+    "loaded": "whether other work competed for the cores: the load average before training, or at its "
+              "end less the run's own compute threads, above the core count (environment: load_before, "
+              "load_after, own_threads, cores)",
     "other_ms": "step_ms minus the medians of compute, compress, comm, decompress and optimizer (ms): "
                 "the split adds up to step_ms",
     "bytes_sent_per_step": _MEDIAN.format(tag="comm/bytes_sent", unit="bytes per worker"),
@@ -167,6 +173,11 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
         lines.append(f"  step time    {s['step_ms']:.1f} ms = {parts}")
     if s.get("utilization") is not None:
         lines.append(f"  utilization  {100 * s['utilization']:.1f}% of the step computing")
+    if s.get("loaded"):
+        env = results.get("environment") or {}
+        lines.append(f"  LOADED       load {env.get('load_before')} before, {env.get('load_after')} after on "
+                     f"{env.get('cores')} cores ({env.get('own_threads')} compute threads of this run): "
+                     "other work competed, the times are the machine's as much as the method's")
     if s.get("target"):
         lines.append(f"  target       {_target_line(s['target'])}")
     if results.get("floors"):

@@ -96,7 +96,7 @@ def test_src_has_no_import_cycle():
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("errors", "values", "args", "stats", "floors", "netem", "plugins", "_torchvision_compat",
                     "results", "settings", "kernel_sources")),
-    ("devices", ("device", "engines", "kernels")),
+    ("devices", ("device", "provenance", "engines", "kernels")),
     ("codec", ("codec",)),
     ("compll", ("compll",)),
     ("catalog", ("registry",)),

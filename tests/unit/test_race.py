@@ -89,39 +89,90 @@ def _fake_race(out: Path) -> list:
                 reached = m != "ddp-adamw" or mbps == 1000.0 or (mbps == 100.0 and seed == 1)
                 res = _results(step, step - 100.0, sent, every=every, hidden=every if every > 1 else 0,
                                tokens_per_s=4096e3 / step, utilization=100.0 / step,
-                               comm_exposed_ms=step - 100.0,
-                               decompress_ms=0.0, peak_bytes_per_step=sent * every,
+                               comm_exposed_ms=step - 100.0, steps=200, step_ms_q1=0.9 * step,
+                               step_ms_q3=1.1 * step, decompress_ms=0.0, peak_bytes_per_step=sent * every,
+                               loaded=(m, mbps, seed) == ("diloco", 10.0, 1),
                                target={"metric": "eval/loss", "value": 2.3, "reached": reached, "step": 200,
                                        "train_s": 200 * step / 1e3 + seed})
-                res["curve"] = [{"step": s, "train_s": s * step / 1e3, "eval/loss": 3.0 - s / 300}
-                                for s in (50, 100, 150, 200)]
+                # reached between steps 150 (2.4) and 200 (2.2, 2.3 in the seeds that miss it): at 175
+                slope = 250 if reached else 300
+                res["curve"] = [{"step": s, "tokens": 4096 * s, "train_s": s * step / 1e3,
+                                 "eval/loss": 3.0 - s / slope} for s in (50, 100, 150, 200)]
                 (run_dir / "results.json").write_text(json.dumps(res))
                 entries.append((m, mbps, seed, run_dir))
     return entries
 
 
+def _rows(text: str) -> dict[tuple[str, ...], list[str]]:
+    """The markdown tables' rows by their first two cells (a table's row is `| a | b | ... |`)."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return {tuple(c[:2]): c for c in cells}
+
+
 def test_the_report_tables_plots_and_targets(tmp_path):
     entries = _fake_race(tmp_path)
     text = write(tmp_path, TEXT, load(entries), quick=False, checks=text_targets)
-    assert "| diloco | 10 | 20.5 +- 0.5 s (2/2) |" in text  # 200 steps of 100 ms, the seeds 1 s apart
-    assert "| ddp-adamw | 10 | not reached (0/2; best 2.333) |" in text
-    assert "| ddp-adamw | 100 | not reached (1/2; 72.4 s by 1, the others' best 2.333) |" in text
+    rows = _rows(text)
+    # 175 steps to the target (tokens read off the curve) of 100 ms: 17.5 s in both seeds, whose wall-clock
+    # seconds to it (200 steps, the seeds 1 s apart) are 20.0 and 21.0
+    assert rows[("diloco", "10")][2:5] == ["17.5 +- 0.0 s (2/2)", "20.5", "716,800"]
+    assert rows[("diloco", "10")][-1] == "1/2"  # one of its runs ran on a loaded machine
+    assert rows[("ddp-adamw", "10")][2] == "not reached (0/2; best 2.333)"
+    assert rows[("ddp-adamw", "100")][2].startswith("not reached (1/2; ")
     assert "18 of 18 within 15%" in text
-    assert "| ddp-adamw | - (the baseline) |" in text and "| diloco | at every bandwidth" in text
-    assert "| onebit-adam tokens/s >= 1.4x ddp-adamw's at 100 Mbit/s | yes |" in text
-    assert "| demo tokens/s >= 1x ddp-adamw's at 1000 Mbit/s | no run | - |" in text
-    assert "| diloco (eager) at 10 Mbit/s computes >= 95% of its step | yes |" in text
+    assert rows[("ddp-adamw", "- (the baseline)")]
+    assert rows[("diloco", "at every bandwidth from 0.1 Mbit/s to 100 Gbit/s")]
+    assert rows[("onebit-adam tokens/s >= 1.4x ddp-adamw's at 100 Mbit/s", "yes")]
+    assert not any(key[0].startswith("demo") for key in rows)  # only the methods that ran
+    assert rows[("diloco (eager) at 10 Mbit/s computes >= 95% of its step", "yes")]
+    assert "1 of 18 runs ran on a loaded machine" in text
     plots = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert plots == ["curves_1000mbps.png", "curves_100mbps.png", "curves_10mbps.png", "time_to_target.png",
                      "utilization.png"]
-    assert (tmp_path / "race.csv").read_text().count("\n") == 1 + 9
+
+
+def test_the_csvs_are_tidy_numbers_a_lab_reads(tmp_path):
+    import pandas as pd
+
+    write(tmp_path, TEXT, load(_fake_race(tmp_path)), quick=False, checks=text_targets)
+    runs = pd.read_csv(tmp_path / "race.csv")
+    assert len(runs) == 18 and list(runs.columns[:4]) == ["method", "link (Mbit/s)", "seed", "reached"]
+    for column in ("link (Mbit/s)", "tokens to target", "step ms", "time to target (s)", "tokens/s",
+                   "bytes per token", "load before"):
+        assert pd.api.types.is_numeric_dtype(runs[column]), column
+    diloco = runs[(runs["method"] == "diloco") & (runs["link (Mbit/s)"] == 10)]
+    assert diloco["tokens to target"].tolist() == [716800.0, 716800.0]  # 175 steps of 4096 tokens
+    # 50 steps between the evaluations around the crossing
+    assert diloco["tokens to target resolution"].tolist() == [204800.0, 204800.0]
+    assert diloco["loaded"].tolist() == [False, True]
+    curves = pd.read_csv(tmp_path / "race_curves.csv")
+    assert len(curves) == 18 * 4 and pd.api.types.is_numeric_dtype(curves["eval/loss"])
+
+
+def test_a_race_with_no_target_reached_says_no_verdict(tmp_path):
+    """The budget reached no target: no ratio is rated from a handful of steps."""
+    import json
+
+    entries = _fake_race(tmp_path)
+    for *_, run_dir in entries:
+        res = json.loads((run_dir / "results.json").read_text())
+        res["summary"]["target"]["reached"] = False
+        res["summary"]["steps"] = 18  # 13 after the warm-up
+        (run_dir / "results.json").write_text(json.dumps(res))
+    text = write(tmp_path, TEXT, load(entries), quick=True, checks=text_targets)
+    assert "**No verdict: no method reached the target within the budget (90 s of training)" in text
+    rows = _rows(text)
+    assert rows[("onebit-adam tokens/s >= 1.4x ddp-adamw's at 100 Mbit/s", "no verdict")][2] == \
+        "budget too small: 13 steps after the warm-up (< 20)"
+    assert text.startswith("# Race: text (quick: not evidence)")
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--links", "ten"], "--links ten must be a comma-separated list of link rates in Mbit/s > 0"),
     (["--links", "0,10"], "--links 0,10 must be a comma-separated list"),
     (["--only", "ddp,nope"], "--only ddp,nope: unknown method ddp, nope; choose from ddp-adamw, diloco"),
-    (["--seeds", "0"], "--seeds 0 must be >= 1"),
+    (["--seeds", "0"], "--seeds 0 must be within 1 to 10"),
 ])
 def test_bad_arguments_are_refused(argv, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):

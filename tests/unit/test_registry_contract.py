@@ -147,7 +147,7 @@ def test_target_resolves_and_takes_every_key(group, name):
     assert callable(registry.locate(cfg["_target_"]))
     passed = {"comm": ("engine", "compressor", "stats"), "memory": ("world_size",),
               "sync": ("pipeline", "scheduler", "engine", "stats")}.get(group, ())
-    registry.check_settings(cfg, f"{group}={name}", drop=DROPPED[group], passed=passed)
+    registry.check_settings(cfg, f"{group}={name}", drop=DROPPED[group], passed=passed, declared=tuple(cfg))
 
 
 # -- built instances of the light components ---------------------------------------------------

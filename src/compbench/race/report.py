@@ -1,13 +1,18 @@
-"""The race's report: race.md and race.csv, plots/ and the what-if model's predictions beside the
-measurements (compbench.race.model).
+"""The race's report: race.md, race.csv (one row per run), race_curves.csv (one row per evaluation),
+plots/ and the what-if model's predictions beside the measurements (compbench.race.model).
 
-Per link: each method's time to target (training seconds, mean +- half the range over seeds, and
-how many seeds reached it), its tokens or samples per second against the baseline's, its compute
-utilization, bytes per token (or sample), the most bytes it sent in one step (a round's exchange)
-and the communication its step waited for per exchange against the wire time of that exchange.
-Then the model: its fitted coefficients, its step times beside the measured ones, the bandwidth
-below which each method reaches the target before the baseline, and a what-if table. Plots: the
-metric against training seconds per link (every seed its own line), utilization against bandwidth
+Per link: each method's time to target decomposed (compbench.race.to_target: the tokens or samples it
+took, read off its curve, times the step time on the link; mean +- half the range over the seeds
+that reached it), beside the raw wall-clock training seconds to it; its tokens or samples per second
+against the baseline's; the step time (median, quartiles) measured and predicted; its compute
+utilization, bytes per token (or sample), the most bytes it sent in one step and the communication
+its step waited for per exchange against the wire time of that exchange; how many of its runs ran on
+a loaded machine. The decomposed figure is the one a loaded machine cannot fool much: the tokens do
+not depend on the load, the step time is its median. A race in which no method reached the target
+says so (no verdict) instead of rating figures from a handful of steps. Then the model: its fitted
+coefficients, its step times beside the measured ones, the bandwidth below which each method
+reaches the target before the baseline, and a what-if table. Plots: the metric against training
+seconds per link (every evaluation a marker, every seed its own line), utilization against bandwidth
 (each seed a point, the model's line), time to target per link (each seed a point, the mean a bar
 outline: seeds are never stacked).
 """
@@ -23,9 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tabulate import tabulate
+
 from compbench.comm.cost_model import Fit
 from compbench.race.model import Profile, crossover_gbps, fit_model
 from compbench.race.suites import Race
+from compbench.race.to_target import MIN_MEASURED_STEPS, ToTarget, to_target
+from compbench.results import WARMUP_STEPS
 
 
 @dataclass
@@ -42,6 +51,14 @@ class Run:
     @property
     def ok(self) -> bool:
         return self.summary.get("status") == "completed"
+
+    def to_target(self, race: Race) -> ToTarget | None:
+        return to_target(self.results or {}, race.metric, race.higher_is_better) if self.ok else None
+
+    @property
+    def measured_steps(self) -> int:
+        """Steps after the warm-up ones: what the medians are taken over."""
+        return max(0, int(self.summary.get("steps") or 0) - WARMUP_STEPS)
 
 
 def load(entries: Sequence[tuple[str, float, int, Path]]) -> list[Run]:
@@ -75,26 +92,44 @@ class Cell:
 
     @property
     def reached(self) -> list[float]:
-        """The training seconds to the target of the seeds that reached it."""
+        """The raw wall-clock training seconds to the target of the seeds that reached it."""
         return self._at_target("train_s")
 
     @property
+    def decomposed(self) -> list[ToTarget]:
+        """The seeds' decomposed ways to the target (those that reached it)."""
+        return [t for r in self.done if (t := r.to_target(self.race)) is not None]
+
+    @property
     def steps_to_target(self) -> float | None:
-        steps = self._at_target("step")
+        steps = [t.steps for t in self.decomposed]
         return statistics.fmean(steps) if steps else None
 
+    @property
+    def loaded(self) -> int:
+        """How many of its runs ran on a loaded machine (compbench.provenance)."""
+        return sum(bool(r.summary.get("loaded")) for r in self.done)
+
+    @property
+    def too_short(self) -> bool:
+        """Its runs measured too few steps after the warm-up for a throughput verdict."""
+        return not self.done or min(r.measured_steps for r in self.done) < MIN_MEASURED_STEPS
+
     def time_to_target(self) -> str:
+        """The decomposed seconds to the target: mean +- half the range over the seeds that reached it
+        (one seed: no spread), or, where some missed it, their best."""
         if not self.done:
             return "no data"
-        t, n = self.reached, len(self.done)
+        t, n = [d.seconds() for d in self.decomposed], len(self.done)
         if len(t) < n:  # the best of the seeds that missed it, and what those that reached it took
             missed = [r for r in self.done if not (r.summary.get("target") or {}).get("reached")]
             best = [b for r in missed if (b := _best(r, self.race)) is not None]
             top = (max(best) if self.race.higher_is_better else min(best)) if best else None
             best_text = f"{statistics.fmean(t):.1f} s by {len(t)}, the others' best" if t else "best"
             return f"not reached ({len(t)}/{n}; {best_text} {_fmt(top, '.3f')})"
-        spread = (max(t) - min(t)) / 2
-        return f"{statistics.fmean(t):.1f} +- {spread:.1f} s ({n}/{n})"
+        if n == 1:
+            return f"{t[0]:.1f} s (1/1)"
+        return f"{statistics.fmean(t):.1f} +- {(max(t) - min(t)) / 2:.1f} s ({n}/{n})"
 
     @property
     def every(self) -> int:
@@ -172,9 +207,13 @@ def predictions(fit: Fit, rows: list[tuple[Run, Profile]]) -> list[tuple[Run, fl
 
 # -- writing ---------------------------------------------------------------------------------------
 
-HEADER = ("method", "link (Mbit/s)", "time to target", "units/s", "x baseline", "step ms measured",
-          "step ms predicted", "utilization", "bytes per unit", "peak kB/step", "exposed comm ms/exchange",
-          "wire ms/exchange")
+
+def _header(race: Race) -> tuple[str, ...]:
+    u = race.units[:-1]  # token, sample
+    return ("method", "link (Mbit/s)", "time to target (s)", "wall-clock to target (s)",
+            f"{race.units} to target", f"{race.units}/s", "x baseline", "step ms (q1-q3)",
+            "step ms predicted", "utilization", f"bytes per {u}", "peak kB/step", "exposed comm ms/exchange",
+            "wire ms/exchange", "loaded runs")
 
 
 Checks = Callable[[dict[tuple[str, float], Cell]], list[tuple[str, bool | None, str]]]
@@ -191,28 +230,98 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
     rows = [_row(race, table, c, method, mbps, predicted) for method in methods for mbps in links
             if (c := table.get((method, mbps))) is not None]
     config: dict = next(((r.results or {})["config"] for r in runs if r.ok), {})
+    budget = config.get("max_train_s")
     target = f"{race.metric} {'>=' if race.higher_is_better else '<='} {race_target_value(race, runs):g}"
     lines = [f"# Race: {race.name}{' (quick: not evidence)' if quick else ''}", "",
-             f"Target {target}, budget {config.get('max_train_s')} s of training per run, links "
-             f"{', '.join(f'{x:g}' for x in links)} Mbit/s, units: {race.units}. Time to target in training "
-             "seconds (evaluations and start-up left out), mean +- half the range over seeds.", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER),
-             *("| " + " | ".join(row) + " |" for row in rows), ""]
+             f"Target {target}, budget {budget} s of training per run, links "
+             f"{', '.join(f'{x:g}' for x in links)} Mbit/s, units: {race.units}. Time to target: the "
+             f"{race.units} each run took to reach it (interpolated between its evaluations) times its "
+             "median step on the link, mean +- half the range over the seeds that reached it; beside it "
+             "the raw wall-clock training seconds (evaluations and start-up left out), which a loaded "
+             "machine changes.", ""]
+    if not any(c.decomposed for c in table.values()):
+        lines += [f"**No verdict: no method reached the target within the budget ({budget} s of "
+                  "training); the budget is too small for this target: raise max_train_s or take a nearer "
+                  "target.**", ""]
+    loaded = sum(c.loaded for c in table.values())
+    if loaded:
+        lines += [f"**{loaded} of {sum(len(c.done) for c in table.values())} runs ran on a loaded machine** "
+                  "(the load before or after, less their own threads, above the cores: the `loaded runs` "
+                  "column): their wall-clock figures are the machine's as much as the method's.", ""]
+    lines += [tabulate(rows, headers=_header(race), tablefmt="github", disable_numparse=True), ""]
     lines += _model_lines(race, table, methods, links, model, predicted)
     if checks is not None:
-        lines += ["## Targets", "", "| target | met? | figures |", "|---|---|---|"]
-        for text, met, figures in checks(table):
-            lines.append(f"| {text} | {'no run' if met is None else 'yes' if met else 'NO'} | {figures} |")
-        lines.append("")
+        lines += ["## Targets", "",
+                  tabulate([(text, "no verdict" if met is None else "yes" if met else "NO", figures)
+                            for text, met, figures in checks(table)],
+                           headers=("target", "met?", "figures"), tablefmt="github", disable_numparse=True),
+                  ""]
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
     (out / "race.md").write_text(text + "\n")
-    with open(out / "race.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(HEADER)
-        writer.writerows(rows)
-    _plots(out / "plots", race, runs, table, methods, links, model)
+    _write_csv(out / "race.csv", *_run_table(race, runs, predicted))
+    _write_csv(out / "race_curves.csv", *_curve_table(race, runs))
+    _plots(out / "plots", race, runs, table, methods, links, model, quick)
     return text
+
+
+def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A tidy CSV: numbers as numbers (a missing one empty), so that a spreadsheet or
+    pandas.read_csv reads numeric columns."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows([["" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+                           for v in row] for row in rows])
+
+
+def _run_table(race: Race, runs: list[Run], predicted: dict[tuple[str, float, int], tuple[float, float]]
+               ) -> tuple[list[str], list[list[Any]]]:
+    """race.csv: one row per run, each column one figure with its unit in the header."""
+    u = race.units[:-1]
+    header = ["method", "link (Mbit/s)", "seed", "reached", f"{race.units} to target",
+              f"{race.units} to target resolution", "steps to target", "step ms", "step ms q1", "step ms q3",
+              "step ms predicted", "time to target (s)", "time to target predicted (s)",
+              "wall-clock to target (s)", f"{race.units}/s", "utilization", f"bytes per {u}",
+              "peak bytes/step", "exposed comm ms/exchange", "wire ms/exchange", "steps", "loaded",
+              "load before", "load after", "commit"]
+    rows = []
+    for r in runs:
+        if not r.ok:
+            rows.append([r.method, r.mbps, r.seed, False, *[None] * (len(header) - 4)])
+            continue
+        one, t = Cell([r], race), r.to_target(race)
+        target, env = r.summary.get("target") or {}, (r.results or {}).get("environment") or {}
+        pred = predicted.get((r.method, r.mbps, r.seed), (None, None))[1]
+        rows.append([r.method, r.mbps, r.seed, bool(target.get("reached")), _round(t.units if t else None),
+                     _round(t.resolution if t else None), _round(t.steps if t else None),
+                     _round(r.summary.get("step_ms")),
+                     _round(r.summary.get("step_ms_q1")), _round(r.summary.get("step_ms_q3")), _round(pred),
+                     _round(t.seconds() if t else None), _round(t.seconds(pred) if t and pred else None),
+                     _round(target.get("train_s") if target.get("reached") else None),
+                     _round(r.summary.get(_rate_key(race))),
+                     _round(r.summary.get("utilization")), _round(one.per_unit_bytes()),
+                     r.summary.get("peak_bytes_per_step"), _round(one.exposed_per_exchange_ms()),
+                     _round(one.wire_per_exchange_ms(r.mbps)), r.summary.get("steps"),
+                     bool(r.summary.get("loaded")), env.get("load_before"), env.get("load_after"),
+                     env.get("commit")])
+    return header, rows
+
+
+def _curve_table(race: Race, runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
+    """race_curves.csv: one row per evaluation of every run."""
+    metrics = list(dict.fromkeys(k for r in runs for p in (r.results or {}).get("curve", [])
+                                 for k in p if k.startswith("eval/")))
+    header = ["method", "link (Mbit/s)", "seed", "step", race.units, "training s", "wall s", "bytes sent",
+              *metrics]
+    rows = [[r.method, r.mbps, r.seed, p.get("step"), p.get(race.units), p.get("train_s"), p.get("wall_s"),
+             p.get("bytes_sent"), *(p.get(m) for m in metrics)]
+            for r in runs for p in (r.results or {}).get("curve", [])]
+    return header, rows
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(float(v), 6)
 
 
 def _row(race: Race, table: dict[tuple[str, float], Cell], c: Cell, method: str, mbps: float,
@@ -220,11 +329,18 @@ def _row(race: Race, table: dict[tuple[str, float], Cell], c: Cell, method: str,
     base = table.get((race.baseline, mbps))
     rate, base_rate = c.mean(_rate_key(race)), base.mean(_rate_key(race)) if base else None
     preds = [predicted[(method, mbps, r.seed)][1] for r in c.done if (method, mbps, r.seed) in predicted]
-    return (method, f"{mbps:g}", c.time_to_target(), _fmt(rate, ",.0f"),
-            _fmt(rate / base_rate if rate and base_rate else None, ".2f"), _fmt(c.mean("step_ms"), ".1f"),
+    units = [t.units for t in c.decomposed]
+    q1, q3 = c.mean("step_ms_q1"), c.mean("step_ms_q3")
+    spread = f" ({q1:.1f}-{q3:.1f})" if q1 is not None and q3 is not None else ""
+    return (method, f"{mbps:g}", c.time_to_target(),
+            _fmt(statistics.fmean(c.reached) if c.reached else None, ".1f"),
+            _fmt(statistics.fmean(units) if units else None, ",.0f"), _fmt(rate, ",.0f"),
+            _fmt(rate / base_rate if rate and base_rate else None, ".2f"),
+            _fmt(c.mean("step_ms"), ".1f") + spread,
             _fmt(statistics.fmean(preds) if preds else None, ".1f"), _fmt(c.mean("utilization"), ".2f"),
             _fmt(c.per_unit_bytes(), ".3g"), _fmt((c.mean("peak_bytes_per_step") or 0) / 1e3, ".1f"),
-            _fmt(c.exposed_per_exchange_ms(), ".1f"), _fmt(c.wire_per_exchange_ms(mbps), ".1f"))
+            _fmt(c.exposed_per_exchange_ms(), ".1f"), _fmt(c.wire_per_exchange_ms(mbps), ".1f"),
+            f"{c.loaded}/{len(c.done)}")
 
 
 def _model_lines(race: Race, table: dict[tuple[str, float], Cell], methods: list[str], links: list[float],
@@ -247,16 +363,15 @@ def _model_lines(race: Race, table: dict[tuple[str, float], Cell], methods: list
     fastest = {m: max((x for x in links if (m, x) in profiles), default=None) for m in methods}
     base_link = fastest.get(race.baseline)
     base_steps = table[(race.baseline, base_link)].steps_to_target if base_link is not None else None
-    lines += ["| method | reaches the target before the baseline | time to target at 10 / 100 / 1000 "
-              "Mbit/s, 8 workers, 10 ms per message round (model) |", "|---|---|---|"]
+    verdicts = []
     for m in methods:
         link = fastest.get(m)
         steps = _steps(table, m, links)
         if m == race.baseline:
-            lines.append(f"| {m} | - (the baseline) | - |")
+            verdicts.append((m, "- (the baseline)", "-"))
             continue
         if link is None or steps is None or base_steps is None or base_link is None:
-            lines.append(f"| {m} | - (the target was not reached) | - |")
+            verdicts.append((m, "- (the target was not reached)", "-"))
             continue
         p, base = profiles[(m, link)], profiles[(race.baseline, base_link)]
         gbps, where = crossover_gbps(p, steps, base, base_steps, fit)
@@ -265,8 +380,10 @@ def _model_lines(race: Race, table: dict[tuple[str, float], Cell], methods: list
                    "below": f"below {gbps * 1e3:.3g} Mbit/s" if gbps else "",
                    "mixed": f"up to {gbps * 1e3:.3g} Mbit/s, not everywhere below" if gbps else ""}[where]
         whatif = " / ".join(f"{p.time_ms(steps, fit, g / 1e3, 8, 10.0) / 1e3:.0f} s" for g in (10, 100, 1000))
-        lines.append(f"| {m} | {verdict} | {whatif} |")
-    return [*lines, ""]
+        verdicts.append((m, verdict, whatif))
+    header = ("method", "reaches the target before the baseline", "time to target at 10 / 100 / 1000 Mbit/s, "
+              "8 workers, 10 ms per message round (model)")
+    return [*lines, tabulate(verdicts, headers=header, tablefmt="github", disable_numparse=True), ""]
 
 
 def _steps(table: dict[tuple[str, float], Cell], method: str, links: list[float]) -> float | None:
@@ -278,7 +395,7 @@ def _steps(table: dict[tuple[str, float], Cell], method: str, links: list[float]
 
 def _plots(folder: Path, race: Race, runs: list[Run], table: dict[tuple[str, float], Cell],
            methods: list[str], links: list[float],
-           model: tuple[Fit, list[tuple[Run, Profile]]] | None) -> None:
+           model: tuple[Fit, list[tuple[Run, Profile]]] | None, quick: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -286,19 +403,24 @@ def _plots(folder: Path, race: Race, runs: list[Run], table: dict[tuple[str, flo
 
     folder.mkdir(parents=True, exist_ok=True)
     colors = {m: f"C{i}" for i, m in enumerate(methods)}
-    for mbps in links:  # the metric against training seconds, every seed its own line
+    unit = "nats/token" if race.metric == "eval/loss" else "%"
+    note = " (quick: not evidence)" if quick else ""
+    target = float(race_target_value(race, runs))
+    for mbps in links:  # the metric against training seconds: every evaluation a marker, every seed a line
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for r in runs:
             if r.mbps == mbps and r.ok:
-                curve = [(p["train_s"], p[race.metric]) for p in (r.results or {}).get("curve", [])]
+                curve = [(p["train_s"], p[race.metric]) for p in (r.results or {}).get("curve", [])
+                         if p.get(race.metric) is not None]
                 if curve:
-                    ax.plot(*zip(*curve, strict=True), color=colors[r.method], lw=1,
-                            label=r.method if r.seed == 0 else None)
-        target = float(race_target_value(race, runs))
-        ax.axhline(target, ls="--", color="gray", lw=1)
+                    first = r.seed == min(x.seed for x in runs if x.method == r.method)
+                    ax.plot(*zip(*curve, strict=True), "o-", ms=3, color=colors[r.method], lw=1,
+                            label=r.method if first else None)
+        ax.axhline(target, ls="--", color="gray", lw=1, label=f"target {target:g}")
+        ax.set_xlim(left=0)
         ax.set_xlabel("training seconds")
-        ax.set_ylabel(race.metric)
-        ax.set_title(f"{race.name}: {mbps:g} Mbit/s")
+        ax.set_ylabel(f"{race.metric} ({unit})")
+        ax.set_title(f"{race.name} race, {mbps:g} Mbit/s{note}", fontsize=10)
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(folder / f"curves_{mbps:g}mbps.png", dpi=100)
@@ -317,8 +439,9 @@ def _plots(folder: Path, race: Race, runs: list[Run], table: dict[tuple[str, flo
                 ax.plot(grid, [prof.utilization(fit, g / 1e3) for g in grid], "-", color=colors[m], lw=1)
     ax.set_xscale("log")
     ax.set_xlabel("link (Mbit/s)")
-    ax.set_ylabel("compute utilization")
+    ax.set_ylabel("compute utilization (compute / step)")
     ax.set_ylim(0, 1.05)
+    ax.set_title(f"{race.name} race: points measured, lines modelled{note}", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "utilization.png", dpi=100)
@@ -330,19 +453,25 @@ def _plots(folder: Path, race: Race, runs: list[Run], table: dict[tuple[str, flo
             x = i * (len(methods) + 1) + j
             if c is None or not c.done:
                 continue
-            if len(c.reached) < len(c.done):  # a partial mean must not pass for everyone's
-                top = max(c.reached, default=0.0)
-                ax.annotate(f"{len(c.reached)}/{len(c.done)}", (x, top), textcoords="offset points",
-                            xytext=(0, 4), ha="center", fontsize=7, color=colors[m])
-            if not c.reached:
+            reached = [t.seconds() for t in c.decomposed]
+            if len(reached) < len(c.done):  # a partial mean must not pass for everyone's
+                ax.annotate(f"{len(reached)}/{len(c.done)}", (x, max(reached, default=0.0)),
+                            textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7,
+                            color=colors[m])
+            if not reached:
                 continue
-            ax.plot([x] * len(c.reached), c.reached, ".", color=colors[m], ms=8)
-            ax.bar(x, statistics.fmean(c.reached), fill=False, edgecolor=colors[m],
-                   linestyle="-" if len(c.reached) == len(c.done) else "--")
+            ax.plot([x] * len(reached), reached, ".", color=colors[m], ms=8)
+            ax.bar(x, statistics.fmean(reached), fill=False, edgecolor=colors[m],
+                   linestyle="-" if len(reached) == len(c.done) else "--")
+    if not any(c.decomposed for c in table.values()):
+        ax.text(0.5, 0.5, "no method reached the target within the budget", transform=ax.transAxes,
+                ha="center", va="center")
     ax.set_xticks([i * (len(methods) + 1) + (len(methods) - 1) / 2 for i in range(len(links))],
                   [f"{x:g} Mbit/s" for x in links])
-    ax.set_ylabel("training seconds to the target")
-    ax.set_title("each seed a point, the mean a bar (dashed, k/n: only k of n seeds reached it)", fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel(f"seconds to the target ({race.units} x step time)")
+    ax.set_title(f"each seed a point, the mean a bar (dashed, k/n: k of n seeds reached it){note}",
+                 fontsize=8)
     ax.legend([plt.Line2D([], [], color=colors[m], marker=".", ls="") for m in methods], methods, fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "time_to_target.png", dpi=100)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import platform
 import sys
 import time
@@ -15,7 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from compbench import registry
+from compbench import provenance, registry
 from compbench.data.loader import ShardedLoader
 from compbench.optim.clip import clip_grad_norm
 from compbench.optim.schedule import build_schedule
@@ -56,6 +55,7 @@ class Trainer:
         self.cfg, self.engine, self.run_dir = cfg, engine, run_dir
         self.settings = s = RunSettings.of(cfg)  # the top-level keys, typed
         self.rank0 = engine.rank == 0
+        self.load_before = provenance.load_average()  # other work on this machine, before training
         # The rank's device (compbench.device, set by its engine): model, batches, optimizer state,
         # memories and the pipeline's buffers live there.
         self.device = engine.device
@@ -327,6 +327,7 @@ class Trainer:
 
         sent, dense = per_step("comm/bytes_sent"), per_step("comm/bytes_dense")
         compute, step = per_step("time/compute_ms"), per_step("time/step_ms")
+        spread = r.quartiles("time/step_ms", skip, period)
         summary = {
             "status": "completed",
             "steps": self.step,
@@ -342,6 +343,8 @@ class Trainer:
             "dense_calls_per_step": per_step("comm/calls_dense"),
             "sampled_reads_per_step": per_step("compress/sampled_reads"),
             "peak_bytes_per_step": max(r.history["comm/bytes_sent"], default=None),
+            "step_ms_q1": spread[0] if spread else None,
+            "step_ms_q3": spread[1] if spread else None,
             "utilization": compute / step if compute is not None and step else None,
             "target": self.progress.summary(),
             "stopped_by": self.progress.stopped,
@@ -354,8 +357,10 @@ class Trainer:
         split = split_ms(summary)
         summary["other_ms"] = split["other"] if split else None
         r.finish()
+        env = environment(self.engine, self.settings.precision, self.load_before)
+        summary["loaded"] = env["loaded"]  # other work competed for the cores: the timings are the machine's
         results = {"config": OmegaConf.to_container(self.cfg, resolve=True),
-                   "environment": environment(self.engine, self.settings.precision),
+                   "environment": env,
                    "hparams": run_hparams(self.cfg, self.engine.size), "summary": summary,
                    "summary_method": {k: SUMMARY[k] for k in summary if k in SUMMARY}
                    | ({"per_step": ROUND_MEAN} if period > 1 else {}),
@@ -398,10 +403,10 @@ def _slowest_link(net: DictConfig) -> float | None:
     return net.get("emulate_gbps")
 
 
-def environment(engine, precision: str = "fp32") -> dict[str, Any]:
+def environment(engine, precision: str = "fp32", load_before: float | None = None) -> dict[str, Any]:
+    """results.json's `environment`: versions, the device, the engine, and the machine around the run
+    (compbench.provenance: commit, CPU, cores, load before and after, loaded or not)."""
     import importlib.metadata as md
-
-    from compbench.kernels.cpu import cpu_model
 
     def version(pkg: str) -> str | None:
         try:
@@ -412,10 +417,11 @@ def environment(engine, precision: str = "fp32") -> dict[str, Any]:
     return {
         "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
         "device": str(engine.device), "precision": precision, "backend": engine.backend,
-        "device_name": (torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda"
-                        else cpu_model()),
-        "cpu_count": os.cpu_count(), "threads_per_rank": torch.get_num_threads(),
+        "device_name": torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu",
+        "threads_per_rank": torch.get_num_threads(),
         "engine": engine.name, "world_size": engine.size,
         "versions": {p: version(p) for p in ("torch", "torchvision", "timm", "horovod", "hydra-core", "numpy",
                                              "compbench")},
+        **provenance.machine(provenance.load_average() if load_before is None else load_before,
+                             provenance.load_average(), engine.local_size * torch.get_num_threads()),
     }

@@ -84,6 +84,18 @@ class Recorder:
         seconds = self.history["time/step_ms"][start:start + whole]
         return sum(v * ms for v, ms in zip(values, seconds, strict=True)) / sum(seconds)
 
+    def quartiles(self, tag: str, skip: int, period: int = 1) -> tuple[float, float] | None:
+        """The first and third quartiles of `tag` after the first `skip` steps: of each step's value,
+        or, for a periodic mode, of each whole round's mean (a round is what repeats)."""
+        values = self.history.get(tag, [])[-(-skip // period) * period:]
+        if period > 1:
+            starts = range(0, len(values) - period + 1, period)
+            values = [statistics.fmean(values[i:i + period]) for i in starts]
+        if len(values) < 2:
+            return None
+        q1, _, q3 = statistics.quantiles(values, n=4)
+        return q1, q3
+
     def close(self) -> None:
         self.writer.close()
 

@@ -1,0 +1,35 @@
+"""What a run records of the machine around it (compbench.provenance): compbench's commit and whether
+its tree had changes, the CPU, its cores, the load before and after; a run on a loaded machine is
+flagged in its summary and its one-screen summary says so."""
+
+from __future__ import annotations
+
+import os
+
+from compbench import config, provenance
+from compbench.results import format_summary
+from compbench.train.loop import Trainer
+from tests.helpers import TINY
+from tests.threaded_engine import ThreadWorld
+
+
+def test_the_load_less_the_runs_own_threads_decides():
+    assert not provenance.loaded(load_before=0.5, load_after=2.4, own_threads=2, cores=2)
+    assert provenance.loaded(load_before=2.5, load_after=2.0, own_threads=2, cores=2)  # busy before
+    assert provenance.loaded(load_before=0.1, load_after=5.0, own_threads=2, cores=2)  # busy during
+
+
+def test_a_run_records_its_machine_and_a_loaded_one_is_flagged(monkeypatch, tmp_path):
+    cfg = config.check(config.compose([*TINY, "max_steps=3", "eval_points=1", "checkpoint=false"]))
+    busy = 4.0 * (os.cpu_count() or 1)  # other jobs keep the cores busy
+    monkeypatch.setattr(provenance, "load_average", lambda: busy)
+
+    def rank(engine):
+        return Trainer(cfg, engine, tmp_path).fit()
+
+    results = ThreadWorld(2).run(rank)[0]
+    env = results["environment"]
+    assert env["cores"] == os.cpu_count() and env["load_before"] == env["load_after"] == busy
+    assert env["commit"] and isinstance(env["dirty"], bool)  # this checkout is a git tree
+    assert results["summary"]["loaded"] is env["loaded"] is True
+    assert f"LOADED       load {busy} before, {busy} after" in format_summary(results, tmp_path)
