@@ -16,10 +16,13 @@ from typing import Any
 
 # comm_exposed: communication (and decoding) the step waited for after back-propagation ended,
 # i.e. the part not hidden behind compute.
-PHASES = ("compute", "compress", "comm", "comm_exposed", "decompress", "optimizer", "step")
+# The parts of `other` that are timed (the rest of it is the loop's own Python: batches, hooks'
+# bookkeeping, the synchronization mode's step calls): the gradients' finiteness check, the
+# scheduler writing the averages into .grad, and reading the step's loss (on a GPU: the wait for it).
+OTHER_PARTS = ("check", "write_back", "loss_read")
+PHASES = ("compute", "compress", "comm", "comm_exposed", "decompress", "optimizer", *OTHER_PARTS, "step")
 # The disjoint parts of a step (comm_exposed is a part of comm + decompress): with `other`, the
-# time none of them accounts for (finiteness check, scheduler copies, lr schedule), they add up
-# to the step.
+# time none of them accounts for (OTHER_PARTS and the loop's own Python), they add up to the step.
 SPLIT = ("compute", "compress", "comm", "decompress", "optimizer")
 WARMUP_STEPS = 5  # summary medians skip these first steps (allocations, first collectives)
 
@@ -35,7 +38,12 @@ TAGS: dict[str, tuple[str, str]] = {
     "time/comm_exposed_ms": ("ms", "communication and decoding waited for after backward (not hidden)"),
     "time/decompress_ms": ("ms", "decoding received payloads into the averaged dense gradient"),
     "time/optimizer_ms": ("ms", "optimizer step and learning-rate schedule"),
-    "time/other_ms": ("ms", "step - (compute + compress + comm + decompress + optimizer): checks, copies"),
+    "time/other_ms": ("ms", "step - (compute + compress + comm + decompress + optimizer): time/check_ms, "
+                            "time/write_back_ms, time/loss_read_ms and the loop's own Python"),
+    "time/check_ms": ("ms", "a part of other: the gradients' finiteness check (on_nonfinite=raise or skip)"),
+    "time/write_back_ms": ("ms", "a part of other: the scheduler writing the averaged gradients into .grad"),
+    "time/loss_read_ms": ("ms", "a part of other: reading the step's loss (on a GPU: waiting for the step's "
+                                "work to end)"),
     "time/step_ms": ("ms", "wall time of the whole training step on rank 0"),
     "comm/bytes_sent": ("bytes", "bytes one worker put on the wire this step (payloads, headers, padding)"),
     "comm/bytes_dense": ("bytes", "fp32 bytes of the same gradients uncompressed, per worker and step"),
@@ -77,7 +85,14 @@ ELASTIC_TAGS: dict[str, tuple[str, str]] = {
     "elastic/lost_s": ("s", "at a recovery's step: seconds from the last commit to training again (the "
                             "dropped work, the failure's detection, the new rendezvous and the rebuild)"),
 }
-DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}, **REPLICA_TAGS, **ELASTIC_TAGS}
+_EVALUATED = {**TAGS, **LM_TAGS, **REPLICA_TAGS}
+# Each evaluation's figures again, as series of their own against an x axis that compares runs from 0:
+# the training milliseconds, and the bytes one worker sent, at the evaluation.
+BY_AXIS = {f"by_{axis}/{tag}": (unit, f"{about}; the step axis is {what}")
+           for tag, (unit, about) in _EVALUATED.items() if tag.startswith(("eval/", "replica/"))
+           for axis, what in (("train_ms", "training milliseconds"), ("bytes_sent", "bytes one worker sent"))}
+DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}, **REPLICA_TAGS, **ELASTIC_TAGS,
+             **BY_AXIS}
 
 _MEDIAN = f"median of {{tag}} after {WARMUP_STEPS} warm-up steps ({{unit}})"
 # Per-step rates: units (samples or tokens) over the step's time.
@@ -88,6 +103,11 @@ ROUND_MEAN = (f"mean of each per-step figure over the whole rounds after {WARMUP
 SUMMARY: dict[str, str] = {
     "steps": "optimizer steps taken (skipped non-finite steps included)",
     "train_time_s": "wall time of the training loop on rank 0, evaluation included (s)",
+    "train_s": "training seconds: the steps' wall times on rank 0, evaluations and checkpoints left out "
+               "(the curve's clock) (s)",
+    "eval_s": "evaluation seconds on rank 0 (s)",
+    "faults": "engine.elastic or injected faults: recoveries by kind (failure, join, restart), seconds lost "
+              "to them, and the steps trained at each world size",
     "final_acc1": "eval/acc1 at the last evaluation (the run's last step) (%)",
     "final_test_loss": "eval/loss at the last evaluation (nats per sample)",
     "not_evaluated": "why the run has no evaluation (eval=false)",
@@ -161,9 +181,11 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
 
     ratio = f"ratio={hp['ratio']} " if hp.get("ratio") is not None else ""
     sync = f" sync={hp['sync']}" if "sync" in hp else ""
+    clock = (f"{num(s['train_s'], '.1f')} s training + {num(s['eval_s'], '.1f')} s evaluating "
+             f"({num(s['train_time_s'], '.1f')} s in all)" if s.get("train_s") is not None
+             else f"{num(s['train_time_s'], '.1f')} s")
     lines = [f"compbench: done. compressor={hp['compressor']} {ratio}comm={hp['comm']} "
-             f"memory={hp['memory']}{sync} on {hp['world_size']} worker(s), {s['steps']} steps "
-             f"in {num(s['train_time_s'], '.1f')} s",
+             f"memory={hp['memory']}{sync} on {hp['world_size']} worker(s), {s['steps']} steps: {clock}",
              *_result_lines(s, num),
              f"  bytes/step   {_bytes(s['bytes_sent_per_step'])} sent of {_bytes(s['bytes_dense_per_step'])} "
              f"dense per worker: effective ratio {num(s['ratio_effective'], '.1f')}x"]
@@ -171,6 +193,11 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
     if split is not None:
         parts = " + ".join(f"{p} {v:.1f}" for p, v in split.items())
         lines.append(f"  step time    {s['step_ms']:.1f} ms = {parts}")
+        named = {p: s[f"{p}_ms"] for p in OTHER_PARTS if s.get(f"{p}_ms")}
+        if named:  # what `other` holds, as measured
+            rest = split["other"] - sum(named.values())
+            inside = ", ".join(f"{p.replace('_', ' ')} {v:.1f}" for p, v in named.items())
+            lines.append(f"  other        {split['other']:.1f} ms: {inside}, the loop's own {rest:.1f}")
     if s.get("utilization") is not None:
         lines.append(f"  utilization  {100 * s['utilization']:.1f}% of the step computing")
     if s.get("loaded"):
@@ -180,6 +207,8 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
                      "other work competed, the times are the machine's as much as the method's")
     if s.get("target"):
         lines.append(f"  target       {_target_line(s['target'])}")
+    if s.get("faults"):
+        lines.append(f"  faults       {_faults_line(s['faults'])}")
     if results.get("floors"):
         from compbench.floors import format_floors
 
@@ -188,6 +217,14 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
               f"  results      {run_dir / 'results.json'}",
               f"  tensorboard  {run_dir / 'tb'}  (tensorboard --logdir {run_dir.parent})"]
     return "\n".join(lines)
+
+
+def _faults_line(f: Mapping[str, Any]) -> str:
+    """`summary.faults` in words: recoveries by kind, seconds lost, steps at each world size."""
+    kinds = ", ".join(f"{f[k]} {k}{'' if f[k] == 1 else 's'}" for k in ("failure", "join", "restart"))
+    steps = ", ".join(f"{n} on {w} worker{'' if int(w) == 1 else 's'}"
+                      for w, n in f["steps_by_workers"].items())
+    return f"{kinds}: {f['lost_s']:.1f} s lost; steps {steps or '-'}"
 
 
 def _target_line(t: Mapping[str, Any]) -> str:
@@ -210,10 +247,12 @@ def _result_lines(s: Mapping[str, Any], num: Callable[[float | None, str], str])
         return [f"  accuracy     final {num(s['final_acc1'], '.2f')} %   best {num(s['best_acc1'], '.2f')} "
                 f"%   test loss {num(s.get('final_test_loss'), '.4f')}",
                 f"  throughput   {num(s['throughput'], ',.0f')} samples/s {median}"]
+    ood = s.get("final_ood_loss")
     return [f"  val loss     final {num(s['final_eval_loss'], '.4f')} nats/token "
             f"(ppl {num(s['final_ppl'], '.2f')})   best {num(s['best_eval_loss'], '.4f')}",
-            f"  ood loss     final {num(s['final_ood_loss'], '.4f')} nats/token "
-            f"(ppl {num(s['final_ood_ppl'], '.2f')})   dataset.ood text",
+            *([f"  ood loss     final {num(ood, '.4f')} nats/token "
+               f"(ppl {num(s['final_ood_ppl'], '.2f')})   dataset.ood text"]
+              if ood is not None and math.isfinite(ood) else []),  # no out-of-domain text: no line
             f"  throughput   {num(s['tokens_per_s'], ',.0f')} tokens/s {median}"]
 
 

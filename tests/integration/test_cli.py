@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.helpers import compbench
+from tests.helpers import TINY, compbench, train
 
 
 def _one_error_line(proc, expected: str) -> None:
@@ -48,6 +48,12 @@ def test_info_shows_search_path_defaults_and_groups(tmp_path):
     assert "Config groups:" in out and "Composed config" in out
     only = compbench("train", "--info", "searchpath", cwd=tmp_path).stdout
     assert "Config search path" in only and "Defaults list" not in only
+
+
+def test_no_progress_bar_where_no_terminal_shows_it(tmp_path):
+    """progress=true (the default) draws tqdm's bar on a terminal only: a log file would hold every redraw."""
+    run, proc = train(tmp_path, *[o for o in TINY if o != "progress=false"], "progress=true", "max_steps=3")
+    assert "it/s" not in proc.stderr and "\r" not in proc.stderr, proc.stderr[-500:]
 
 
 def test_train_help_and_per_group_help(tmp_path):

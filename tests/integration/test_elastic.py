@@ -65,6 +65,9 @@ def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_sur
     # 11 steps of 2 x 16 samples, then 1 x 16 from the same place of the epoch: every sample of the 4
     # epochs once (53 steps), none twice
     assert record["curve"][-1]["samples"] == 4 * 256 and record["summary"]["steps"] == 11 + 42
+    faults = record["summary"]["faults"]
+    assert (faults["failure"], faults["join"], faults["steps_by_workers"]) == (1, 0, {"2": 11, "1": 42})
+    assert faults["lost_s"] == recovery["lost_s"]
     assert {"elastic/workers", "elastic/lost_s"} <= event_tags(elastic)
 
     # The same failure where the survivor may not go on alone: one line, a checkpoint of the last

@@ -115,8 +115,9 @@ class Layerwise:
             group.submit(pipeline, dense=self.dense_step)
         self._next = len(self.groups)
         averaged = dict(pipeline.collect())
-        for group in self.groups:
-            group.write_back(averaged)
+        with pipeline.stats.time("write_back"):  # the averages into .grad: a part of the step's `other`
+            for group in self.groups:
+                group.write_back(averaged)
         if not self.order_recorded:
             self._record_order(pipeline)
         self.after_step(pipeline, (self._clock(pipeline) - self._t0) * 1e3)

@@ -97,9 +97,11 @@ class SeCoPa:
                 for i, (a, b) in enumerate(shard_bounds(flat.numel(), line.k)):
                     pipeline.submit(f"{name}#p{i}", flat[a:b], fused=True)
                     targets[f"{name}#p{i}"] = (p.grad, a, b)
-        for group, averaged in pipeline.collect():
-            grad, a, b = targets[group]
-            land(grad.view(-1)[a:b], averaged.reshape(-1))
+        collected = pipeline.collect()
+        with pipeline.stats.time("write_back"):  # the averages into .grad: a part of the step's `other`
+            for group, averaged in collected:
+                grad, a, b = targets[group]
+                land(grad.view(-1)[a:b], averaged.reshape(-1))
 
     def summary(self) -> dict:
         lines = list((self.lines or {}).values())

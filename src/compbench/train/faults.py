@@ -181,3 +181,16 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return events
+
+
+def summary(recoveries: list[dict[str, Any]], workers_per_step: list[float], steps: int,
+            workers: int) -> dict[str, Any]:
+    """results.json's `summary.faults`: recoveries by kind, the seconds lost to them, and the steps
+    trained at each world size (`elastic/workers` per step where recorded, else every step at
+    `workers`)."""
+    by_kind = {kind: sum(r["kind"] == kind for r in recoveries) for kind in ("failure", "join", "restart")}
+    counts: dict[str, int] = {}
+    for w in workers_per_step or [workers] * steps:
+        counts[str(int(w))] = counts.get(str(int(w)), 0) + 1
+    return {**by_kind, "lost_s": round(sum(float(r.get("lost_s") or 0.0) for r in recoveries), 3),
+            "steps_by_workers": counts}

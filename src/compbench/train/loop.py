@@ -134,7 +134,9 @@ class Trainer:
         curve = self.progress.curve
         if not self.settings.eval or (curve and curve[-1]["step"] == self.step):
             return False
+        started = time.perf_counter()
         self.final = self.evaluate(epoch)
+        self.progress.eval_s += time.perf_counter() - started
         stop = self.progress.point(self.step, epoch, self.final, self.engine)
         self.model.train()
         return stop
@@ -174,8 +176,10 @@ class Trainer:
         model, stats, engine, s = self.model, self.stats, self.engine, self.settings
         model.train()
         steps = len(self.train_loader)
+        # a bar only where a terminal shows it (a log file would hold every redraw)
         bar = tqdm(total=steps, initial=first_batch, desc=f"epoch {epoch + 1}/{self.epochs}",
-                   disable=not self.rank0 or not s.progress, dynamic_ncols=True, leave=False)
+                   disable=not self.rank0 or not s.progress or not sys.stderr.isatty(), dynamic_ncols=True,
+                   leave=False)
         i = first_batch
         for i, (x, y) in enumerate(self.train_loader.batches(first_batch), start=first_batch):
             if self.step >= max_steps:
@@ -194,7 +198,7 @@ class Trainer:
                 self.sync.before_backward()  # overlapping schedulers arm their hooks
                 loss.backward()
                 self.faults.straggle(engine.rank, time.perf_counter() - t0)
-            if s.on_nonfinite != "ignore" and not self.gradients_finite():
+            if s.on_nonfinite != "ignore" and not self.gradients_finite():  # booked as other's "check"
                 self.step += 1  # on_nonfinite=skip: every rank drops this step together
                 continue
             self.sync.synchronize()  # per step: memory -> compress -> communicate -> decompress
@@ -204,7 +208,8 @@ class Trainer:
                 self.optimizer.step()
                 self.lr_schedule.step()
             self.sync.after_step()  # a periodic mode ends its round here
-            loss_value = loss.item()  # the step's last wait on a GPU: inside its time
+            with stats.time("loss_read"):
+                loss_value = loss.item()  # the step's last wait on a GPU: inside its time
             stats.end_step()
             units = self.task.count(y) * engine.size
             self.progress.add_step(self.step, stats.ms["step"], units, stats.bytes_sent, engine)
@@ -236,9 +241,11 @@ class Trainer:
         # The sum is non-finite whenever an element is: one cheap reduction per tensor (2 ms instead of
         # 68 ms for 16.8M gradients), read by the host once for all of them (one wait on a GPU), and
         # the full check only where a sum is not finite (an overflowing sum of finite values).
-        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
-        finite = torch.stack([g.sum() for _, g in named]).isfinite().tolist() if named else []
-        bad = [n for (n, g), ok in zip(named, finite, strict=True) if not ok and not torch.isfinite(g).all()]
+        with self.stats.time("check"):
+            named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+            finite = torch.stack([g.sum() for _, g in named]).isfinite().tolist() if named else []
+            bad = [n for (n, g), ok in zip(named, finite, strict=True)
+                   if not ok and not torch.isfinite(g).all()]
         if self.settings.on_nonfinite == "raise":
             if bad:
                 raise FloatingPointError(f"non-finite gradient at step {self.step} (rank {self.engine.rank}: "
@@ -294,11 +301,23 @@ class Trainer:
             # the workers' parameters differ: their average's metrics and their distance too
             metrics.update(diagnose(self.model, self.engine, self.eval_metrics))
         if self.recorder:
+            progress = self.progress
             for tag, value in metrics.items():
                 self.recorder.scalar(tag, value, self.step)
-            print(f"epoch {epoch:.2f}/{self.epochs}: {self.task.describe(metrics)}  step {self.step}  "
-                  f"{self.progress.train_s:.1f} s", flush=True)
+                # the same against an x axis a researcher compares across runs, from 0: training
+                # milliseconds, and bytes one worker sent
+                self.recorder.scalar(f"by_train_ms/{tag}", value, round(progress.train_s * 1e3), keep=False)
+                self.recorder.scalar(f"by_bytes_sent/{tag}", value, progress.bytes_sent, keep=False)
+            print(f"{self.position(epoch)}: {self.task.describe(metrics)}  {progress.train_s:.1f} s training",
+                  flush=True)
         return metrics
+
+    def position(self, epoch: float) -> str:
+        """Where the run is: its step out of max_steps where those end it, else its epoch."""
+        steps = self.settings.max_steps
+        if steps is not None and steps < len(self.train_loader) * self.epochs:
+            return f"step {self.step}/{steps} (epoch {epoch:.2f})"
+        return f"epoch {epoch:.2f}/{self.epochs} (step {self.step})"
 
     def eval_metrics(self) -> dict[str, float]:
         with self.autocast:  # correct and samples, or nats and tokens, summed on the device
@@ -348,7 +367,12 @@ class Trainer:
             "utilization": compute / step if compute is not None and step else None,
             "target": self.progress.summary(),
             "stopped_by": self.progress.stopped,
+            "train_s": round(self.progress.train_s, 3),
+            "eval_s": round(self.progress.eval_s, 3),
         }
+        if self.elastic or self.faults.injects:
+            summary["faults"] = faults.summary(self.recoveries, r.history.get("elastic/workers", []),
+                                               self.step, self.engine.size)
         if not self.settings.eval:
             summary["not_evaluated"] = "eval=false"
         for tag, key in REPLICA_SUMMARY.items():  # modes whose replicas differ (compbench.train.replicas)

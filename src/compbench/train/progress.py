@@ -66,6 +66,7 @@ class Progress:
         self.target = Target.of(settings)
         self.stop_at_target = settings.stop_at_target
         self.train_s = 0.0
+        self.eval_s = 0.0  # evaluation seconds (rank 0's), beside the training ones
         self.units = 0
         self.bytes_sent = 0
         self.curve: list[dict[str, Any]] = []
@@ -137,13 +138,14 @@ class Progress:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"train_s": self.train_s, "wall_s": self.wall_s(), "units": self.units,
+        return {"train_s": self.train_s, "eval_s": self.eval_s, "wall_s": self.wall_s(), "units": self.units,
                 "bytes_sent": self.bytes_sent, "curve": [dict(p) for p in self.curve],
                 "reached": self.reached, "every": self.every}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.started, self.wall_base = time.perf_counter(), float(state["wall_s"])
         self.train_s, self.units = float(state["train_s"]), int(state["units"])
+        self.eval_s = float(state.get("eval_s", 0.0))  # older checkpoints: not recorded
         self.bytes_sent, self.every = int(state["bytes_sent"]), int(state["every"])
         self.curve = [dict(p) for p in state["curve"]]
         self.reached = state["reached"]
