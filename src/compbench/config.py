@@ -103,6 +103,16 @@ def _default_option(group: str) -> str:
     return "null"
 
 
+def model_alias(override: str) -> str:
+    """`model=ARCH` where ARCH is the timm or torchvision name of a compbench model (its file's `arch`,
+    vit_base_patch16_224 for vit_b16) as `model=` that model: the names users know from timm work."""
+    key, sep, value = override.partition("=")
+    if key != "model" or not sep or value in registry.options("model"):
+        return override
+    arch = {registry.option_config("model", o).get("arch"): o for o in registry.options("model")}
+    return f"model={arch[value]}" if value in arch else override
+
+
 def home_expanded(override: str) -> str:
     """`key=~/texts` with the home folder written out (and quoted: Hydra's grammar reads `~` only as
     the deletion of a key, and its lexer refuses it in a value; the shell does not expand it after
@@ -124,7 +134,7 @@ def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool =
     from yaml import YAMLError
 
     searched = search_path()
-    overrides = [home_expanded(o) for o in overrides]
+    overrides = [model_alias(home_expanded(o)) for o in overrides]
 
     def compose_with(extra: list[str]) -> DictConfig:
         try:

@@ -120,3 +120,11 @@ def test_symlinked_folders_of_a_text_root_are_followed_and_a_loop_refused(tmp_pa
                                          r"files would count twice; remove the link$"):
         _text_files(root, "R")
     assert Path(root / "a" / "up").is_symlink()
+
+
+def test_timms_names_pick_the_compbench_model_they_are():
+    for name, option in (("vit_base_patch16_224", "vit_b16"), ("vit_tiny_patch16_224", "vit_tiny"),
+                         ("mixer_b16_224", "mixer_b16")):
+        cfg = config.compose([f"model={name}", "dataset=synthetic"])
+        assert cfg.choices.model == option and cfg.model.arch == name
+    assert config.model_alias("model=resnet50") == "model=resnet50"  # a compbench name stays

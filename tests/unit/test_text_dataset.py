@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from compbench.data import text as text_module
 from compbench.data.shakespeare import UNK
 from compbench.data.text import check_root, text, train_size_of
 from tests.helpers import compbench, results, train
@@ -57,11 +58,11 @@ def test_byte_tokens_are_the_files_bytes(tmp_path):
     (None, "missing", f"dataset.root={{root}} does not exist; {FIX}"),
     (lambda d: d.write_text("x"), "file", f"dataset.root={{root}} is not a folder; {FIX}"),
     (lambda d: (d.mkdir(), (d / "a.md").write_text("x")), "md",
-     f"dataset.root={{root}} holds no .txt files; {FIX}"),
+     f"dataset.root={{root}} holds no *.txt files (dataset.glob); {FIX}"),
     (lambda d: (d.mkdir(), (d / "a.txt").write_text(""), (d / "b.txt").write_text("")), "empty",
-     f"dataset.root={{root}}: every .txt file is empty; {FIX}"),
+     f"dataset.root={{root}}: every *.txt file is empty; {FIX}"),
     (lambda d: (d.mkdir(), (d / "a.txt").write_text("hello")), "one",
-     "dataset.root={root} holds 1 non-empty .txt file(s); the split by file needs two at least (one for "
+     "dataset.root={root} holds 1 non-empty *.txt file(s); the split by file needs two at least (one for "
      "validation); add a file"),
     (lambda d: (d.mkdir(), (d / "a.txt").write_text("hello"), (d / "b.txt").write_bytes(b"ok\xff")), "latin",
      "dataset.root={root}: b.txt is not UTF-8 text (byte 2); convert it or use dataset.tokenizer=byte"),
@@ -79,14 +80,14 @@ def test_a_bad_folder_is_one_line_naming_the_root(tmp_path, setup, root, message
 def test_an_unreadable_folder_or_file_is_one_line(tmp_path, monkeypatch):
     root = _folder(tmp_path)
 
-    def denied(*_):
+    def denied(*_, **__):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(Path, "read_bytes", denied)
     with pytest.raises(ValueError, match=r"^dataset.root=.*: a.txt cannot be read \(Permission denied\); "
                        r"fix its permissions or remove it$"):
         check_root(str(root), vocab_size=256)
-    monkeypatch.setattr(Path, "rglob", denied)
+    monkeypatch.setattr(text_module.os, "walk", denied)  # the folder itself
     with pytest.raises(ValueError, match=rf"^dataset.root={root} cannot be read \(Permission denied\); "
                        rf"fix its permissions or {FIX}$"):
         check_root(str(root))
@@ -136,3 +137,17 @@ def test_gpt_presets_have_their_references_sizes(preset, tokens, positions, coun
     with torch.device("meta"):
         model = build_model(cfg)
     assert sum(p.numel() for p in model.parameters()) == count
+
+
+def test_the_glob_picks_which_files_are_text(tmp_path):
+    root = tmp_path / "notes"
+    root.mkdir()
+    for name, body in (("a.md", "alpha beta gamma. " * 10), ("b.md", "delta epsilon. " * 10),
+                       ("c.txt", "ignored"), ("d.md.bak", "ignored")):
+        (root / name).write_text(body)
+    train, val = text(str(root), holdout_every=2, block_size=8, glob="*.md")
+    assert train.info["train_files"] == ["b.md"] and train.info["val_files"] == ["a.md"]
+    with pytest.raises(ValueError, match=r"^dataset.root=.* holds no \*.rst files \(dataset.glob\); "):
+        check_root(str(root), glob="*.rst")
+    with pytest.raises(ValueError, match=r"^dataset.glob='' must be a file-name pattern"):
+        check_root(str(root), glob="")

@@ -20,6 +20,7 @@ Decisions:
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import os
 from pathlib import Path
@@ -72,10 +73,11 @@ def _scan(folder: str, tokenizer: str, stamp: tuple) -> Files:
     return tuple(names), tuple(texts), tuple(counts)
 
 
-def _text_files(folder: Path, root: str) -> list[Path]:
-    """Every .txt file under `folder`, sorted, symlinked folders followed (a user's corpus is often
-    links to where the texts live). Each real folder is read once: one reached again (a link back up,
-    a loop; or a second link to it) is refused, its files would count twice."""
+def _text_files(folder: Path, root: str, glob: str = "*.txt") -> list[Path]:
+    """Every file under `folder` whose name matches `glob` (fnmatch: `*.txt`, `*.md`), sorted,
+    symlinked folders followed (a user's corpus is often links to where the texts live). Each real
+    folder is read once: one reached again (a link back up, a loop; or a second link to it) is
+    refused, its files would count twice."""
     seen: dict[str, str] = {}
     found = []
     for here, _, files in os.walk(folder, followlinks=True, onerror=_raise):
@@ -85,7 +87,8 @@ def _text_files(folder: Path, root: str) -> list[Path]:
             raise ValueError(f"dataset.root={root}: {rel} is {seen[real]} again (through a symlink), so its "
                              "files would count twice; remove the link")
         seen[real] = rel
-        found += [Path(here, name) for name in files if name.endswith(".txt") and Path(here, name).is_file()]
+        found += [Path(here, name) for name in files
+                  if fnmatch.fnmatch(name, glob) and Path(here, name).is_file()]
     return sorted(found)
 
 
@@ -93,7 +96,7 @@ def _raise(e: OSError) -> None:
     raise e
 
 
-def _files(root: str | None, tokenizer: str) -> Files:
+def _files(root: str | None, tokenizer: str, glob: str) -> Files:
     if not root:
         raise ValueError(f"dataset.root=null: dataset=text reads your own text files; {FIX}")
     folder = Path(root).expanduser()
@@ -102,30 +105,33 @@ def _files(root: str | None, tokenizer: str) -> Files:
     if not folder.is_dir():
         raise ValueError(f"dataset.root={root} is not a folder; {FIX}")
     try:
-        paths = _text_files(folder, root)
+        paths = _text_files(folder, root, glob)
         stamp = tuple((str(p.relative_to(folder)), st.st_size, st.st_mtime_ns)
                       for p in paths for st in (p.stat(),))
     except OSError as e:
         raise ValueError(f"dataset.root={root} cannot be read ({e.strerror or e}); fix its permissions "
                          f"or {FIX}") from None
     if not paths:
-        raise ValueError(f"dataset.root={root} holds no .txt files; {FIX}")
+        raise ValueError(f"dataset.root={root} holds no {glob} files (dataset.glob); {FIX}")
     names, texts, counts = _scan(str(folder), tokenizer, stamp)
     if not names:
-        raise ValueError(f"dataset.root={root}: every .txt file is empty; {FIX}")
+        raise ValueError(f"dataset.root={root}: every {glob} file is empty; {FIX}")
     return names, texts, counts
 
 
-def _plan(root: str | None, tokenizer: str, holdout_every: int, vocab_size: int, block_size: int
+def _plan(root: str | None, tokenizer: str, holdout_every: int, vocab_size: int, block_size: int, glob: str
           ) -> tuple[list[int], list[int], list[str], tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
+    if not isinstance(glob, str) or not glob:
+        raise ValueError(f"dataset.glob={show(glob)} must be a file-name pattern, e.g. "
+                         "dataset.glob='*.txt' or '*.md'")
     if tokenizer not in TOKENIZERS:
         raise ValueError(f"dataset.tokenizer={show(tokenizer)} is unknown; use {' or '.join(TOKENIZERS)}")
-    names, texts, counts = _files(root, tokenizer)
+    names, texts, counts = _files(root, tokenizer, glob)
     val = list(range(0, len(names), holdout_every))
     train = [i for i in range(len(names)) if i not in val]
     if not train:
-        raise ValueError(f"dataset.root={root} holds {len(names)} non-empty .txt file(s); the split by file "
-                         f"needs two at least (one for validation); add a file")
+        raise ValueError(f"dataset.root={root} holds {len(names)} non-empty {glob} file(s); the split by "
+                         f"file needs two at least (one for validation); add a file")
     vocab = vocabulary("".join(texts[i] for i in train) if tokenizer == "char" else "", tokenizer)
     if vocab_size != len(vocab):
         raise ValueError(f"dataset.vocab_size={vocab_size} but the {tokenizer} tokens of the training files "
@@ -139,25 +145,25 @@ def _plan(root: str | None, tokenizer: str, holdout_every: int, vocab_size: int,
 
 
 def check_root(root: str | None, tokenizer: str = "byte", holdout_every: int = 10, vocab_size: int = 256,
-               block_size: int = 64) -> None:
+               block_size: int = 64, glob: str = "*.txt") -> None:
     """The parent's check: the folder, its files, the split, the declared vocabulary size."""
-    _plan(root, tokenizer, holdout_every, vocab_size, block_size)
+    _plan(root, tokenizer, holdout_every, vocab_size, block_size, glob)
 
 
 def train_size_of(root: str | None = None, tokenizer: str = "byte", holdout_every: int = 10,
-                  vocab_size: int = 256, block_size: int = 64, **_: object) -> int:
+                  vocab_size: int = 256, block_size: int = 64, glob: str = "*.txt", **_: object) -> int:
     """Training windows (the parent's batch-size check)."""
-    plan = _plan(root, tokenizer, holdout_every, vocab_size, block_size)
+    plan = _plan(root, tokenizer, holdout_every, vocab_size, block_size, glob)
     train, counts = plan[0], plan[5]
     return (sum(counts[i] for i in train) - 1) // block_size
 
 
 def text(root: str | None = None, tokenizer: str = "byte", holdout_every: int = 10, vocab_size: int = 256,
-         block_size: int = 64, eval_windows: int | None = 512):
+         block_size: int = 64, eval_windows: int | None = 512, glob: str = "*.txt"):
     """(train, validation) TokenWindows."""
-    train, val, vocab, names, texts, _ = _plan(root, tokenizer, holdout_every, vocab_size, block_size)
+    train, val, vocab, names, texts, _ = _plan(root, tokenizer, holdout_every, vocab_size, block_size, glob)
     info = {"tokenizer": tokenizer, "vocab_size": len(vocab), "block_size": block_size,
-            "split": f"by file: every {holdout_every}th of the sorted .txt files is validation",
+            "split": f"by file: every {holdout_every}th of the sorted {glob} files is validation",
             "train_files": [names[i] for i in train], "val_files": [names[i] for i in val],
             "eval_windows": eval_windows}
     sets = []
