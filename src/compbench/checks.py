@@ -22,6 +22,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from compbench.settings import RunSettings
+from compbench.train import loggers
 from compbench.values import KeyRange, is_int, is_number, require_int, require_number, show, type_problem
 
 # `engine.np` above this many workers per core is refused: each worker is a full process with its
@@ -38,6 +39,8 @@ def check_settings(cfg: DictConfig) -> None:
     _check_finite(cfg)
     _check_declared_keys(cfg)
     _check_run_settings(cfg)
+    loggers.check(OmegaConf.to_object(cfg.loggers) if OmegaConf.is_config(cfg.loggers) else cfg.loggers,
+                  cfg.mlflow.get("uri"), cfg.mlflow.get("experiment"))
     _check_engine(cfg)
     _check_device(cfg)
     _check_optim(cfg)
@@ -262,6 +265,8 @@ def _check_optim(cfg: DictConfig) -> None:
     for key in ("momentum", "weight_decay", "warmup_epochs", "lr_min_factor"):
         if key in o:
             require_number(f"optim.{key}", o[key], 0)
+    if "warmup_steps" in o:
+        require_int("optim.warmup_steps", o.warmup_steps, 0, "0 warms up over optim.warmup_epochs instead")
     if "lr_gamma" in o:
         require_number("optim.lr_gamma", o.lr_gamma, 0, strict=True)
     if o.get("clip_grad_norm") is not None:

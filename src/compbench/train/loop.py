@@ -34,7 +34,7 @@ from compbench.seam.build import build_datasets, build_model
 from compbench.settings import RunSettings
 from compbench.stats import StepStats, clock_for
 from compbench.sync.build import build_synchronizer
-from compbench.train import faults
+from compbench.train import faults, loggers
 from compbench.train.checkpoint import (
     CheckpointPlace,
     TrainingState,
@@ -95,7 +95,9 @@ class Trainer:
                                           **registry.plain(cfg.optim))
         self.recorder: Recorder | None = None
         if self.rank0:
-            self.recorder = recorder or Recorder(run_dir, run_hparams(cfg, engine.size))
+            hparams = run_hparams(cfg, engine.size)
+            self.recorder = recorder or Recorder(run_dir, hparams, loggers.build(
+                cfg.loggers, run_dir, hparams, time.time(), registry.plain(cfg.mlflow), s.outputs_root))
         self.elastic = bool(cfg.engine.get("elastic"))  # engine.elastic: Horovod Elastic or TorchElastic
         self.faults = registry.build(cfg.fault)  # injected failures and stragglers (compbench.train.faults)
         # engine.elastic (compbench.train.elastic): where training continues after a recovery, the
@@ -380,7 +382,6 @@ class Trainer:
                 summary[key] = final[tag]
         split = split_ms(summary)
         summary["other_ms"] = split["other"] if split else None
-        r.finish()
         env = environment(self.engine, self.settings.precision, self.load_before)
         summary["loaded"] = env["loaded"]  # other work competed for the cores: the timings are the machine's
         results = {"config": OmegaConf.to_container(self.cfg, resolve=True),
@@ -396,6 +397,7 @@ class Trainer:
         if self.elastic or self.faults.injects:
             results["faults"] = {"injected": faults.read_events(self.run_dir), "recoveries": self.recoveries}
         write_json_atomic(self.run_dir / "results.json", results)
+        r.finish(results)
         print(format_summary(results, self.run_dir), flush=True)
         return results
 

@@ -1,6 +1,7 @@
-"""The TensorBoard / results.json recorder (rank 0): per-step timings and byte counts written by the
-results schema (compbench.results: every tag with its unit and description, written into the tag's
-TensorBoard metadata and shown by the Scalars dashboard's info icon).
+"""Rank 0's recorder: per-step timings, byte counts and evaluations into the run's loggers
+(compbench.train.loggers: TensorBoard by default, a CSV, MLflow) and the history that becomes
+results.json; the results schema (compbench.results) gives every tag its unit and description,
+written into the tag's TensorBoard metadata and shown by the Scalars dashboard's info icon.
 """
 
 from __future__ import annotations
@@ -8,59 +9,48 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from compbench.results import (
     DESCRIBED,
 )
+from compbench.train.loggers import Logger, TensorBoardLogger
 
 
 class Recorder:
-    """Rank 0's TensorBoard writer plus the running history that becomes results.json.
+    """Rank 0's loggers plus the running history that becomes results.json.
 
-    One event file per run, in `run_dir/tb`: the scalars and the HParams session records (start
-    now, end at `finish`) together, so TensorBoard shows one run per job and the HParams
-    dashboard's "Show metrics" draws that run's own curves. No experiment summary is written:
-    TensorBoard then finds which hyperparameters differ between runs and shows those first.
+    With TensorBoard: one event file per run, in `run_dir/tb`: the scalars and the HParams session
+    records (start now, end at `finish`) together, so TensorBoard shows one run per job and the
+    HParams dashboard's "Show metrics" draws that run's own curves. No experiment summary is
+    written: TensorBoard then finds which hyperparameters differ between runs and shows those first.
 
     Every scalar is written at its training time (`train_s`, set by the trainer: the steps' wall
     times, evaluation and checkpoints left out) after the run's start: TensorBoard's "Relative" x
     axis is then the time a method trained, the axis of time to quality."""
 
-    def __init__(self, run_dir: Path, hparams: Mapping[str, Any]) -> None:
-        from tensorboardX import SummaryWriter
-
+    def __init__(self, run_dir: Path, hparams: Mapping[str, Any],
+                 loggers: Sequence[Logger] | None = None) -> None:
+        """`loggers`: where the scalars go (compbench.train.loggers.build; default TensorBoard)."""
         self.run_dir = run_dir
-        self.writer = SummaryWriter(str(run_dir / "tb"))
         self.history: dict[str, list[float]] = defaultdict(list)
-        self._described: set[str] = set()
         self.start = time.time()
         self.train_s = 0.0
-        self._add(session_start(hparams))
+        self.loggers = (list(loggers) if loggers is not None
+                        else [TensorBoardLogger(run_dir, hparams, self.start)])
 
     def scalar(self, tag: str, value: float, step: int, keep: bool = True) -> None:
-        walltime = self.start + self.train_s
-        if tag in self._described:
-            self.writer.add_scalar(tag, value, step, walltime=walltime)
-        else:  # TensorBoard keeps a tag's metadata from its first value: describe it once
-            self._add(described_scalar(tag, value), step, walltime)
-            self._described.add(tag)
+        for logger in self.loggers:
+            logger.scalar(tag, value, step, self.train_s)
         if keep:
             self.history[tag].append(float(value))
 
-    def finish(self) -> None:
-        """The HParams session end record (status: success), then close the event file."""
-        self._add(session_end())
-        self.writer.close()
-
-    def _add(self, summary_bytes: bytes, step: int | None = None, walltime: float | None = None) -> None:
-        from tensorboardX.proto.summary_pb2 import Summary
-
-        # tensorboard builds the records, tensorboardX writes them: the two packages share the
-        # wire format, not the Python classes.
-        self.writer.file_writer.add_summary(Summary.FromString(summary_bytes), step, walltime)
+    def finish(self, results: Mapping[str, Any] | None = None) -> None:
+        """The run ended (`results`, results.json's content, on success): every logger closes."""
+        for logger in self.loggers:
+            logger.finish(results)
 
     def median(self, tag: str, skip: int = 0) -> float | None:
         values = self.history.get(tag, [])
@@ -97,7 +87,9 @@ class Recorder:
         return q1, q3
 
     def close(self) -> None:
-        self.writer.close()
+        """Close the loggers of a run that did not finish (no success recorded)."""
+        for logger in self.loggers:
+            logger.finish(None)
 
 
 def described_scalar(tag: str, value: float) -> bytes:

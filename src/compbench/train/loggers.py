@@ -1,0 +1,183 @@
+"""Where a run's scalars go (`loggers=[tensorboard]`, the default; `csv`, `mlflow`), written by rank 0's
+Recorder (compbench.train.metrics) at their training time: TensorBoard's event file with each tag's
+unit and description and the HParams session; a tidy CSV beside results.json; or an MLflow tracking
+store (a lab's server, or a local file store), so a lab's tracking takes compbench's runs.
+
+    compbench train loggers=[tensorboard,csv]
+    compbench train loggers=[tensorboard,mlflow] mlflow.uri=http://tracking:5000 mlflow.experiment=comp
+
+MLflow is an optional extra (`pip install 'compbench[mlflow]'`: mlflow-skinny, no server): its
+parameters are the run's hparams, its metrics every scalar at its step, its tags compbench's commit
+and the run folder, and results.json its artifact. Without `mlflow.uri` the store is
+`OUTPUTS_ROOT/mlruns` (`mlflow ui --backend-store-uri OUTPUTS_ROOT/mlruns`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+LOGGERS = ("tensorboard", "csv", "mlflow")
+
+
+class Logger(Protocol):
+    def scalar(self, tag: str, value: float, step: int, train_s: float) -> None: ...
+    def finish(self, results: Mapping[str, Any] | None) -> None:
+        """The run ended (`results`: results.json's content; None when it failed)."""
+        ...
+
+
+class TensorBoardLogger:
+    """One event file per run in `run_dir/tb`: the scalars (each described once: unit and meaning,
+    shown by the Scalars dashboard) and the HParams session records, so that TensorBoard shows one
+    run per job; every scalar at its training time after the run's start (TensorBoard's "Relative"
+    x axis is then the time a method trained)."""
+
+    def __init__(self, run_dir: Path, hparams: Mapping[str, Any], start: float) -> None:
+        from tensorboardX import SummaryWriter
+
+        from compbench.train.metrics import session_start
+
+        self.writer = SummaryWriter(str(run_dir / "tb"))
+        self.start = start
+        self._described: set[str] = set()
+        self._add(session_start(hparams))
+
+    def scalar(self, tag: str, value: float, step: int, train_s: float) -> None:
+        from compbench.train.metrics import described_scalar
+
+        walltime = self.start + train_s
+        if tag in self._described:
+            self.writer.add_scalar(tag, value, step, walltime=walltime)
+        else:  # TensorBoard keeps a tag's metadata from its first value: describe it once
+            self._add(described_scalar(tag, value), step, walltime)
+            self._described.add(tag)
+
+    def finish(self, results: Mapping[str, Any] | None) -> None:
+        """The HParams session end record (success only: TensorBoard keeps a run's first end record,
+        which would outlive a later resume), then close the event file."""
+        from compbench.train.metrics import session_end
+
+        if results is not None:
+            self._add(session_end())
+        self.writer.close()
+
+    def _add(self, summary_bytes: bytes, step: int | None = None, walltime: float | None = None) -> None:
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        # tensorboard builds the records, tensorboardX writes them: the two packages share the
+        # wire format, not the Python classes.
+        self.writer.file_writer.add_summary(Summary.FromString(summary_bytes), step, walltime)
+
+
+class CSVLogger:
+    """`run_dir/scalars.csv`: one row per scalar (tag, step, value, training seconds), long format,
+    as spreadsheets and pandas read it; appended as the run goes (a resumed run adds its rows)."""
+
+    HEADER = ("tag", "step", "value", "train_s")
+
+    def __init__(self, run_dir: Path) -> None:
+        path = run_dir / "scalars.csv"
+        fresh = not path.exists()
+        self.file = open(path, "a", newline="")  # noqa: SIM115 - open for the run's life, closed in finish
+        self.writer = csv.writer(self.file)
+        if fresh:
+            self.writer.writerow(self.HEADER)
+
+    def scalar(self, tag: str, value: float, step: int, train_s: float) -> None:
+        self.writer.writerow((tag, step, value, round(train_s, 6)))
+
+    def finish(self, results: Mapping[str, Any] | None) -> None:
+        self.file.close()
+
+
+class MLflowLogger:
+    """One MLflow run per compbench run, in `experiment` of the tracking store at `uri`: the hparams
+    as parameters, every scalar as a metric at its step (sent in batches), compbench's commit and the
+    run folder as tags, results.json as an artifact; ended FINISHED, or FAILED without results."""
+
+    BATCH = 1000  # MLflow's most metrics per log_batch call
+
+    def __init__(self, run_dir: Path, hparams: Mapping[str, Any], uri: str, experiment: str,
+                 tags: Mapping[str, Any]) -> None:
+        if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch (maintenance mode)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=uri)
+        found = self.client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        self.run = self.client.create_run(experiment_id, run_name=run_dir.name,
+                                          tags={"compbench.run_dir": str(run_dir),
+                                                **{f"compbench.{k}": str(v) for k, v in tags.items()}})
+        params = [mlflow.entities.Param(k, str(v)) for k, v in hparams.items() if v is not None]
+        self.client.log_batch(self.run.info.run_id, params=params)
+        self.run_dir = run_dir
+        self.pending: list[Any] = []
+        self._metric = mlflow.entities.Metric
+
+    def scalar(self, tag: str, value: float, step: int, train_s: float) -> None:
+        self.pending.append(self._metric(tag, float(value), int(train_s * 1e3), int(step)))
+        if len(self.pending) >= self.BATCH:
+            self._flush()
+
+    def finish(self, results: Mapping[str, Any] | None) -> None:
+        self._flush()
+        if results is not None:
+            self.client.log_text(self.run.info.run_id, json.dumps(results, default=str), "results.json")
+        self.client.set_terminated(self.run.info.run_id, "FINISHED" if results is not None else "FAILED")
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.client.log_batch(self.run.info.run_id, metrics=self.pending)
+            self.pending = []
+
+
+def mlflow_uri(uri: str | None, outputs_root: str) -> str:
+    """The tracking store: `mlflow.uri`, else a local file store under the outputs."""
+    return uri or (Path(outputs_root).resolve() / "mlruns").as_uri()
+
+
+def check(names: Any, uri: Any, experiment: Any) -> None:
+    """Config-time check of `loggers` and `mlflow.*` (ValueError: one line naming the fix)."""
+    from compbench.values import show
+
+    if not isinstance(names, list | tuple) or not names or any(n not in LOGGERS for n in names):
+        raise ValueError(f"loggers={show(names)} must list where scalars go: {', '.join(LOGGERS)}, e.g. "
+                         "loggers=[tensorboard,csv]")
+    if len(set(names)) < len(names):
+        raise ValueError(f"loggers={show(names)} names a logger twice; give each once")
+    if "mlflow" in names:
+        try:
+            import mlflow  # noqa: F401
+        except ImportError:
+            raise ValueError("loggers=[...,mlflow] needs MLflow; pip install 'compbench[mlflow]' "
+                             "(mlflow-skinny), or drop mlflow from loggers") from None
+        if uri is not None and (not isinstance(uri, str) or not uri):
+            raise ValueError(f"mlflow.uri={show(uri)} must be a tracking URI (http://host:5000, "
+                             "file:///path) or null (a file store under outputs_root)")
+        if not isinstance(experiment, str) or not experiment:
+            raise ValueError(f"mlflow.experiment={show(experiment)} must be a name, e.g. "
+                             "mlflow.experiment=compbench")
+
+
+def build(names: Sequence[str], run_dir: Path, hparams: Mapping[str, Any], start: float,
+          mlflow: Mapping[str, Any], outputs_root: str) -> list[Logger]:
+    """The loggers `names` picks (checked by `check`), in that order."""
+    from compbench.provenance import source
+
+    out: list[Logger] = []
+    for name in names:
+        if name == "tensorboard":
+            out.append(TensorBoardLogger(run_dir, hparams, start))
+        elif name == "csv":
+            out.append(CSVLogger(run_dir))
+        else:
+            out.append(MLflowLogger(run_dir, hparams, mlflow_uri(mlflow.get("uri"), outputs_root),
+                                    str(mlflow.get("experiment")), source()))
+    return out

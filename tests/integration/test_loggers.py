@@ -1,0 +1,52 @@
+"""The logger seam (compbench.train.loggers): a 2-job sweep with the CSV and MLflow loggers beside
+TensorBoard: every job's scalars.csv, and both runs in MLflow's local store with their parameters,
+metrics and results.json, as a lab's tracking would take them."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from tests.helpers import TINY, compbench
+
+pytestmark = pytest.mark.dist
+
+
+def test_a_sweep_lands_in_the_csv_and_mlflow_loggers(tmp_path):
+    pytest.importorskip("mlflow")
+    sweep = tmp_path / "sweep"
+    proc = compbench("train", "-m", *TINY, "max_steps=4", "eval_points=1", "checkpoint=false",
+                     "compressor=none,fp16", "loggers=[tensorboard,csv,mlflow]", f"outputs_root={tmp_path}",
+                     f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(jobs) == 2
+    for job in jobs:
+        rows = list(csv.DictReader((job / "scalars.csv").open()))
+        assert {r["tag"] for r in rows} >= {"train/loss", "time/step_ms", "eval/acc1"}
+        assert [int(r["step"]) for r in rows if r["tag"] == "train/loss"] == [0, 1, 2, 3]
+        assert (job / "tb").is_dir()  # TensorBoard stays beside them
+
+    import os
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("compbench")
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.data.params["compressor"] for r in runs) == ["fp16", "none"]
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [0, 1, 2, 3]
+        assert "eval/acc1" in run.data.metrics and run.data.tags["compbench.commit"]
+        assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["results.json"]
+
+
+def test_a_bad_logger_is_one_line(tmp_path):
+    proc = compbench("train", *TINY, "loggers=[tensorboard,wandb]", f"output_dir={tmp_path / 'run'}")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: loggers=[tensorboard,wandb] must list where scalars go: tensorboard, csv, mlflow, e.g. "
+        "loggers=[tensorboard,csv]"]
+    assert not (tmp_path / "run").exists()
