@@ -122,6 +122,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="outputs/claims-followups")
     parser.add_argument("--only", default=None, help="comma-separated experiment names")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default: the experiment's)")
+    parser.add_argument("--runs", default=None,
+                        help="comma-separated run names to keep (default: every run of each experiment)")
     args = parser.parse_args(argv)
     known = {e.name: e for e in EXPERIMENTS}
     names = args.only.split(",") if args.only else list(known)
@@ -131,9 +133,14 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(args.out)
     chosen = [known[n] for n in names]
+    kept = set(args.runs.split(",")) if args.runs else None
+    if kept is not None and (unknown := kept - {run for e in chosen for run in e.runs}):
+        print(f"error: --runs {','.join(sorted(unknown))}: not a run of the chosen experiments",
+              file=sys.stderr)
+        return 2
     jobs: list[Job] = [(out / "runs" / f"{e.name}-{run}-s{seed}", [*e.base, *overrides, f"seed={seed}"])
                        for e in chosen for seed in range(args.seeds or e.seeds)
-                       for run, overrides in e.runs.items()]
+                       for run, overrides in e.runs.items() if kept is None or run in kept]
     try:
         check_jobs(jobs, out)
     except ValueError as e:

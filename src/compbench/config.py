@@ -189,6 +189,11 @@ def _mode_groups(overrides: list[str]) -> list[str]:
     return [f"{k}={v}" for k, v in recipe.items() if k in GROUPS and k not in user]
 
 
+# Recipe keys that another key sets in other units: the user's choice of either replaces the recipe's
+# (optim.warmup_epochs=0.1 on the command line replaces 1-bit Adam's optim.warmup_steps=300).
+SAME_SETTING = {"optim.warmup_steps": {"optim.warmup_epochs"}}
+
+
 def _recipe_to_apply(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     """The synchronization mode's recipe, then the compressor's (compbench.compat.recipe; of the
     compressor and communicator the mode's recipe picks), less every key the user set: on the
@@ -198,12 +203,17 @@ def _recipe_to_apply(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     choices = dict(cfg.hydra.runtime.choices)
     user = _user_keys(overrides)
     sync_traits = registry.declared("sync", choices["sync"])
-    # a setting of a group whose option the recipe picks belongs to that option, not to the one the
-    # user picked instead (sync=demo memory=none drops memory.beta); a setting of a group the recipe
-    # does not pick (optim.weight_decay) applies to whichever option the user took
+    # a setting of a group whose option the recipe picks belongs to that option, not to another one
+    # the user picked instead (sync=demo memory=none drops memory.beta; sync=onebit_adam optim=adamw
+    # keeps optim.weight_decay=0); a setting of a group the recipe does not pick applies to whichever
+    # option the user took
+    def other_option(key: str) -> bool:
+        group = key.partition(".")[0]
+        picked = sync_traits.recipe.get(group)
+        return picked is not None and group in user - {key} and choices[group] != picked
+
     applied = {k: v for k, v in sync_traits.recipe.items()
-               if k not in user and not (k.partition(".")[0] in sync_traits.recipe
-                                         and k.partition(".")[0] in user - {k})}
+               if k not in user and not other_option(k) and not SAME_SETTING.get(k, set()) & user}
     choices.update({k: v for k, v in applied.items() if k in GROUPS})
     caps = registry.declared("compressor", choices["compressor"])
     comm_traits = registry.declared("comm", choices["comm"])

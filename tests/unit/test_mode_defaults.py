@@ -1,6 +1,7 @@
 """Synchronization modes run as their references do by default (`SyncTraits.recipe`, announced at the
 start, a user's setting wins): NoLoCo and SPARTA with AdamW inner steps and NoLoCo's H = 100; 1-bit
-Adam and 1-bit LAMB without naming optim=adamw; SPARTA's p picking something every step."""
+Adam and 1-bit LAMB without naming optim=adamw, 1-bit Adam with its 300-step warm-up; SPARTA's p
+picking something every step."""
 
 from __future__ import annotations
 
@@ -34,6 +35,24 @@ def test_the_modes_recipe_picks_the_references_optimizer_and_a_users_choice_wins
     if sync in ("noloco", "sparta", "sparta_diloco"):  # they take any optimizer: the user's wins
         mine = config.check(config.compose([*TINY, f"sync={sync}", "optim=sgd"]))
         assert mine.choices.optim == "sgd" and "optim" not in mine.recipe
+
+
+@pytest.mark.parametrize("sync, mine, warmup_steps, warmup_epochs", [
+    ("onebit_adam", [], 300, 1),
+    ("onebit_adam", ["optim.warmup_steps=0"], 0, 1),  # the reference's schedule
+    ("onebit_adam", ["optim.warmup_epochs=0.1"], 0, 0.1),  # the same setting in epochs replaces the recipe's
+    ("onebit_lamb", [], 0, 1),  # LAMB's trust ratio bounds its steps
+])
+def test_onebit_adams_warmup_is_300_steps_unless_the_user_sets_one(sync, mine, warmup_steps, warmup_epochs):
+    cfg = config.check(config.compose([*TINY, f"sync={sync}", *mine]))
+    assert (cfg.optim.warmup_steps, cfg.optim.warmup_epochs) == (warmup_steps, warmup_epochs)
+
+
+@pytest.mark.parametrize("sync, key, value", [("noloco", "clip_grad_norm", 1.0),
+                                              ("onebit_adam", "weight_decay", 0.0)])
+def test_naming_the_recipes_own_optimizer_keeps_the_recipes_settings_of_it(sync, key, value):
+    cfg = config.check(config.compose([*TINY, f"sync={sync}", "optim=adamw"]))
+    assert cfg.optim[key] == value and f"optim.{key}" in cfg.recipe
 
 
 def test_nolocos_rounds_are_its_configs_100_steps():

@@ -86,7 +86,8 @@ def test_only_the_padded_tensors_depart_from_the_oracle():
 def test_recipe_composes_onebit_adam_from_the_pipeline():
     cfg = config.compose(["sync=onebit_adam", "optim=adamw"])
     assert dict(cfg.recipe) == {"compressor": "rms_sign", "memory": "residual", "comm": "ps",
-                                "scheduler": "mergecomp", "scheduler.groups": 1, "optim.weight_decay": 0.0}
+                                "scheduler": "mergecomp", "scheduler.groups": 1, "optim.weight_decay": 0.0,
+                                "optim.warmup_steps": 300}
     assert cfg.optim.weight_decay == 0.0  # DeepSpeed's default, not optim=adamw's 0.05
     mine = config.compose(["sync=onebit_adam", "optim=adamw", "optim.weight_decay=0.01"])  # the user's wins
     assert mine.optim.weight_decay == 0.01 and "optim.weight_decay" not in mine.recipe

@@ -68,7 +68,7 @@ from torch import Tensor, nn
 from compbench.schedulers import Scheduler
 from compbench.seam.pipeline import GradientPipeline
 from compbench.sync import SyncTraits
-from compbench.sync.onebit_adam import RECIPE, OnebitAdamStep, OnebitAdamSync
+from compbench.sync.onebit_adam import EXCHANGE_RECIPE, OnebitAdamStep, OnebitAdamSync
 
 
 def check_options(freeze_step: int = 100, eps: float = 1e-8, max_coeff: float = 10.0,
@@ -196,12 +196,14 @@ class OnebitLambStep(OnebitAdamStep):
 
 
 class OnebitLambSync(OnebitAdamSync):
-    """1-bit Adam's mode (its stages, exchange, plan and freeze line) with 1-bit LAMB's optimizer."""
+    """1-bit Adam's mode (its stages, exchange, plan and freeze line) with 1-bit LAMB's optimizer.
+    Its recipe is 1-bit Adam's exchange without 1-bit Adam's longer warm-up: LAMB's trust ratio
+    (clamped to max_coeff) bounds the steps that the uncorrected m / sqrt(v) would inflate."""
 
     name = "onebit_lamb"
     sync_traits: ClassVar[SyncTraits] = SyncTraits(optimizers=("adamw",),
                                                    optimizer_keys=("lr", "betas", "weight_decay"),
-                                                   recipe=RECIPE)
+                                                   recipe=EXCHANGE_RECIPE)
     check_options = staticmethod(check_options)
 
     def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, freeze_step: int = 100,
