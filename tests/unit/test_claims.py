@@ -114,8 +114,8 @@ def test_text_suite_names_known_runs_and_composes(tmp_path):
         assert set(claim.runs) <= set(TEXT_RUNS) == set(QUICK_RUNS), claim.id
     for claim in FIELD_CLAIMS:
         assert set(claim.runs) <= set(FIELD_RUNS) == set(FIELD_QUICK_RUNS), claim.id
-    assert TEXT_RUNS["onebit-adam"][-1] == "sync.freeze_step=90" and QUICK_RUNS["onebit-adam"][-1] == \
-        "sync.freeze_step=36"  # 15% of 600 and of 240 steps
+    assert TEXT_RUNS["onebit-adam"][-2:] == ("sync.freeze_step=90", "optim.warmup_steps=300")
+    assert QUICK_RUNS["onebit-adam"][-2:] == ("sync.freeze_step=36", "optim.warmup_steps=120")  # of 240 steps
     # The quick setting composes and passes the check (its corpus is checked at run time, not here).
     for name, overrides in {**QUICK_RUNS, **FIELD_QUICK_RUNS}.items():
         cfg = config.check(config.compose([*QUICK, *overrides, "seed=0", f"output_dir={tmp_path / name}"]))

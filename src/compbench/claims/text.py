@@ -11,7 +11,8 @@ SEEDS=2 seeds per run: 7 runs x 2 seeds = 14 trainings.
 Runs: DDP-AdamW (dense allreduce of the gradients every step), top-k and random-k at 1% with
 residual error feedback under AdamW over allgather, DiLoCo with H=30 inner AdamW steps, SparseLoCo
 (experiment=sparseloco: H=30, 1.56% chunked top-k in 2 bits), DeMo (optim=sgd: lr DEMO_LR, no weight
-decay), 1-bit Adam with a dense warm-up of 15% of the steps (sync.freeze_step). The field's other
+decay), 1-bit Adam with a dense warm-up of 15% of the steps (sync.freeze_step) and its recipe's
+300-step learning-rate warm-up (120 in --quick). The field's other
 methods have their own suite on the same workload (`--suite field`, compbench.claims.field).
 
 Budget: the full suite in 60 minutes on 2 cores, --quick in 10; measured on this project's 2-core
@@ -37,6 +38,7 @@ SEEDS = 2
 H = 30               # DiLoCo's and SparseLoCo's inner steps per round
 DEMO_LR = 1e-3       # DeMo's sign step (optim=sgd's lr): tuned on 200 steps, see docs/results.md
 WARMUP = 0.15        # 1-bit Adam's (and 1-bit LAMB's, the field suite) dense warm-up: a fraction of steps
+ONEBIT_RATE_WARMUP = 300  # 1-bit Adam's rate warm-up (its recipe's) over STEPS; in proportion for --quick
 NEAR = 0.05          # "approaches", "stays near": at most 5% above DDP-AdamW's loss
 MATCH = 0.02         # "matches": within 2% of DDP-AdamW's loss
 FEWER = 30           # ">= 30x fewer bytes"
@@ -57,7 +59,9 @@ def runs(steps: int) -> Mapping[str, tuple[str, ...]]:
         "diloco": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}"),
         "sparseloco": ("experiment=sparseloco", "optim=adamw", f"sync.inner_steps={H}"),
         "demo": ("sync=demo", "optim=sgd", f"optim.lr={DEMO_LR:g}", "optim.weight_decay=0"),
-        "onebit-adam": ("optim=adamw", "sync=onebit_adam", f"sync.freeze_step={round(WARMUP * steps)}"),
+        # its recipe's 300-step rate warm-up, named: BASE's optim.warmup_epochs would replace it
+        "onebit-adam": ("optim=adamw", "sync=onebit_adam", f"sync.freeze_step={round(WARMUP * steps)}",
+                        f"optim.warmup_steps={round(ONEBIT_RATE_WARMUP * steps / STEPS)}"),
     }
 
 
