@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from compbench.results import LM_TAGS
+from compbench.results import BY_AXIS, LM_TAGS
 from tests.helpers import compbench, event_tags, results, train
 
 pytestmark = pytest.mark.dist
@@ -29,7 +29,7 @@ def test_language_model_run_records_loss_perplexity_and_tokens(tmp_path):
     assert (d["tokenizer"], d["vocab_size"], d["block_size"]) == ("char", 85, 32)
     assert len(d["train_works"]) == 36 and len(d["val_works"]) == 6 and d["ood"] == "kjv"
     assert not set(d["train_works"]) & set(d["val_works"])
-    assert event_tags(out) == set(LM_TAGS)
+    assert event_tags(out) == set(LM_TAGS) | {tag for tag in BY_AXIS if tag.partition("/")[2] in LM_TAGS}
     assert "val loss     final" in proc.stdout and "tokens/s (median" in proc.stdout
     assert "eval/loss" in proc.stdout and "eval/ood_loss" in proc.stdout
 
