@@ -9,7 +9,8 @@ from compbench import config, registry
 from compbench.settings import RunSettings
 
 # Top-level keys that are not run settings: the ratio shorthand (compbench.config) and the sweep's.
-NOT_SETTINGS = {"defaults", "ratio", "sweep", "jobs"}
+# Not RunSettings: Hydra's and the sweep's keys, and the loggers' (checked by compbench.train.loggers).
+NOT_SETTINGS = {"defaults", "ratio", "sweep", "jobs", "loggers", "mlflow"}
 
 
 def test_every_top_level_key_of_train_yaml_is_a_typed_setting():

@@ -17,9 +17,12 @@ from __future__ import annotations
 import csv
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from compbench.results import DESCRIBED
 
 LOGGERS = ("tensorboard", "csv", "mlflow")
 
@@ -31,6 +34,61 @@ class Logger(Protocol):
         ...
 
 
+def described_scalar(tag: str, value: float) -> bytes:
+    """A serialized Summary: `value` as a plain scalar (what every reader lists as a scalar)
+    with the scalars plugin's metadata carrying the tag's unit and description. The plugin name
+    matters: TensorBoard's default (Rust) loader drops a description without it."""
+    from tensorboard.compat.proto import summary_pb2
+    from tensorboard.plugins.scalar import metadata
+
+    unit, about = DESCRIBED[tag]
+    meta = metadata.create_summary_metadata(display_name=f"{tag} ({unit})",
+                                            description=f"{about}. Unit: {unit}.")
+    meta.data_class = summary_pb2.DATA_CLASS_SCALAR
+    summary = summary_pb2.Summary()
+    summary.value.add(tag=tag, simple_value=float(value), metadata=meta)
+    return summary.SerializeToString()
+
+
+def session_start(hparams: Mapping[str, Any]) -> bytes:
+    """The HParams plugin's session start record. Integers go as text: the HParams table prints
+    every number with five significant digits (world_size 2 would read 2.0000); floats stay
+    numbers (ratio gets a numeric axis and filter), None is left out."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    info = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
+    for k, v in hparams.items():
+        if isinstance(v, bool):
+            info.hparams[k].bool_value = v
+        elif isinstance(v, int):
+            info.hparams[k].string_value = str(v)
+        elif isinstance(v, float):
+            info.hparams[k].number_value = v
+        elif v is not None:
+            info.hparams[k].string_value = str(v)
+    return _hparams_record("session_start_info", plugin_data_pb2.HParamsPluginData(session_start_info=info))
+
+
+def session_end() -> bytes:
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+
+    info = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
+    return _hparams_record("session_end_info", plugin_data_pb2.HParamsPluginData(session_end_info=info))
+
+
+def _hparams_record(kind: str, data: Any) -> bytes:
+    """A serialized Summary with one hparams plugin value, as tensorboard's summary_v2 builds it
+    (tensorboard.plugins.hparams.summary would import TensorFlow)."""
+    from tensorboard.compat.proto import summary_pb2
+    from tensorboard.plugins.hparams import metadata
+
+    tag = {"session_start_info": metadata.SESSION_START_INFO_TAG,
+           "session_end_info": metadata.SESSION_END_INFO_TAG}[kind]
+    summary = summary_pb2.Summary()
+    summary.value.add(tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR)
+    return summary.SerializeToString()
+
+
 class TensorBoardLogger:
     """One event file per run in `run_dir/tb`: the scalars (each described once: unit and meaning,
     shown by the Scalars dashboard) and the HParams session records, so that TensorBoard shows one
@@ -40,16 +98,12 @@ class TensorBoardLogger:
     def __init__(self, run_dir: Path, hparams: Mapping[str, Any], start: float) -> None:
         from tensorboardX import SummaryWriter
 
-        from compbench.train.metrics import session_start
-
         self.writer = SummaryWriter(str(run_dir / "tb"))
         self.start = start
         self._described: set[str] = set()
         self._add(session_start(hparams))
 
     def scalar(self, tag: str, value: float, step: int, train_s: float) -> None:
-        from compbench.train.metrics import described_scalar
-
         walltime = self.start + train_s
         if tag in self._described:
             self.writer.add_scalar(tag, value, step, walltime=walltime)
@@ -60,8 +114,6 @@ class TensorBoardLogger:
     def finish(self, results: Mapping[str, Any] | None) -> None:
         """The HParams session end record (success only: TensorBoard keeps a run's first end record,
         which would outlive a later resume), then close the event file."""
-        from compbench.train.metrics import session_end
-
         if results is not None:
             self._add(session_end())
         self.writer.close()

@@ -13,9 +13,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from compbench.results import (
-    DESCRIBED,
-)
 from compbench.train.loggers import Logger, TensorBoardLogger
 
 
@@ -90,61 +87,6 @@ class Recorder:
         """Close the loggers of a run that did not finish (no success recorded)."""
         for logger in self.loggers:
             logger.finish(None)
-
-
-def described_scalar(tag: str, value: float) -> bytes:
-    """A serialized Summary: `value` as a plain scalar (what every reader lists as a scalar)
-    with the scalars plugin's metadata carrying the tag's unit and description. The plugin name
-    matters: TensorBoard's default (Rust) loader drops a description without it."""
-    from tensorboard.compat.proto import summary_pb2
-    from tensorboard.plugins.scalar import metadata
-
-    unit, about = DESCRIBED[tag]
-    meta = metadata.create_summary_metadata(display_name=f"{tag} ({unit})",
-                                            description=f"{about}. Unit: {unit}.")
-    meta.data_class = summary_pb2.DATA_CLASS_SCALAR
-    summary = summary_pb2.Summary()
-    summary.value.add(tag=tag, simple_value=float(value), metadata=meta)
-    return summary.SerializeToString()
-
-
-def session_start(hparams: Mapping[str, Any]) -> bytes:
-    """The HParams plugin's session start record. Integers go as text: the HParams table prints
-    every number with five significant digits (world_size 2 would read 2.0000); floats stay
-    numbers (ratio gets a numeric axis and filter), None is left out."""
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
-    info = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
-    for k, v in hparams.items():
-        if isinstance(v, bool):
-            info.hparams[k].bool_value = v
-        elif isinstance(v, int):
-            info.hparams[k].string_value = str(v)
-        elif isinstance(v, float):
-            info.hparams[k].number_value = v
-        elif v is not None:
-            info.hparams[k].string_value = str(v)
-    return _hparams_record("session_start_info", plugin_data_pb2.HParamsPluginData(session_start_info=info))
-
-
-def session_end() -> bytes:
-    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
-
-    info = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
-    return _hparams_record("session_end_info", plugin_data_pb2.HParamsPluginData(session_end_info=info))
-
-
-def _hparams_record(kind: str, data: Any) -> bytes:
-    """A serialized Summary with one hparams plugin value, as tensorboard's summary_v2 builds it
-    (tensorboard.plugins.hparams.summary would import TensorFlow)."""
-    from tensorboard.compat.proto import summary_pb2
-    from tensorboard.plugins.hparams import metadata
-
-    tag = {"session_start_info": metadata.SESSION_START_INFO_TAG,
-           "session_end_info": metadata.SESSION_END_INFO_TAG}[kind]
-    summary = summary_pb2.Summary()
-    summary.value.add(tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR)
-    return summary.SerializeToString()
 
 
 def run_hparams(cfg: Mapping[str, Any], world_size: int) -> dict[str, Any]:
