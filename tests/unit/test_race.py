@@ -132,6 +132,31 @@ def test_the_report_tables_plots_and_targets(tmp_path):
                      "utilization.png"]
 
 
+def test_the_curve_plots_show_markers_units_the_target_and_start_at_zero(tmp_path, monkeypatch):
+    """Read off the figures themselves (kept open instead of closed): every evaluation a marker, every
+    seed a line, the axes' units, a labelled target line, x from 0, a quick race marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", figures.append)
+    write(tmp_path, TEXT, load(_fake_race(tmp_path)), quick=True, checks=text_targets)
+    curves = {f.axes[0].get_title(): f.axes[0] for f in figures
+              if f.axes[0].get_xlabel() == "training seconds"}
+    ax = curves["text race, 10 Mbit/s (quick: not evidence)"]
+    assert ax.get_ylabel() == "eval/loss (nats/token)" and ax.get_xlim()[0] == 0
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert lines["target 2.3"].get_linestyle() == "--"
+    seeds = [line for line in ax.get_lines() if not line.get_label().startswith("target")]
+    assert len(seeds) == 6 and all(line.get_marker() == "o" and len(line.get_xdata()) == 4 for line in seeds)
+    assert {text.get_text() for text in ax.get_legend().get_texts()} == {"ddp-adamw", "diloco", "onebit-adam",
+                                                                      "target 2.3"}
+    for figure in figures:
+        close(figure)
+
+
 def test_the_csvs_are_tidy_numbers_a_lab_reads(tmp_path):
     import pandas as pd
 
