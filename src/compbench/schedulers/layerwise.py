@@ -135,7 +135,10 @@ class Layerwise:
     def on_order_recorded(self, pipeline: GradientPipeline) -> None:
         self.set_runs([[i] for i in self.order])
 
-    searching = False  # a subclass that times its steps (MergeComp's search)
+    @property
+    def searching(self) -> bool:
+        """Whether the steps are being timed to the end of their work (MergeComp's search); never here."""
+        return False
 
     def _clock(self, pipeline: GradientPipeline) -> float:
         """Now, in seconds; while `searching`, after the device's work so far is done (a GPU's launches

@@ -177,7 +177,7 @@ class MergeComp(Layerwise):
         regroup_state(pipeline, old, self.groups)
 
     @property
-    def searching(self) -> bool:  # type: ignore[override]  # a property over the base's flag
+    def searching(self) -> bool:
         """The `groups=auto` search is on: its steps are timed to the end of their work."""
         return self.search is not None
 
