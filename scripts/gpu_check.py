@@ -14,7 +14,7 @@ Sections, each timed, each failure written down and the next section run:
    same bytes per step, losses within `LOSS_TOLERANCE` (float sums in another order);
 4. real jobs: two processes sharing the device over gloo (comm=ring: its hops as a collective where
    gloo has no point-to-point for CUDA tensors), one worker over NCCL (gloo on the CPU), and the
-   step's split adding up (`SPLIT_TOLERANCE`);
+   step's split adding up (`SPLIT_TOLERANCE`) with no step's remainder below 0;
 5. a trimmed `compbench bench` on the device;
 6. ResNet-50's gradients (25.6M parameters) at ratio 1e-3, one worker: every method's step, its
    bytes against the CPU's on the same gradients, and the targets (dragonn's compress + decompress
@@ -235,6 +235,13 @@ def _threaded(run: list[str], device: torch.device) -> dict:
 # -- 4. real jobs ----------------------------------------------------------------------------------
 
 
+def _scalars(run_dir: Path, tag: str) -> list[float]:
+    """A run's TensorBoard series `tag`, one value a step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    return [e.value for e in EventAccumulator(str(run_dir / "tb")).Reload().Scalars(tag)]
+
+
 def real_jobs(device: torch.device) -> str:
     jobs = {"2 processes sharing the device over gloo (comm=ring)":
             ["engine=torch", "engine.np=2", "compressor=fp16", "comm=ring", f"device={device.type}"],
@@ -257,8 +264,11 @@ def real_jobs(device: torch.device) -> str:
         s = json.loads((run_dir / "results.json").read_text())["summary"]
         parts = sum(s[f"{p}_ms"] for p in ("compute", "compress", "comm", "decompress", "optimizer", "other"))
         off = abs(parts - s["step_ms"]) / s["step_ms"]
+        # every step's own remainder (time/other_ms) >= 0: no phase timed twice. The summary's other_ms,
+        # the step's median less the phases' medians, can dip below 0 by noise alone over 12 steps.
+        nested = min(_scalars(run_dir, "time/other_ms")) >= 0
         rows.append(f"| {label} | ok | {s['step_ms']:.2f} | {parts:.2f} | {100 * off:.1f}%"
-                    f"{'' if off <= SPLIT_TOLERANCE and s['other_ms'] >= 0 else ' FAILED'} |")
+                    f"{'' if off <= SPLIT_TOLERANCE and nested else ' FAILED'} |")
     return "\n".join(rows)
 
 
