@@ -31,8 +31,8 @@ Checks (never loosened to pass; a claim that does not hold is reported with its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from statistics import mean
 
 CHANCE = 10.0  # Fashion-MNIST: 10 balanced classes
@@ -269,6 +269,15 @@ class Suite:
     full_steps: Callable[[], int]   # steps per run of the full setting (for --quick's estimate)
     eval_s: float              # evaluation seconds per run of the full setting (for the estimate)
     method_table: bool = False      # also write methods.md: loss, bytes, effective ratio, tokens/s
+    # runs that need more seeds than `seeds` in the full setting (a run that once missed in a seed);
+    # --seeds N and --quick set every run's
+    run_seeds: Mapping[str, int] = field(default_factory=dict)
+
+    def seeds_of(self, names: Iterable[str], seeds: int | None, quick: bool) -> dict[str, int]:
+        """Each run's seeds: --seeds N (every run), else 1 for --quick, else its own or the suite's."""
+        if seeds is not None or quick:
+            return {n: seeds if seeds is not None else 1 for n in names}
+        return {n: max(self.seeds, self.run_seeds.get(n, 0)) for n in names}
 
 
 def _cnn_steps() -> int:

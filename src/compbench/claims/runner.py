@@ -56,14 +56,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default=None,
                         help="output folder (default outputs/claims[-quick], outputs/claims-SUITE[-quick])")
     parser.add_argument("--only", default=None, help="comma-separated claim ids (default: all)")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default 2; --quick 1)")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="seeds of every run (default: the suite's 2, 3 for runs it names; --quick 1)")
     parser.add_argument("overrides", nargs="*", help="key=value applied to every run")
     args = parser.parse_args(argv)
     suite = SUITES[args.suite]
     claims = _select(args.only, suite.claims)
-    seeds = args.seeds if args.seeds is not None else (1 if args.quick else suite.seeds)
-    if seeds < 1:
-        raise ValueError(f"--seeds {seeds} must be >= 1")
+    if args.seeds is not None and args.seeds < 1:
+        raise ValueError(f"--seeds {args.seeds} must be >= 1")
+    seeds = suite.seeds_of(dict.fromkeys(n for c in claims for n in c.runs), args.seeds, args.quick)
     stem = "outputs/claims" if suite is CNN else f"outputs/claims-{suite.name}"
     out = Path(args.out or (f"{stem}-quick" if args.quick else stem))
     base = [*(suite.quick if args.quick else suite.base), *args.overrides]
@@ -94,13 +95,13 @@ def _select(only: str | None, claims: tuple[Claim, ...] = CNN.claims) -> list[Cl
     return [ids[w] for w in wanted]
 
 
-def _plan(claims: list[Claim], seeds: int, base: list[str], out: Path,
+def _plan(claims: list[Claim], seeds: Mapping[str, int], base: list[str], out: Path,
           runs: Mapping[str, tuple[str, ...]] = CNN.runs) -> list[Job]:
-    """Every (run folder, overrides) of the selection, checked before any run starts
-    (compbench.matrix: finished runs are kept, stale or half-written ones handled)."""
+    """Every (run folder, overrides) of the selection, `seeds[name]` seeds of each, checked before any
+    run starts (compbench.matrix: finished runs are kept, stale or half-written ones handled)."""
     names = list(dict.fromkeys(n for c in claims for n in c.runs))
     jobs = [(out / "runs" / f"{name}-s{seed}", [*base, *runs[name], f"seed={seed}"])
-            for name in names for seed in range(seeds)]
+            for name in names for seed in range(seeds[name])]
     check_jobs(jobs, out / "runs" / "_check")
     return jobs
 
@@ -109,16 +110,16 @@ def _run(jobs: list[Job]) -> int:
     return run_jobs(jobs, "claims")
 
 
-def _collect(claims: list[Claim], seeds: int, out: Path,
+def _collect(claims: list[Claim], seeds: Mapping[str, int], out: Path,
              metric: str = "final_acc1") -> tuple[dict[str, Stat], dict[str, str]]:
     """Each run's Stat over its seeds, and why a run has none (its first failed seed's error: a
     diverged run, for instance, is a finding the table must show, not hide)."""
     stats, errors = {}, {}
     for name in dict.fromkeys(n for c in claims for n in c.runs):
-        summaries = [summary_of(out / "runs" / f"{name}-s{s}") for s in range(seeds)]
+        summaries = [summary_of(out / "runs" / f"{name}-s{s}") for s in range(seeds[name])]
         done = [s for s in summaries
                 if s and s.get("status") == "completed" and s.get(metric) is not None]
-        if len(done) == seeds:
+        if len(done) == len(summaries):
             stats[name] = Stat(tuple(float(s[metric]) for s in done), _mean_of(done, "bytes_sent_per_step"),
                                _mean_of(done, "bytes_dense_per_step"), _mean_of(done, "tokens_per_s"))
             continue
@@ -254,6 +255,6 @@ def _estimate(jobs: list[tuple[Path, list[str]]], suite: Suite = CNN) -> str:
     if not seen:
         return "claims: no timed runs for an estimate"
     per_run = total / seen
-    runs = len({n for c in suite.claims for n in c.runs}) * suite.seeds
+    runs = sum(suite.seeds_of(dict.fromkeys(n for c in suite.claims for n in c.runs), None, False).values())
     return (f"claims: full suite estimate from these step times: {runs} runs x {per_run:.0f} s "
             f"= {runs * per_run / 60:.0f} min ({steps} steps per run)")
