@@ -81,11 +81,11 @@ def run_command(argv: list[str]) -> int:
         args = _train_parser().parse_intermixed_args(_hydra_flags(argv[1:]))  # `-m` may sit between
         if args.help is not None or args.cfg or args.info:
             return _describe(args)
-        overrides, sweep_dir = hydra_dirs(args.overrides, args.multirun)
+        overrides, sweep_dir, launcher = hydra_dirs(args.overrides, args.multirun)
         if args.multirun:
             from compbench.sweep import run_sweep
 
-            code = run_sweep(overrides, sweep_dir)
+            code = run_sweep(overrides, sweep_dir, launcher)
         else:
             code = train(overrides)
     from compbench.launch import external_engine
@@ -157,7 +157,7 @@ def _describe(args: argparse.Namespace) -> int:
     if args.help is not None:
         print(introspect.group_help(args.help) if args.help else introspect.help_text(_TRAIN_USAGE))
         return 0
-    overrides, _ = hydra_dirs(args.overrides, args.multirun)
+    overrides, _, _ = hydra_dirs(args.overrides, args.multirun)
     if args.info:
         introspect.print_info(overrides, args.info)
         return 0
@@ -173,21 +173,28 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
-def hydra_dirs(overrides: list[str], multirun: bool) -> tuple[list[str], str | None]:
-    """Honour Hydra's folder overrides: `hydra.run.dir=D` is `output_dir=D`, `hydra.sweep.dir=D`
-    the sweep's folder (-m). compbench composes with Hydra's compose API (no @hydra.main), so any
-    other `hydra.*` setting would be silently ignored: it is refused."""
-    rest, run_dir, sweep_dir = [], None, None
+def hydra_dirs(overrides: list[str], multirun: bool) -> tuple[list[str], str | None, list[str]]:
+    """Honour Hydra's folder and launcher overrides: `hydra.run.dir=D` is `output_dir=D`,
+    `hydra.sweep.dir=D` the sweep's folder (-m), `hydra/launcher=NAME` and `hydra.launcher.KEY=V` the
+    sweep's launcher plugin (-m; compbench.sweep_launcher). compbench composes with Hydra's compose
+    API (no @hydra.main), so any other `hydra.*` setting would be silently ignored: it is refused.
+    Returns the other overrides, the sweep's folder and the launcher overrides."""
+    from compbench.sweep_launcher import is_launcher_override
+
+    rest, run_dir, sweep_dir, launcher = [], None, None, []
     for o in overrides:
         key, _, value = o.partition("=")
         if key == "hydra.run.dir" and not multirun:
             run_dir = value
         elif key == "hydra.sweep.dir" and multirun:
             sweep_dir = value
+        elif is_launcher_override(o) and multirun:
+            launcher.append(o)
         elif key.lstrip("+~").startswith(("hydra.", "hydra/")):
             where = "hydra.sweep.dir=DIR with -m" if multirun else "output_dir=DIR (or hydra.run.dir=DIR)"
+            also = "" if multirun else "; a launcher (hydra/launcher=NAME) runs the jobs of a sweep (-m)"
             raise ValueError(f"{key} is not used by compbench (it composes configs without Hydra's app "
-                             f"runner); for the output folder pass {where}")
+                             f"runner); for the output folder pass {where}{also}")
         else:
             rest.append(o)
     if run_dir is not None:
@@ -195,7 +202,7 @@ def hydra_dirs(overrides: list[str], multirun: bool) -> tuple[list[str], str | N
         if given and given[-1] != run_dir:
             raise ValueError(f"hydra.run.dir={run_dir} and output_dir={given[-1]} differ; pass one of them")
         rest.append(f"output_dir={run_dir}")
-    return rest, sweep_dir
+    return rest, sweep_dir, launcher
 
 
 def launch(argv: list[str]) -> int:

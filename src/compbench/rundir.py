@@ -123,3 +123,11 @@ def record_failure(run_dir: Path, cfg: DictConfig, message: str) -> None:
         "config": OmegaConf.to_container(cfg, resolve=True),
         "summary": {"status": "failed", "error": message},
     })
+
+
+def hydra_quoted(value: str) -> str:
+    """`value` as a quoted Hydra override value: job folders hold `=` and `,`, which Hydra would
+    otherwise read as a sweep. A backslash escapes a quote and the backslashes before one."""
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    trailing = len(value) - len(value.rstrip("\\"))
+    return "'" + escaped + "\\" * trailing + "'"

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import shutil
 import textwrap
 from pathlib import Path
 from typing import Any, cast
 
 from compbench.results import headline
+from compbench.rundir import hydra_quoted
 
 
 def _parse(overrides: list[str]) -> list[Any]:
@@ -96,20 +96,37 @@ def plan_jobs(overrides: list[str]) -> list[list[str]]:
     return expand(axes)
 
 
-def run_sweep(overrides: list[str], sweep_dir: str | None = None) -> int:
-    """Run every job of the sweep in `sweep_dir` (default: a fresh outputs_root/multirun/DATE/TIME)."""
+def run_sweep(overrides: list[str], sweep_dir: str | None = None, launcher: list[str] | None = None) -> int:
+    """Run every job of the sweep in `sweep_dir` (default: a fresh outputs_root/multirun/DATE/TIME),
+    one after another, or through the Hydra launcher plugin `launcher` picks (compbench.sweep_launcher:
+    `hydra/launcher=joblib hydra.launcher.n_jobs=2`)."""
     from compbench import config
     from compbench.errors import INTERRUPTED_EXIT
     from compbench.run import train
     from compbench.rundir import job_names, split_overrides
+    from compbench.sweep_launcher import prepare
 
     jobs = plan_jobs(overrides)
     # Check every job before running any: a typo in the last combination should not cost a sweep.
     cfgs = [config.check(config.compose(job)) for job in jobs]
+    plugin = prepare(launcher or [])
     root = _claim_sweep_dir(sweep_dir, Path(cfgs[0].outputs_root))
     own, common = split_overrides(jobs)
+    names = job_names(jobs)
+    if plugin is not None:
+        print(f"sweep: {len(jobs)} jobs through hydra/launcher={plugin.name} in {root}", flush=True)
+        try:
+            codes = plugin.launch(jobs, names, root)
+        except KeyboardInterrupt:
+            print(f"sweep: interrupted; {root}", flush=True)
+            return INTERRUPTED_EXIT
+        rows = [(i + 1, " ".join(own[i]), code, _summary(root / name))
+                for i, (name, code) in enumerate(zip(names, codes, strict=True))]
+        print(_table(rows, common))
+        print(f"sweep: {root}  (compbench report {root})")
+        return 0 if all(code == 0 for code in codes) else 1
     rows = []
-    for i, (job, name) in enumerate(zip(jobs, job_names(jobs), strict=True)):
+    for i, (job, name) in enumerate(zip(jobs, names, strict=True)):
         job_dir = root / name
         print(f"[{i + 1}/{len(jobs)}] {' '.join(job)}", flush=True)
         code = train([*job, f"output_dir={hydra_quoted(str(job_dir))}"])
@@ -146,14 +163,6 @@ def _summary(job_dir: Path) -> dict:
         return json.loads((job_dir / "results.json").read_text())["summary"]
     except (OSError, ValueError, KeyError):
         return {"status": "failed", "error": "no results.json"}
-
-
-def hydra_quoted(value: str) -> str:
-    """`value` as a quoted Hydra override value: job folders hold `=` and `,`, which Hydra would
-    otherwise read as a sweep. A backslash escapes a quote and the backslashes before one."""
-    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
-    trailing = len(value) - len(value.rstrip("\\"))
-    return "'" + escaped + "\\" * trailing + "'"
 
 
 def _table(rows, common: list[str]) -> str:

@@ -106,7 +106,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("synchronizers", ("sync",)),
     ("trainer", ("train", "launch", "launch_elastic", "rundir", "worker")),
     ("composition", ("compat", "checks", "config", "wrap", "run")),
-    ("commands", ("bench", "plan", "report", "race", "claims", "cluster", "matrix", "sweep", "completion",
+    ("commands", ("bench", "plan", "report", "race", "claims", "cluster", "matrix", "sweep", "sweep_launcher",
+                  "completion",
                   "introspect", "commands", "cli", "__main__", "")),
 ]
 

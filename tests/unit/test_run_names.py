@@ -6,8 +6,16 @@ import re
 import pytest
 
 from compbench import config
-from compbench.rundir import claim_fresh, job_names, now_dir, run_label, safe_name, split_overrides
-from compbench.sweep import _table, expand, hydra_quoted
+from compbench.rundir import (
+    claim_fresh,
+    hydra_quoted,
+    job_names,
+    now_dir,
+    run_label,
+    safe_name,
+    split_overrides,
+)
+from compbench.sweep import _table, expand
 
 
 def test_jobs_are_named_by_the_overrides_that_differ_sorted_by_key():
