@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from compbench.base.errors import report_user_error
 from compbench.bench import e2e
-from compbench.errors import report_user_error
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,14 +29,14 @@ import time
 import torch
 from torch import nn
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.compressors import build_compressor
 from compbench.schedulers.fusion import balanced_cuts, build_groups, split
 
 
 def model_parameters(model: str) -> list[tuple[str, nn.Parameter]]:
     """(name, parameter) in back-propagation order (reverse of definition) with Gaussian gradients."""
-    from compbench.config import compose
+    from compbench.compose.config import compose
     from compbench.seam.build import build_model
 
     net = build_model(compose([f"model={model}", "dataset=synthetic", "dataset.num_classes=1000",

@@ -3,7 +3,7 @@ hypothesis written beside its claim on docs/results.md, instead of guessing.
 
     python scripts/claims_followups.py [--out DIR] [--only NAME,...] [--seeds N]
 
-Runs every experiment's runs through `compbench train` (compbench.matrix: resumable, a finished run
+Runs every experiment's runs through `compbench train` (compbench.cli.matrix: resumable, a finished run
 is skipped), one after another, into DIR/runs/EXPERIMENT-RUN-sSEED/, then prints and writes
 DIR/followups.md: per experiment its hypothesis, what would confirm it, and each run's metric (mean
 over seeds and the seeds' values). The settings are the claims suites' (compbench.claims.findings
@@ -43,7 +43,7 @@ from pathlib import Path
 from statistics import mean
 
 from compbench.claims import findings, text
-from compbench.matrix import Job, check_jobs, run_jobs, summary_of
+from compbench.cli.matrix import Job, check_jobs, run_jobs, summary_of
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from compbench import config, registry
+from compbench.catalog import registry
+from compbench.compose import config
 
 COMPRESSION_COMMS = ("allreduce", "allgather", "ps", "ring")
 OUT = Path("outputs/compressor_table")
@@ -34,7 +35,7 @@ OUT = Path("outputs/compressor_table")
 
 def recipe(compressor: str, comm: str) -> list[str]:
     """The recipe `compbench train` applies to this pair (each compressor's `Capabilities.recipe`,
-    compbench.compat.recipe), spelled out as overrides so the table's runs say what they used."""
+    compbench.compose.compat.recipe), spelled out as overrides so the table's runs say what they used."""
     cfg = config.compose([f"compressor={compressor}", f"comm={comm}"])
     return [f"{k}={v}" for k, v in cfg.recipe.items()]
 

@@ -218,7 +218,7 @@ def threaded_methods(device: torch.device) -> str:
 def _threaded(run: list[str], device: torch.device) -> dict:
     from tests.threaded_engine import ThreadWorld
 
-    from compbench import config
+    from compbench.compose import config
     from compbench.train.loop import Trainer
 
     cfg = config.check(config.compose([*COMMON, *run, f"device={device.type}", "engine.np=2"]))
@@ -292,7 +292,7 @@ def bench(device: torch.device, out: Path, cpu: bool) -> str:
 def resnet_methods(device: torch.device) -> str:
     from tests.threaded_engine import ThreadWorld
 
-    from compbench import config
+    from compbench.compose import config
 
     scale = SCALE[device.type]
     steps = 8 if device.type == "cuda" else 3
@@ -364,7 +364,7 @@ def _bytes_on_cpu(trainer, grads) -> tuple[int, int] | None:
 
 
 def _param_counts(scale: list[str]) -> list[int]:
-    from compbench import config
+    from compbench.compose import config
     from compbench.seam.build import build_model
 
     cfg = config.compose([*DATA, *scale])

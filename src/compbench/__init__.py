@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from compbench import kernel_sources
+from compbench.base import kernel_sources
 
 __version__ = "0.1.0"
 __all__ = ["wrap_compress_optimizer"]
@@ -11,7 +11,7 @@ __all__ = ["wrap_compress_optimizer"]
 def __getattr__(name: str) -> Any:
     # Lazy: `import compbench` stays cheap (the CLI's argument errors come back at once).
     if name == "wrap_compress_optimizer":
-        from compbench.wrap import wrap_compress_optimizer
+        from compbench.compose.wrap import wrap_compress_optimizer
 
         return wrap_compress_optimizer
     raise AttributeError(name)

@@ -1,5 +1,5 @@
 import sys
 
-from compbench.cli import main
+from compbench.cli.main import main
 
 sys.exit(main())

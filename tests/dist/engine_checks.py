@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-from compbench import registry
+from compbench.catalog import registry
 
 
 def main(engine_name: str) -> None:

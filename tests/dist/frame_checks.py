@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from compbench import registry
+from compbench.catalog import registry
 
 
 def payload_of(rank: int, m: int) -> list[torch.Tensor]:

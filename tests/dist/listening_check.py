@@ -5,7 +5,7 @@ import os
 import sys
 from pathlib import Path
 
-from compbench import registry
+from compbench.catalog import registry
 
 LOOPBACK = ("0100007F", "00000000000000000000000001000000")  # 127.0.0.1 and ::1 as /proc writes them
 

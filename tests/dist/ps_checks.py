@@ -6,11 +6,11 @@ import sys
 
 import torch
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.comm.ps import PSComm, shard_bounds
 from compbench.compressors import build_compressor
 from compbench.memory.none import NoMemory
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 
 
 def rank_tensor(r: int, n: int = 1001) -> torch.Tensor:

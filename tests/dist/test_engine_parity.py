@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compbench.launch import run_processes
+from compbench.launch.processes import run_processes
 
 pytestmark = pytest.mark.dist
 SCRIPT = str(Path(__file__).with_name("train_all_compressors.py"))

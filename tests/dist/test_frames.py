@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compbench.launch import run_processes
+from compbench.launch.processes import run_processes
 
 pytestmark = pytest.mark.dist
 CHECKS = str(Path(__file__).with_name("frame_checks.py"))

@@ -7,15 +7,16 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from compbench import compat, registry
+from compbench.compose import compat
+from compbench.catalog import registry
 from compbench.compressors import build_compressor
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from compbench.sync.build import build_synchronizer
 
 
 def combos() -> list[tuple[str, str, str]]:
     """Every compressor x communicator of the compression pipeline that compbench's config check
-    (compbench.compat) accepts on both engines, each with its recipe's memory (the baselines bypass
+    (compbench.compose.compat) accepts on both engines, each with its recipe's memory (the baselines bypass
     the pipeline). The records are read directly: composing 128 configs with Hydra takes a minute."""
     out = []
     layerwise = registry.component_class("scheduler", "layerwise").traits

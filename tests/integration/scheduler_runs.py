@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from compbench import registry
-from compbench.config import check, compose
+from compbench.catalog import registry
+from compbench.compose.config import check, compose
 from compbench.train.loop import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: make `tests` importable

@@ -66,7 +66,7 @@ def test_ddp_powersgd_records_its_wire_bytes(tmp_path):
 
 
 def test_baseline_checks_name_the_fix():
-    from compbench import config
+    from compbench.compose import config
 
     for overrides, fix in ((["sync=ddp", "engine=horovod"], "add engine=torch"),
                            (["sync=horovod_optimizer", "engine=torch"], "add engine=horovod"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compbench import netem
+from compbench.network import netem
 from tests.helpers import TINY, compbench, event_tags, params, results, train
 from tests.integration.test_resume import _assert_equal
 

@@ -65,7 +65,7 @@ def _workers(parent: psutil.Process) -> dict[int, psutil.Process]:
             env = child.environ()
         except psutil.Error:
             continue
-        if "HOROVOD_RANK" in env and "compbench.worker" in " ".join(child.cmdline()):
+        if "HOROVOD_RANK" in env and "compbench.train.worker" in " ".join(child.cmdline()):
             out[int(env["HOROVOD_RANK"])] = child
     return out
 
@@ -167,7 +167,7 @@ def test_sigkill_of_the_launcher_takes_its_workers_and_the_next_launch_cleans_up
                            env={"TMPDIR": str(scratch_root)})
     parent, deadline = psutil.Process(proc.pid), time.monotonic() + 120
     while len(workers := [c for c in parent.children(recursive=True)
-                          if "compbench.worker" in " ".join(c.cmdline())]) < 2:
+                          if "compbench.train.worker" in " ".join(c.cmdline())]) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
     scratch = list(scratch_root.glob("compbench-*"))
@@ -179,7 +179,7 @@ def test_sigkill_of_the_launcher_takes_its_workers_and_the_next_launch_cleans_up
     assert scratch[0].exists()  # SIGKILL gives no chance to clean up: the next launch does it
     import tempfile
 
-    from compbench.launch import run_processes
+    from compbench.launch.processes import run_processes
 
     monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
     assert run_processes([sys.executable, "-c", "pass"], "torch", 1)[0] == 0

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from compbench import netem
-from compbench.launch import run_processes
+from compbench.launch.processes import run_processes
+from compbench.network import netem
 
 ROOT = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 needs_root = pytest.mark.skipif(not ROOT, reason="needs root and iproute2 (ip, tc)")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from compbench import config, registry
+from compbench.catalog import registry
+from compbench.compose import config
 from tests.helpers import TINY, compbench, results
 
 PACKAGE = "cbplug_int8"

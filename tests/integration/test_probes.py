@@ -204,7 +204,7 @@ def test_worker_error_is_printed_once(tmp_path):
 def test_runs_started_together_never_share_a_folder(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from compbench.rundir import claim_fresh
+    from compbench.records.rundir import claim_fresh
 
     with ThreadPoolExecutor(8) as pool:
         paths = list(pool.map(lambda _: claim_fresh(tmp_path / "12-00-00"), range(16)))
@@ -212,8 +212,8 @@ def test_runs_started_together_never_share_a_folder(tmp_path):
 
 
 def test_results_json_is_strict_and_reports_read_old_files(tmp_path):
+    from compbench.records.results import write_json_atomic
     from compbench.report.main import load_runs
-    from compbench.results import write_json_atomic
 
     new = tmp_path / "new"
     new.mkdir()
@@ -244,7 +244,7 @@ def _listening(port: int) -> list[str]:
 
 def test_horovod_rendezvous_listens_on_loopback_only():
     pytest.importorskip("horovod")
-    from compbench.launch import LoopbackRendezvous
+    from compbench.launch.processes import LoopbackRendezvous
 
     server = LoopbackRendezvous()
     port = server.start()

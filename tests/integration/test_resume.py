@@ -55,7 +55,7 @@ def _assert_equal(a: Any, b: Any, where: str) -> None:
 def _plan(tmp_path: Path) -> Path:
     """Every other tensor compressed, in up to 2 partitions (a plan file: planned at startup, SeCoPa
     would time the compressor and could plan differently in two runs)."""
-    from compbench.config import compose
+    from compbench.compose.config import compose
     from compbench.seam.build import build_model
 
     model = build_model(compose(list(TINY)))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from compbench.comm.ring import RingComm
-from compbench.launch import run_processes
+from compbench.launch.processes import run_processes
 
 NUMEL = 1001  # not a multiple of the world size: uneven chunks
 SHAPE = (7, 143)
@@ -25,7 +25,7 @@ def test_ring_ranks(engine, world):
 
 
 def test_ring_refuses_compressors_that_cannot_re_encode():
-    from compbench import config
+    from compbench.compose import config
 
     for name, fix in (("signum", "comm=allgather"), ("powersgd", "comm=allreduce")):
         with pytest.raises(ValueError, match=fix):
@@ -63,13 +63,13 @@ def reduce_now(comm, x: torch.Tensor, name: str, memory) -> tuple[torch.Tensor, 
 
 
 def _rank_main() -> None:
-    from compbench import registry
+    from compbench.catalog import registry
     from compbench.comm.allgather import AllgatherComm
     from compbench.comm.ps import shard_bounds
     from compbench.compressors import build_compressor
     from compbench.memory.none import NoMemory
     from compbench.memory.residual import ResidualMemory
-    from compbench.stats import StepStats
+    from compbench.records.stats import StepStats
 
     engine = registry.build(registry.option_config("engine", sys.argv[1]), drop=("np",))
     r, n = engine.rank, engine.size

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from compbench.launch import run_processes
+from compbench.launch.processes import run_processes
 from tests.helpers import results
 
 pytestmark = pytest.mark.dist

@@ -1,4 +1,4 @@
-"""Sweeps through Hydra's launcher plugins (compbench.sweep_launcher): a 2-job sweep with the joblib
+"""Sweeps through Hydra's launcher plugins (compbench.cli.sweep_launcher): a 2-job sweep with the joblib
 launcher (both jobs at once, in loky processes) and with submitit's local executor (each job a
 submitit job), every job in compbench's own folder with its results; bad launcher input is one line
 with nothing written."""

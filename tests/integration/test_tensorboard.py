@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from compbench.results import BY_AXIS, TAGS
+from compbench.records.results import BY_AXIS, TAGS
 from tests.helpers import TINY, compbench
 
 pytestmark = pytest.mark.dist

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from compbench.results import BY_AXIS, LM_TAGS
+from compbench.records.results import BY_AXIS, LM_TAGS
 from tests.helpers import compbench, event_tags, results, train
 
 pytestmark = pytest.mark.dist

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from compbench.compressors.chunk_dct import ChunkDCT, as_chunkable, index_dtype
 from compbench.engines.base import Engine
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 
 
 class DeMo(torch.optim.Optimizer):

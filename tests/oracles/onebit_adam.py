@@ -59,7 +59,7 @@ from torch import Tensor
 
 from compbench.codec.packing import decode_bits, pack_bits, packed_nbytes
 from compbench.engines.base import Engine
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 
 
 def padded_size(numel: int, world: int) -> int:

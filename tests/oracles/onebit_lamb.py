@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from compbench.engines.base import Engine
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from tests.oracles.onebit_adam import OnebitAdam
 
 

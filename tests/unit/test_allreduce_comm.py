@@ -6,7 +6,7 @@ import torch
 from compbench.comm.allreduce import AllreduceComm
 from compbench.compressors import build_compressor
 from compbench.memory.none import NoMemory
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from tests.threaded_engine import ThreadWorld
 
 GRADS = [torch.randn(64, 33, generator=torch.Generator().manual_seed(r)) for r in range(2)]

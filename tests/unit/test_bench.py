@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from compbench import config
 from compbench.bench import main as bench_main
 from compbench.bench import micro
+from compbench.compose import config
 
 
 def _spec(*overrides: str) -> dict:
@@ -156,7 +156,7 @@ def test_command_line_writes_json_and_prints_the_table(tmp_path):
 
 
 def test_bad_input_exits_2_with_one_line_before_writing(tmp_path, monkeypatch, capsys):
-    from compbench.errors import report_user_error
+    from compbench.base.errors import report_user_error
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("COMPBENCH_DEBUG", raising=False)

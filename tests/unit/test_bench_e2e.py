@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from compbench import config, registry
 from compbench.bench import e2e, e2e_table
 from compbench.bench import main as bench_main
+from compbench.catalog import registry
+from compbench.compose import config
 from tests.helpers import compbench
 
 

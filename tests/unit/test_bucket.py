@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compbench import config
+from compbench.compose import config
 from compbench.seam.build import build_model
 from compbench.train.loop import Trainer
 from tests.threaded_engine import ThreadWorld

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.codec.base import (
     PROMISES,
     Capabilities,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from compbench.config import compose
+from compbench.compose.config import compose
 from compbench.train.checkpoint import FORMAT, check_resume, math_settings, read_checkpoint, run_config
 from tests.helpers import TINY
 

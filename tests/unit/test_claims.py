@@ -22,7 +22,7 @@ def test_every_claim_names_known_runs_and_ids_are_unique():
 @pytest.mark.skipif(not FASHION_MNIST.is_dir(), reason="dataset-fashion-mnist is not installed (make setup)")
 def test_every_run_composes_and_passes_the_check(tmp_path):
     """(The quick suite's setting is checked by its own run, tests/integration/test_claims.py.)"""
-    from compbench import config
+    from compbench.compose import config
 
     for name, overrides in RUNS.items():
         cfg = config.check(config.compose([*BASE, *overrides, "seed=1", f"output_dir={tmp_path / name}"]))
@@ -101,13 +101,13 @@ def _published() -> dict[str, Stat]:
 
 
 def test_text_suite_names_known_runs_and_composes(tmp_path):
-    from compbench import config
     from compbench.claims.field import CLAIMS as FIELD_CLAIMS
     from compbench.claims.field import QUICK_RUNS as FIELD_QUICK_RUNS
     from compbench.claims.field import RUNS as FIELD_RUNS
     from compbench.claims.text import CLAIMS as TEXT_CLAIMS
     from compbench.claims.text import QUICK, QUICK_RUNS
     from compbench.claims.text import RUNS as TEXT_RUNS
+    from compbench.compose import config
 
     ids = [c.id for c in (*TEXT_CLAIMS, *FIELD_CLAIMS, *CLAIMS)]
     assert len(set(ids)) == len(ids)
@@ -225,9 +225,10 @@ def test_muloco_and_desloc_checks_fail_when_the_finding_does_not_hold():
 
 
 def test_elastic_suite_composes_and_its_claim_compares_loss_increases(tmp_path):
-    from compbench import config, netem
     from compbench.claims.elastic import CLAIMS as ELASTIC_CLAIMS
     from compbench.claims.elastic import SUITE
+    from compbench.compose import config
+    from compbench.network import netem
 
     assert set(SUITE.quick_runs) == set(SUITE.runs) == set(ELASTIC_CLAIMS[0].runs)
     assert SUITE.runs["diloco-fail"][-1] == "fault.at_step=300" and SUITE.quick_runs["diloco-fail"][-1] == \

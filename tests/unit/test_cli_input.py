@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from compbench import config, netem
 from compbench.bench.main import _is_report
-from compbench.checks import check_writable_file
+from compbench.cli.sweep import expand, plan_jobs
+from compbench.compose import config
+from compbench.compose.checks import check_writable_file
 from compbench.data import KeyRange, idx
-from compbench.sweep import expand, plan_jobs
+from compbench.network import netem
 from tests.unit.test_idx import _root
 
 

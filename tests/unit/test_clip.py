@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compbench import config
+from compbench.compose import config
 from compbench.optim.clip import clip_grad_norm
 from tests.helpers import TINY, params, train
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from compbench import config, registry
+from compbench.catalog import registry
+from compbench.compose import config
 from compbench.train.loop import Trainer
 from tests.helpers import TINY
 from tests.threaded_engine import ThreadWorld

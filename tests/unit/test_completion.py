@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from compbench.completion import candidates, script
+from compbench.cli.completion import candidates, script
 
 
 @pytest.mark.parametrize("words, expected", [

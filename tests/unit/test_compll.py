@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.codec.packing import decode_2bit, ternary_values
 from compbench.compll import gen_cpu, gen_cuda, gen_torch, lang, runtime
 from compbench.compressors import build_compressor

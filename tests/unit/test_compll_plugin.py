@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.compll import catalog, gen_cpu, generated, main, runtime
 from compbench.kernels import cpu, loader
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.compressors import build_compressor, payload_nbytes
 from compbench.memory.residual import ResidualMemory
 from tests.helpers import encode_statistics

@@ -13,7 +13,7 @@ import scipy.fft
 import torch
 
 from compbench.compressors.chunk_dct import ChunkDCT, chunk_size, dct_matrix
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from tests.oracles.demo import DeMo
 from tests.threaded_engine import ThreadWorld
 

@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 
-from compbench import config
+from compbench.compose import config
 from tests.oracles.demo import DeMo
 from tests.oracles.runs import run_mode, run_oracle
 from tests.unit.test_demo_optim import HP, SHAPES, grad, init_params

@@ -1,4 +1,4 @@
-"""The GPU path kept honest on a machine without one (compbench.device; the GPU tier and
+"""The GPU path kept honest on a machine without one (compbench.engines.device; the GPU tier and
 scripts/gpu_check.sh run it on a GPU):
 
 - no tensor of the training path is created without naming its device: every factory call from
@@ -22,7 +22,9 @@ import torch
 from omegaconf import open_dict
 from torch.overrides import TorchFunctionMode
 
-from compbench import config, device, registry
+from compbench.catalog import registry
+from compbench.compose import config
+from compbench.engines import device
 from compbench.train.loop import Trainer
 from tests.helpers import TINY, compbench
 from tests.threaded_engine import ThreadWorld

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compbench import config, registry
-from compbench.stats import StepStats
+from compbench.catalog import registry
+from compbench.compose import config
+from compbench.records.stats import StepStats
 from compbench.sync.build import build_synchronizer
 from tests.helpers import TINY, sync_step, train
 from tests.integration.test_resume import _assert_equal

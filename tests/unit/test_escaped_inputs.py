@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from compbench import config
 from compbench.cluster.main import main as cluster
+from compbench.compose import config
 from compbench.data.text import _text_files
 from compbench.race.main import main as race
 from tests.helpers import TINY, compbench

@@ -1,4 +1,4 @@
-"""The fault group and engine.elastic: bad settings are one line in the parent (compbench.config), a
+"""The fault group and engine.elastic: bad settings are one line in the parent (compbench.compose.config), a
 joiner's state keeps nothing of a peer's residuals, a straggler sleeps its extra time, the elastic
 launchers print the workers' lines as a local job's, and a TorchElastic commit file keeps the last
 two commits and ignores another job's."""
@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from compbench import config, netem
+from compbench.compose import config
+from compbench.network import netem
 from compbench.sync.step import joiner_state
 from compbench.train.faults import FaultPlan, append_event, read_events
 from tests.helpers import TINY
@@ -129,7 +130,7 @@ def test_the_elastic_launcher_prints_the_workers_lines_as_a_local_job(capsys):
     import subprocess
     import sys
 
-    from compbench.launch_elastic import _forward
+    from compbench.launch.elastic import _forward
 
     lines = ["Checking whether extension torch was built with Gloo.", "[0]<stdout>:epoch 1: loss 2.0",
              "[1]<stderr>:UserWarning: slow", "[0]<stderr>:UserWarning: slow",
@@ -150,7 +151,7 @@ def test_the_torch_elastic_launcher_prints_the_workers_lines_without_the_agents_
     import sys
     import threading
 
-    from compbench.launch_elastic import _forward_agent
+    from compbench.launch.elastic import _forward_agent
 
     err = ["W1128 09:41:21.407000 6202 torch/distributed/elastic/multiprocessing/api.py:1028] SIGTERM",
            "[W1128 09:37:58.936453452 socket.cpp:207] [c10d] The hostname of the client socket ...",

@@ -1,4 +1,4 @@
-"""Every phase against its floor (compbench.floors), and the frames that carry an uneven payload in
+"""Every phase against its floor (compbench.records.floors), and the frames that carry an uneven payload in
 one collective (compbench.engines.wire)."""
 
 import pytest
@@ -6,7 +6,13 @@ import torch
 
 from compbench.compressors import build_compressor
 from compbench.engines import wire
-from compbench.floors import format_floors, measure_sampled_read_ns, optimizer_passes, phase_floors, wire_ms
+from compbench.records.floors import (
+    format_floors,
+    measure_sampled_read_ns,
+    optimizer_passes,
+    phase_floors,
+    wire_ms,
+)
 
 SUMMARY = {"compute_ms": 30.0, "compress_ms": 8.0, "comm_exposed_ms": 3.0, "decompress_ms": 2.0,
            "optimizer_ms": 12.0, "other_ms": 1.0, "bytes_sent_per_step": 125_000 + 16_000,

@@ -15,7 +15,7 @@ from compbench.compressors.topk import TopK
 from compbench.kernels import cpu
 from compbench.memory.dgc import DGCMemory
 from compbench.memory.residual import ResidualMemory
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
 

@@ -19,7 +19,7 @@ from compbench.kernels import cpu, ops
 from compbench.kernels.hashing import murmur3_32
 from compbench.memory import base as memory_base
 from compbench.optim import optimizers
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from tests.unit.test_fused_memory import COMPRESSORS, MEMORIES, _grad
 from tests.unit.test_fused_optimizer import OPTIMS, _run
 

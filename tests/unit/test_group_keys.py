@@ -10,8 +10,9 @@ from functools import cache
 
 import pytest
 
-from compbench import config, registry
-from compbench.checks import declared_keys
+from compbench.catalog import registry
+from compbench.compose import config
+from compbench.compose.checks import declared_keys
 
 GROUPS = ("compressor", "memory", "comm", "scheduler", "sync", "model")
 # What an option needs beside it to compose cleanly (the first that works is its base), the likeliest

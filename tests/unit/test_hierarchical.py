@@ -7,7 +7,7 @@ import torch
 from compbench.comm.hierarchical import HierarchicalComm
 from compbench.compressors import build_compressor
 from compbench.memory.none import NoMemory
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from tests.threaded_engine import ThreadWorld
 
 GRADS = [torch.randn(40, 10, generator=torch.Generator().manual_seed(r)) for r in range(4)]

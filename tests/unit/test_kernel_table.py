@@ -28,7 +28,7 @@ from compbench.kernels.table import KERNELS, cpu_kernels
 from compbench.memory.dgc import DGCMemory
 from compbench.memory.residual import ResidualMemory
 from compbench.optim.optimizers import SGD, AdamW
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
 

@@ -3,8 +3,8 @@ classifier has accuracy and samples/s; classification tables unchanged."""
 
 import json
 
+from compbench.records.results import headline
 from compbench.report.main import COLUMNS, columns_for, load_runs
-from compbench.results import headline
 
 CLS = {"status": "completed", "final_acc1": 91.0, "throughput": 800.0}
 LM = {"status": "completed", "final_eval_loss": 1.74, "final_ppl": 5.7, "final_ood_loss": 1.75,

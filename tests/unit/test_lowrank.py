@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.compressors import SELECTION_KEYS, payload_nbytes
 from compbench.compressors.atomo import Atomo, atomo_probabilities
 from compbench.compressors.lowrank import as_matrix, matrix_shape

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from compbench.matrix import check_jobs, completed, overrides_of, summary_of
+from compbench.cli.matrix import check_jobs, completed, overrides_of, summary_of
 from tests.helpers import TINY
 
 

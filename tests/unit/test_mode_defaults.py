@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from compbench import config
+from compbench.compose import config
 from compbench.optim.optimizers import AdamW
 from compbench.train.loop import Trainer
 from tests.helpers import TINY

@@ -11,12 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compbench import config, registry
+from compbench.catalog import registry
+from compbench.compose import config
 from compbench.models.gpt import GPT
 from compbench.optim.muon import Muon, matrices
 from compbench.optim.optimizers import build_optimizer, model_groups, plain_optimizer
 from compbench.optim.schedule import build_schedule
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from compbench.sync.build import build_synchronizer
 from tests.helpers import TINY
 from tests.threaded_engine import ThreadWorld

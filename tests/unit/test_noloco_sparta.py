@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compbench import config, registry
+from compbench.catalog import registry
 from compbench.comm.cost_model import Shape, _zero, group_allreduce, ring_allreduce
-from compbench.stats import StepStats
+from compbench.compose import config
+from compbench.records.stats import StepStats
 from compbench.sync.build import build_synchronizer
 from compbench.sync.noloco import groups
 from compbench.sync.sparta import masks

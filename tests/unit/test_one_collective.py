@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from compbench import config
+from compbench.compose import config
 from compbench.train.loop import Trainer
 from tests.helpers import TINY
 from tests.threaded_engine import ThreadWorld

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from tests.oracles.onebit_adam import OnebitAdam, padded_size
 from tests.threaded_engine import ThreadWorld
 

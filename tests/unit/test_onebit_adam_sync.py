@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from compbench import config
+from compbench.compose import config
 from compbench.sync.onebit_adam import OnebitAdamStep
 from tests.oracles.onebit_adam import OnebitAdam
 from tests.oracles.runs import run_mode, run_oracle

@@ -13,8 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from compbench import config, registry
-from compbench.stats import StepStats
+from compbench.catalog import registry
+from compbench.compose import config
+from compbench.records.stats import StepStats
 from compbench.sync.build import build_synchronizer
 from tests.helpers import TINY
 from tests.oracles.onebit_lamb import OnebitLamb

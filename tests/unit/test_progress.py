@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from compbench import config
-from compbench.settings import RunSettings
+from compbench.base.settings import RunSettings
+from compbench.compose import config
 from compbench.train.progress import Progress, Target
 from tests.helpers import TINY
 

@@ -1,4 +1,4 @@
-"""What a run records of the machine around it (compbench.provenance): compbench's commit and whether
+"""What a run records of the machine around it (compbench.records.provenance): compbench's commit and whether
 its tree had changes, the CPU, its cores, the load before and after; a run on a loaded machine is
 flagged in its summary and its one-screen summary says so."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 
-from compbench import config, provenance
-from compbench.results import format_summary
+from compbench.compose import config
+from compbench.records import provenance
+from compbench.records.results import format_summary
 from compbench.train.loop import Trainer
 from tests.helpers import TINY
 from tests.threaded_engine import ThreadWorld

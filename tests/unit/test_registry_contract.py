@@ -20,15 +20,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.codec.base import Capabilities, Compressor
 from compbench.comm.base import CommTraits, Communicator, PackingCommunicator
 from compbench.comm.ps import split_bounds
 from compbench.compressors import SELECTION_KEYS, build_compressor
 from compbench.engines.base import Engine
 from compbench.memory.base import Memory, MemoryTraits
+from compbench.records.stats import StepStats
 from compbench.schedulers import Scheduler, SchedulerTraits
-from compbench.stats import StepStats
 from compbench.sync import Synchronizer, SyncTraits
 from compbench.sync.build import build_synchronizer
 from tests.threaded_engine import ThreadEngine, ThreadWorld

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from compbench.records.results import SPLIT, split_ms
 from compbench.report.main import COLUMNS, breakdown, load_runs, markdown_table
-from compbench.results import SPLIT, split_ms
 
 PHASES_MS = {"compute_ms": 10.0, "compress_ms": 3.0, "comm_ms": 5.0, "comm_exposed_ms": 4.0,
              "decompress_ms": 1.0, "optimizer_ms": 0.5}

@@ -5,8 +5,9 @@ import re
 
 import pytest
 
-from compbench import config
-from compbench.rundir import (
+from compbench.cli.sweep import _table, expand
+from compbench.compose import config
+from compbench.records.rundir import (
     claim_fresh,
     hydra_quoted,
     job_names,
@@ -15,7 +16,6 @@ from compbench.rundir import (
     safe_name,
     split_overrides,
 )
-from compbench.sweep import _table, expand
 
 
 def test_jobs_are_named_by_the_overrides_that_differ_sorted_by_key():

@@ -15,12 +15,12 @@ from compbench.compressors import build_compressor
 from compbench.engines.base import EngineBase, Handle
 from compbench.memory.none import NoMemory
 from compbench.memory.residual import ResidualMemory
+from compbench.records.stats import StepStats
 from compbench.schedulers.fusion import Part, balanced_cuts, reslice_state, split
 from compbench.schedulers.layerwise import Layerwise
 from compbench.schedulers.mergecomp import MergeComp, PartitionSearch
 from compbench.seam.pipeline import GradientPipeline
 from compbench.seam.selection import Selection
-from compbench.stats import StepStats
 
 
 class WireEngine(EngineBase):

@@ -1,14 +1,15 @@
-"""compbench.settings: the run's top-level keys, typed, and their one set of checks."""
+"""compbench.base.settings: the run's top-level keys, typed, and their one set of checks."""
 
 import dataclasses
 
 import pytest
 from omegaconf import OmegaConf
 
-from compbench import config, registry
-from compbench.settings import RunSettings
+from compbench.base.settings import RunSettings
+from compbench.catalog import registry
+from compbench.compose import config
 
-# Top-level keys that are not run settings: the ratio shorthand (compbench.config) and the sweep's.
+# Top-level keys that are not run settings: the ratio shorthand (compbench.compose.config) and the sweep's.
 # Not RunSettings: Hydra's and the sweep's keys, and the loggers' (checked by compbench.train.loggers).
 NOT_SETTINGS = {"defaults", "ratio", "sweep", "jobs", "loggers", "mlflow"}
 
@@ -49,7 +50,7 @@ def test_a_folder_named_like_a_number_is_a_path():
     (["sync=diloco", "optim=adamw", "sync.eager=0"], "sync.eager=0 must be true or false"),
 ])
 def test_a_groups_booleans_take_only_booleans(overrides, message):
-    from compbench import config
+    from compbench.compose import config
     from tests.helpers import TINY
 
     with pytest.raises(ValueError) as e:

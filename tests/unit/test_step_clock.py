@@ -1,4 +1,4 @@
-"""StepStats on any clock (compbench.stats): phases pause one another and add up to the step, the
+"""StepStats on any clock (compbench.records.stats): phases pause one another and add up to the step, the
 communication and decoding inside an exposed span count as exposed too, and a GPU clock's marks are
 read once, when the step's figures are. A scripted clock stands in for CUDA events (marks resolved
 late) and makes every span exact."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from compbench.stats import EventClock, HostClock, StepStats, SyncClock, clock_for
+from compbench.records.stats import EventClock, HostClock, StepStats, SyncClock, clock_for
 
 
 class ScriptedClock:

@@ -12,8 +12,8 @@ import copy
 import pytest
 import torch
 
-from compbench import registry
-from compbench.stats import StepStats
+from compbench.catalog import registry
+from compbench.records.stats import StepStats
 from compbench.sync.build import build_synchronizer
 from tests.helpers import sync_step
 from tests.threaded_engine import ThreadWorld

@@ -5,8 +5,8 @@ evaluation as TensorBoard series against training milliseconds and bytes sent.""
 
 from __future__ import annotations
 
-from compbench import config
-from compbench.results import format_summary
+from compbench.compose import config
+from compbench.records.results import format_summary
 from compbench.train import faults
 from compbench.train.loop import Trainer
 from tests.helpers import TINY, event_tags

@@ -1,7 +1,7 @@
 """Sweep planning: command-line axes, an experiment's axes and an experiment's explicit jobs."""
 
-from compbench import config
-from compbench.sweep import expand, plan_jobs
+from compbench.cli.sweep import expand, plan_jobs
+from compbench.compose import config
 
 
 def test_cartesian_product_of_axes():

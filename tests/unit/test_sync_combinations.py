@@ -11,7 +11,8 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from compbench import config, registry
+from compbench.catalog import registry
+from compbench.compose import config
 from compbench.train.loop import Trainer
 from tests.threaded_engine import ThreadWorld
 from tests.unit.test_combinations import ALTERNATIVE, _compose

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compbench import config
+from compbench.compose import config
 from tests.helpers import TINY, train
 from tests.integration.test_resume import _assert_equal
 

@@ -161,7 +161,7 @@ def test_fetch_is_idempotent_and_a_failure_is_a_note(tmp_path, monkeypatch, caps
     (["dataset=shakespeare", "model=gpt", "model.block_size=16"], r"model.block_size=16 is shorter"),
 ])
 def test_model_and_dataset_must_be_the_same_task(overrides, message, tmp_path):
-    from compbench import config
+    from compbench.compose import config
 
     with pytest.raises(ValueError, match=message):
         config.check(config.compose([*overrides, f"output_dir={tmp_path / 'run'}"]))
@@ -179,7 +179,7 @@ def test_model_and_dataset_must_be_the_same_task(overrides, message, tmp_path):
      "bytes each against 4); pass compressor.topk=2730 or less"),
 ])
 def test_model_and_mode_settings_are_checked_in_the_parent(overrides, message):
-    from compbench import config
+    from compbench.compose import config
 
     with pytest.raises(ValueError) as e:
         config.check(config.compose(["model=gpt", "dataset=shakespeare", *overrides]))

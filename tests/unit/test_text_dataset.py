@@ -129,7 +129,7 @@ def test_gpt_trains_on_a_folder_on_two_ranks(tmp_path):
     ("gpt_10m", 65, 256, 10_770_816),  # nanoGPT's shakespeare-char model
 ])
 def test_gpt_presets_have_their_references_sizes(preset, tokens, positions, count):
-    from compbench import config
+    from compbench.compose import config
     from compbench.seam.build import build_model
 
     cfg = config.compose([f"model={preset}", "dataset=text", f"dataset.vocab_size={tokens}",

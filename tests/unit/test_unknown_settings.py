@@ -3,7 +3,7 @@ check with one line naming it and the component's settings, not by a TypeError i
 
 import pytest
 
-from compbench import config
+from compbench.compose import config
 from tests.helpers import TINY
 
 

@@ -16,7 +16,7 @@ and, outside compbench, a plain DDP and a plain Horovod training script (same mo
 batch, synthetic data and flush_denormal, started by compbench's launcher): the harness's own cost;
 and a compute-only step (one process, one thread: forward, backward, a plain SGD step),
 which dragonn's step is measured against. A second table puts every phase of the compbench rows next
-to its floor (compbench.floors: the memory passes it must make at this machine's read pass, the wire
+to its floor (compbench.records.floors: the memory passes it must make at this machine's read pass, the wire
 time at the shaped link); then the step-time targets, checked (`e2e_table`). The tables, the machine's
 load before and after, and every run directory go to `output` (default
 outputs/bench_e2e/DATE-TIME/: table.md, results.json). Timings on a shared machine are noisy:
@@ -36,11 +36,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from compbench.base.values import require_int
 from compbench.bench import e2e_table
-from compbench.checks import check_creatable
-from compbench.netem import can_shape, check_rate
-from compbench.results import WARMUP_STEPS
-from compbench.values import require_int
+from compbench.compose.checks import check_creatable
+from compbench.network.netem import can_shape, check_rate
+from compbench.records.results import WARMUP_STEPS
 
 MODEL = ["model=mlp", "model.hidden=[4096]", "dataset=synthetic", "dataset.channels=4",
          "dataset.image_size=32", "batch_size=32", "engine.np=2", "eval=false", "checkpoint=false",
@@ -128,8 +128,8 @@ def plain_worker(kind: str, out: Path, steps: int) -> None:
 
 
 def run_plain(key: str, out: Path, steps: int, gbps: float | None) -> dict:
-    from compbench.launch import run_processes
-    from compbench.netem import shaped
+    from compbench.launch.processes import run_processes
+    from compbench.network.netem import shaped
 
     argv = [sys.executable, "-m", "compbench.bench.e2e", "--plain-worker", PLAIN[key], "--out", str(out),
             "--steps", str(steps)]

@@ -50,8 +50,8 @@ def report(runs: Runs, gbps: float, steps: int, load_before: tuple[float, ...],
         f"# compbench end to end: 2 workers, MLP 4096x4096+4096x10, batch 32/worker, {steps} steps, "
         f"median step time ({runs.repeat} repeat(s))", "",
         *step_table(runs, gbps), "",
-        "Each phase against its floor (ms / floor ms, x floor; compbench.floors: memory passes at this "
-        "machine's read pass, wire time at the shaped link), first repeat:", "",
+        "Each phase against its floor (ms / floor ms, x floor; compbench.records.floors: memory passes at "
+        "this machine's read pass, wire time at the shaped link), first repeat:", "",
         *floor_table(runs), "",
         "x vs ...: that baseline's step time / this row's (higher is faster); vs ... (unshaped): this row's "
         "time / the baseline's (<= 1.05: within 5%).", "",
@@ -82,7 +82,8 @@ def step_table(runs: Runs, gbps: float) -> list[str]:
 
 
 def floor_table(runs: Runs) -> list[str]:
-    """Every phase of the compbench rows against its floor (compbench.floors), from the first repeat."""
+    """Every phase of the compbench rows against its floor (compbench.records.floors), from the first
+    repeat."""
     lines = ["| run | " + " | ".join(p.replace("comm_exposed", "exposed comm") for p in PHASES) + " |",
              "|" + "---|" * (len(PHASES) + 1)]
     for link in runs.links:

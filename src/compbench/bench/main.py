@@ -26,14 +26,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from compbench import registry
-from compbench.checks import check_writable_file, is_json_with
+from compbench.base.values import require_int
+from compbench.catalog import registry
 from compbench.codec.base import check_ratio
-from compbench.values import require_int
+from compbench.compose.checks import check_writable_file, is_json_with
 
 
 def main(overrides: list[str]) -> int:
-    from compbench import config
+    from compbench.compose import config
 
     if {"-h", "--help"} & set(overrides):
         print(__doc__.strip())
@@ -231,7 +231,7 @@ def _is_report(path: Path) -> bool:
 
 
 if __name__ == "__main__":
-    from compbench.errors import report_user_error
+    from compbench.base.errors import report_user_error
 
     with report_user_error():
         sys.exit(main(sys.argv[1:]))

@@ -4,7 +4,7 @@ check over the runs' final accuracies and bytes).
 Setting (every run adds BASE, then its own overrides, then `seed=S`): model=cnn (compbench.models.cnn,
 width 16, 0.21M parameters) on Fashion-MNIST, 2 workers (engine.np=2) x batch 64, EPOCHS=3 epochs over
 the full 60,000-image training set (1,404 steps), evaluated on the full 10,000-image test set, SEEDS=2
-seeds per run: 24 runs x 2 seeds = 48 trainings. Compressors run with their recipes (compbench.compat)
+seeds per run: 24 runs x 2 seeds = 48 trainings. Compressors run with their recipes (compbench.compose.compat)
 unless a run sets the key: "without error feedback" runs say memory=none explicitly, so they differ
 from their EF twin in that one key and keep the same optimizer settings.
 

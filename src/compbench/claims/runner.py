@@ -9,7 +9,7 @@ worker's cost to per-step and local-update methods, compbench.claims.elastic). T
 one after the other.
 
 Runs every run of the selected claims for each seed through
-`compbench train` (compbench.run.train: the same config check, launcher and results.json as any run),
+`compbench train` (compbench.cli.run.train: the same config check, launcher and results.json as any run),
 one after another, into DIR/runs/NAME-sSEED/. A run whose results.json says completed is skipped, so a
 suite stopped half-way (Ctrl-C, a reboot) continues where it stopped; a half-written run folder is
 removed and run again. Then it writes DIR/claims.md, DIR/claims.csv and DIR/plots/CLAIM.png and prints
@@ -29,13 +29,13 @@ import csv
 from collections.abc import Mapping
 from pathlib import Path
 
-from compbench.args import ArgumentParser
+from compbench.base.args import ArgumentParser
+from compbench.base.errors import INTERRUPTED_EXIT
 from compbench.claims.elastic import SUITE as ELASTIC
 from compbench.claims.field import FIELD
 from compbench.claims.findings import CNN, Claim, Results, Stat, Suite, measured
 from compbench.claims.text import TEXT
-from compbench.errors import INTERRUPTED_EXIT
-from compbench.matrix import Job, check_jobs, run_jobs, summary_of
+from compbench.cli.matrix import Job, check_jobs, run_jobs, summary_of
 
 HEADER = ("claim", "source", "setting", "expected", "measured (mean +- spread over seeds)", "holds?")
 METHOD_HEADER = ("method", "overrides", "final val loss (mean +- spread)", "kB sent/step", "effective ratio",
@@ -98,7 +98,7 @@ def _select(only: str | None, claims: tuple[Claim, ...] = CNN.claims) -> list[Cl
 def _plan(claims: list[Claim], seeds: Mapping[str, int], base: list[str], out: Path,
           runs: Mapping[str, tuple[str, ...]] = CNN.runs) -> list[Job]:
     """Every (run folder, overrides) of the selection, `seeds[name]` seeds of each, checked before any
-    run starts (compbench.matrix: finished runs are kept, stale or half-written ones handled)."""
+    run starts (compbench.cli.matrix: finished runs are kept, stale or half-written ones handled)."""
     names = list(dict.fromkeys(n for c in claims for n in c.runs))
     jobs = [(out / "runs" / f"{name}-s{seed}", [*base, *runs[name], f"seed={seed}"])
             for name in names for seed in range(seeds[name])]

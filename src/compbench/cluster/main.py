@@ -28,12 +28,12 @@ from collections.abc import Iterator
 
 import psutil
 
-from compbench.args import ArgumentParser, decimal, whole
+from compbench.base.args import ArgumentParser, decimal, whole
+from compbench.base.errors import INTERRUPTED_EXIT
 from compbench.cluster import nodes
 from compbench.cluster.nodes import Cluster
-from compbench.errors import INTERRUPTED_EXIT
-from compbench.launch import raise_interrupt
-from compbench.netem import check_delay, check_rate
+from compbench.launch.processes import raise_interrupt
+from compbench.network.netem import check_delay, check_rate
 
 _GRACE_S = 10.0
 
@@ -95,7 +95,7 @@ def _wanted(args: argparse.Namespace) -> Cluster:
         raise ValueError("--elastic is about commands on several nodes; add --each")
     if args.nodes < 1 or args.nodes > 250:
         raise ValueError(f"--nodes {args.nodes} must be 1..250")
-    # The same ranges as a local job's shaped link (compbench.netem): finite, not NaN, not vanishing.
+    # The same ranges as a local job's shaped link (compbench.network.netem): finite, not NaN, not vanishing.
     rates = [check_rate("--gbps", _number(v)) for v in args.gbps.split(",")]
     if len(rates) not in (1, args.nodes):
         raise ValueError(f"--gbps {args.gbps} lists {len(rates)} rates for --nodes {args.nodes}; give one "

@@ -7,7 +7,7 @@ Layout (nothing outside these namespaces is touched but the files named here):
   per command, see `exec_prefix`) that every node's /etc/hosts resolves to its address.
 - the link of node i carries `gbps` Gbit/s each way (or a rate of its own: `--gbps 1,0.1`): HTB on
   the node's eth0 (egress) and on the switch side of its veth (the node's ingress), plus `latency_us`
-  one-way delay on the node side (compbench.netem.join_switch).
+  one-way delay on the node side (compbench.network.netem.join_switch).
 - per-node configuration in /etc/netns/cbcl-n<i>/ (`ip netns exec` bind-mounts it over /etc): `hosts`
   and an `ssh/` folder with the sshd and ssh client settings, the cluster's host key and client key,
   so `ssh n2` and `horovodrun -H n1:2,n2:2` work inside a node without flags, as on a real cluster.
@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from compbench.netem import exec_as_host, join_switch, list_namespaces
+from compbench.network.netem import exec_as_host, join_switch, list_namespaces
 
 PREFIX = "cbcl-"
 SWITCH = f"{PREFIX}sw"

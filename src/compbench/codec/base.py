@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard, TypeVar, r
 import torch
 from torch import Tensor
 
-from compbench.values import KeyRange, show
+from compbench.base.values import KeyRange, show
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -45,7 +45,7 @@ def make_ctx(x: Tensor, name: str, **meta: Any) -> Ctx:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a compressor is, declared once per class: the config check (compbench.compat), the
+    """What a compressor is, declared once per class: the config check (compbench.compose.compat), the
     communicators and the recipes read only this record, never the class itself.
 
     The flags that promise a method (sparse, shared_indices, collective, decodes_into,
@@ -83,7 +83,7 @@ class Capabilities:
       memory's update and the selection are one compiled pass per tensor (dgc, topk, dragonn).
     random_sample: `sampled_reads(numel)` is how many elements of a tensor of `numel` the encode
       reads at random places besides its pass over the tensor (a threshold's uniform sample): cache
-      misses the algorithm itself makes, which the compress phase's floor counts (compbench.floors).
+      misses the algorithm itself makes, which the compress phase's floor counts (compbench.records.floors).
     shape_layout: the payload's layout (its tensors, dtypes and shapes) follows from the tensor's
       shape and the step alone, the same on every rank, though `wire_bytes(numel)` cannot say it
       (chunks and matrices follow the shape: chunk_dct, sparseloco, powersgd): comm=allgather and
@@ -144,7 +144,7 @@ class CompressorBase:
 
     name: str = "base"
     caps: Capabilities = Capabilities()
-    # The ranges of settings the constructor's types do not say (compbench.checks; a subclass with
+    # The ranges of settings the constructor's types do not say (compbench.compose.checks; a subclass with
     # more merges these in).
     KEY_RANGES: ClassVar[dict[str, KeyRange]] = {"seed": KeyRange(0)}
     # Compressors whose decode of N payloads can be fused (e.g. one scatter-add) override this.

@@ -16,7 +16,7 @@ from compbench.codec.base import Compressor, is_collective
 from compbench.comm.base import CommBase, CommTraits, encode
 from compbench.engines.base import Engine, Handle, flat_average
 from compbench.memory.base import Memory
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 
 
 class AllreduceComm(CommBase):

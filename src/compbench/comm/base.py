@@ -20,7 +20,7 @@ from compbench.codec.base import (
 from compbench.codec.deferred import Deferred
 from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 
 
 @dataclass(frozen=True)

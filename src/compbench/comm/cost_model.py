@@ -156,7 +156,7 @@ def _compressed(acc: dict[str, float], comm: str, shape: Shape, per_call: float,
 @cache
 def pattern(comm: str) -> str:
     """The communicator's declared `traits.pattern`: the collectives of one compressed exchange."""
-    from compbench import registry
+    from compbench.catalog import registry
 
     return registry.declared("comm", comm).pattern
 
@@ -164,7 +164,7 @@ def pattern(comm: str) -> str:
 @cache  # the registry reads the communicator's YAML file: once per name, not once per row
 def blocking(comm: str) -> bool:
     """The communicator's declared `traits.blocking` (it finishes each exchange inside `reduce`)."""
-    from compbench import registry
+    from compbench.catalog import registry
 
     return bool(registry.declared("comm", comm).blocking)
 

@@ -28,7 +28,7 @@ from compbench.comm.base import BlockingComm, CommTraits, encode
 from compbench.engines import wire
 from compbench.engines.base import Engine
 from compbench.memory.base import Memory
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 
 INTRA_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 

@@ -35,7 +35,7 @@ from compbench.engines.base import Engine, Handle
 from compbench.memory.base import Memory
 from compbench.memory.none import NoMemory
 from compbench.memory.residual import ResidualMemory
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 
 Payload = list[Tensor]
 

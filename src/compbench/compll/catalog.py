@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from compbench import plugins
+from compbench.base import plugins
 from compbench.compll import lang
 
 AnySpec = lang.Spec | lang.Select

@@ -1,6 +1,6 @@
 """The CompLL specs and the files generated from them (the registry imports this module, which
 imports no registry module but the kernel table, plain data: no import cycle). `sources_for_kernels`
-is what the kernel layer builds and loads: the package root hands it in (compbench.kernel_sources),
+is what the kernel layer builds and loads: the package root hands it in (compbench.base.kernel_sources),
 so the kernels never import CompLL.
 
 - `specs()`: every spec with its `SPEC` (compbench's `specs/NAME.py` and the plugins' `compll/NAME.py`:
@@ -22,7 +22,7 @@ import os
 from functools import cache
 from pathlib import Path
 
-from compbench import kernel_sources, plugins
+from compbench.base import kernel_sources, plugins
 from compbench.compll import catalog, gen_cpu, gen_cuda, lang
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compbench.args import ArgumentParser
+from compbench.base.args import ArgumentParser
 
 TARGETS = ("torch", "cpu", "cuda", "conf")
 

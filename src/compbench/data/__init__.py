@@ -12,8 +12,8 @@ before the two hooks above run).
   shifted by one): it picks the loss, evaluation and throughput unit (compbench.train.task).
 """
 
-import compbench._torchvision_compat  # noqa: F401  (before torchvision is imported)
-from compbench.values import KeyRange  # the datasets' KEY_RANGES are made of it
+import compbench.base.torchvision_compat  # noqa: F401  (before torchvision is imported)
+from compbench.base.values import KeyRange  # the datasets' KEY_RANGES are made of it
 
 # Shared bounds: above 1024 pixels a side a CPU worker's batch would not fit in memory.
 IMAGE_SIZE = KeyRange(1, 1024, what="pixels per side")

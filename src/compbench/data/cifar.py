@@ -15,7 +15,7 @@ KEY_RANGES = {"num_classes": KeyRange(choices=(10, 100), what="dataset=cifar10 o
 
 
 def check_root(root: str | None, num_classes: int) -> None:
-    """The parent's check (compbench.config): the folder and every file's checksum."""
+    """The parent's check (compbench.compose.config): the folder and every file's checksum."""
     _check_folder(root, num_classes)
     _check_files(Path(str(root)) / _FOLDERS[num_classes], num_classes)
 

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
+from compbench.base.values import show
 from compbench.data import IMAGE_SIZE, SEED, KeyRange
-from compbench.values import show
 
 TASK = "classification"
 _FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
@@ -53,7 +53,7 @@ KEY_RANGES = {"num_classes": KeyRange(choices=(10,), what="the labels are 0-9"),
 
 
 def check_root(root: str | None, name: str = "fashion_mnist") -> None:
-    """The parent's check (compbench.config): the four files exist and parse, with matching counts."""
+    """The parent's check (compbench.compose.config): the four files exist and parse, with matching counts."""
     folder = _check_folder(root, name)
     for split in ("train", "test"):
         _load_split(str(folder), split, name)

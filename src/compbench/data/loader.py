@@ -1,5 +1,5 @@
 """Per-rank batches: every rank sees a disjoint shard, all ranks take the same number of steps; on
-the rank's device (compbench.device): a tensor dataset of at most `RESIDENT_BYTES` is copied there
+the rank's device (compbench.engines.device): a tensor dataset of at most `RESIDENT_BYTES` is copied there
 once and indexed there; a larger one, and a file-backed one through a DataLoader, is batched in
 pinned host memory and copied without blocking the host."""
 

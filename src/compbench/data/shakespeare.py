@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from compbench.base.values import show
 from compbench.data.text_corpus import OOD_FILE, default_root, read_manifest
-from compbench.values import show
 
 TASK = "language_model"
 # No numeric ranges for the parent's generic check: check_root checks every setting against the

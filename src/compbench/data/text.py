@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from compbench.base.values import show
 from compbench.data import KeyRange
 from compbench.data.shakespeare import TOKENIZERS, TokenWindows, encode, vocabulary, windows
-from compbench.values import show
 
 TASK = "language_model"
 KEY_RANGES = {"holdout_every": KeyRange(2, what="every k-th file is validation"),

@@ -51,7 +51,7 @@ class Engine(Protocol):
     size: int
     local_rank: int  # rank within this machine (node); a node's ranks are local_size consecutive ranks
     local_size: int
-    device: torch.device  # this rank's (compbench.device): where its training tensors live
+    device: torch.device  # this rank's (compbench.engines.device): where its training tensors live
     backend: str  # what carries its collectives: gloo, nccl, cpu:gloo,cuda:nccl (results.json)
 
     def allreduce_async(self, t: Tensor, name: str, average: bool = True) -> Handle: ...

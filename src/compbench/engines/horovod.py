@@ -7,10 +7,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from compbench.device import Placement
+from compbench.base.values import KeyRange
 from compbench.engines import wire
 from compbench.engines.base import EngineBase, Handle, own_group
-from compbench.values import KeyRange
+from compbench.engines.device import Placement
 
 
 class HorovodEngine(EngineBase):
@@ -32,7 +32,7 @@ class HorovodEngine(EngineBase):
         hvd.init()
         self.refresh()
         # The device is this process's for its whole life: an elastic reset renumbers the ranks, and
-        # a survivor's model and state stay where they are (compbench.device; one GPU per worker).
+        # a survivor's model and state stay where they are (compbench.engines.device; one GPU per worker).
         self.device = (placement or Placement("cpu", 0, 1, "device=cpu")).device(self.local_rank)
         self.backend = "gloo"
         if self.device.type == "cuda":

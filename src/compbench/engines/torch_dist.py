@@ -1,5 +1,5 @@
 """`engine=torch`: torch.distributed: gloo on the CPU; on GPUs NCCL for the CUDA tensors (gloo for the
-host-side ones), or gloo's CUDA collectives where workers share a GPU (compbench.device)."""
+host-side ones), or gloo's CUDA collectives where workers share a GPU (compbench.engines.device)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from compbench.device import Placement, torch_backend
+from compbench.base.values import KeyRange
 from compbench.engines import wire
 from compbench.engines.base import EngineBase, Handle, own_group
-from compbench.values import KeyRange
+from compbench.engines.device import Placement, torch_backend
 
 _TAG_HEADER, _TAG_BLOB = 11, 12
 
@@ -38,7 +38,7 @@ class TorchEngine(EngineBase):
     a failed or joining worker restarts every worker in a new world, which continues from its commits;
     `min_np`: the fewest workers it continues with (below, it stops with a checkpoint).
 
-    `placement` (compbench.device) puts this rank on its device and picks the backend `auto` means
+    `placement` (compbench.engines.device) puts this rank on its device and picks the backend `auto` means
     (`device.torch_backend`): gloo on the CPU; on GPUs one process group with NCCL for CUDA tensors
     and gloo for host tensors, so that every collective goes where its tensor lives; gloo alone
     where workers share a GPU, whose CUDA collectives stage through host memory and which has no

@@ -35,8 +35,9 @@ def source_dir() -> Path:
 def sources() -> list[Path]:
     """The translation units: the hand-written kernels, the unit generated from their table
     (kernels.table: declarations and registrations) and the CompLL specs' generated units (which
-    register their own operators), handed in through `compbench.kernel_sources`; common.h is hashed too."""
-    from compbench import kernel_sources
+    register their own operators), handed in through `compbench.base.kernel_sources`; common.h is hashed
+    too."""
+    from compbench.base import kernel_sources
 
     made = kernel_sources.sources()
     return [*sorted(source_dir().glob("*.cpp")), *made.table, *made.cpu]

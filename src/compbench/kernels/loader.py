@@ -35,9 +35,9 @@ def source_dir() -> Path:
 
 def sources() -> list[Path]:
     """Every kernel source: the hand-written ones, sorted, then those generated from the CompLL specs
-    (`compll_NAME.cu`, handed in through `compbench.kernel_sources`; the compile test and the host-shim test
-    walk the same list)."""
-    from compbench import kernel_sources
+    (`compll_NAME.cu`, handed in through `compbench.base.kernel_sources`; the compile test and the
+    host-shim test walk the same list)."""
+    from compbench.base import kernel_sources
 
     return [*sorted(source_dir().glob("*.cu")), *kernel_sources.sources().cuda]
 
@@ -49,7 +49,7 @@ def module(name: str) -> Any:
 
     path = source_dir() / f"{name}.cu"
     if name.startswith("compll_"):
-        from compbench import kernel_sources
+        from compbench.base import kernel_sources
 
         path = next((p for p in kernel_sources.sources().cuda if p.stem == name), path)
     if not path.is_file():

@@ -15,14 +15,14 @@ from compbench.kernels import cpu, cuda_kernels_enabled
 
 @dataclass(frozen=True)
 class MemoryTraits:
-    """What a memory is, declared once per class; the config check (compbench.compat) reads it.
+    """What a memory is, declared once per class; the config check (compbench.compose.compat) reads it.
 
     feeds_back: keeps what the compressor dropped and adds it back next step.
     owns_momentum: applies SGD momentum itself to the tensors it compensates (DGC's momentum
       correction), so the optimizer must not apply it to them again: it needs optim=sgd.
     needs_sparse: works on the indices a sparsifier sent (`Capabilities.sparse`).
     state_passes: the passes over the compressed tensors it adds to the encode's one read, a read
-      and a write per state tensor it keeps (compbench.floors prices the compress phase's floor).
+      and a write per state tensor it keeps (compbench.records.floors prices the compress phase's floor).
     """
 
     feeds_back: bool = False
@@ -61,7 +61,7 @@ def fusable(*tensors: Tensor) -> bool:
     """Whether the compiled fused pass can run on these tensors (contiguous fp32 on one device whose
     kernels run: the CPU's built, CuPy's on a GPU; not disabled by COMPBENCH_KERNELS=0, which keeps
     the unfused twin path). A GPU without CuPy runs the twins, said once at the start
-    (compbench.device.check)."""
+    (compbench.engines.device.check)."""
     if all(cpu.enabled(t) for t in tensors):
         return True
     return all(cuda_kernels_enabled(t) and t.dtype == torch.float32 and t.is_contiguous()

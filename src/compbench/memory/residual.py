@@ -12,11 +12,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from compbench.base.values import KeyRange
 from compbench.codec.base import Compressor, Ctx, is_sparse
 from compbench.codec.deferred import Deferred
 from compbench.kernels.cpu import RESIDUAL
 from compbench.memory.base import NO_STATE, MemoryTraits, fusable
-from compbench.values import KeyRange
 
 
 class ResidualMemory:

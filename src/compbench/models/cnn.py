@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from compbench.base.values import KeyRange
 from compbench.models.weights import load_npz_state_dict
-from compbench.values import KeyRange
 
 KEY_RANGES = {"width": KeyRange(1, what="channels of the first convolution"),
               "hidden": KeyRange(1, what="units of the hidden fully connected layer")}

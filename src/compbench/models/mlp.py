@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import torch.nn as nn
 
+from compbench.base.values import is_int, show
 from compbench.models.weights import load_npz_state_dict
-from compbench.values import is_int, show
 
 
 def mlp(num_classes: int = 10, image_size: int = 32, in_chans: int = 3, hidden: Sequence[int] = (256,),

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from compbench.values import is_number, show
+from compbench.base.values import is_number, show
 
 ADJUST_LR = (None, "original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
 

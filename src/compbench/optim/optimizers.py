@@ -13,11 +13,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from compbench.base.values import show
 from compbench.kernels import cpu, cuda_kernels_enabled
 from compbench.optim.clip import CLIP_KEY
 from compbench.optim.muon import Muon, matrices, tag_groups
 from compbench.optim.schedule import SCHEDULE_KEYS
-from compbench.values import show
 
 # Settings of the `optim` group that shape the learning-rate schedule, whatever the optimizer.
 
@@ -261,7 +261,7 @@ def optimizer_class(name: Any) -> type[torch.optim.Optimizer]:
     if not isinstance(name, str) or "." not in name:
         raise ValueError(f"optim.name={show(name)} is unknown; use sgd, adam, adamw or package.module.Class "
                          "(a torch.optim.Optimizer of your own)")
-    from compbench import registry
+    from compbench.catalog import registry
 
     cls = registry.locate(name)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):

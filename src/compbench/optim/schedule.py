@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from compbench.values import show
+from compbench.base.values import show
 
 SCHEDULE_KEYS = ("lr_schedule", "warmup_epochs", "warmup_steps", "lr_min_factor", "lr_step_epochs",
                  "lr_gamma")

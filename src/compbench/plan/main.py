@@ -23,16 +23,16 @@ import torch
 from omegaconf import DictConfig, open_dict
 from torch import nn
 
-from compbench import registry
-from compbench.checks import check_writable_file, is_json_with
+from compbench.base.values import require_int
+from compbench.catalog import registry
 from compbench.codec.base import check_ratio
+from compbench.compose.checks import check_writable_file, is_json_with
 from compbench.schedulers.secopa_cost import TOPOLOGIES, Decision, plan_gradients, summarize, write_plan
 from compbench.schedulers.secopa_fit import fit_primitives, lines_from_json
-from compbench.values import require_int
 
 
 def main(overrides: list[str]) -> int:
-    from compbench import config
+    from compbench.compose import config
     from compbench.seam.build import build_compressor_and_selection
 
     if {"-h", "--help"} & set(overrides):
@@ -55,7 +55,7 @@ def main(overrides: list[str]) -> int:
         check_writable_file("output", file, ours=lambda _: _is_sidecar(sidecar),
                             what="a plan compbench wrote")
     compressor, selection = build_compressor_and_selection(cfg)
-    from compbench import compat
+    from compbench.compose import compat
 
     compat.check_comm(picked["compressor"], topology, compressor.caps,
                       registry.declared("comm", topology))
@@ -119,7 +119,7 @@ def _model_on_meta(cfg: DictConfig) -> nn.Module:
 
 
 def _probe_engine(cfg: DictConfig, world: int) -> dict[str, Any] | None:
-    from compbench.launch import run_processes
+    from compbench.launch.processes import run_processes
 
     with tempfile.TemporaryDirectory(prefix="compbench-plan-") as tmp:
         out = Path(tmp) / "net.json"
@@ -165,7 +165,7 @@ def _print_summary(cfg: DictConfig, path: Path, sidecar: Path, world: int, netwo
 
 
 if __name__ == "__main__":
-    from compbench.errors import report_user_error
+    from compbench.base.errors import report_user_error
 
     with report_user_error():
         sys.exit(main(sys.argv[1:]))

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.schedulers.secopa_fit import lines_to_json, probe_engine
 
 

@@ -4,7 +4,7 @@
 Runs every method of the race (compbench.race.suites) on every link (net.emulate_gbps: a shaped
 network namespace, root) for every seed, each to the race's target (stop_at_target) within its
 budget of training seconds (max_train_s), through `compbench train`, into DIR/runs/METHOD-LINKmbps-sSEED/
-(compbench.matrix: resumable; a finished run is kept). Then DIR/race.md, race.csv and plots/
+(compbench.cli.matrix: resumable; a finished run is kept). Then DIR/race.md, race.csv and plots/
 (compbench.race.report): time to target with its spread, throughput against the baseline,
 utilization, bytes per token, peak bytes per exchange, exposed communication against the wire time,
 the what-if model's step times beside the measured ones and the bandwidth below which each method
@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from compbench.args import ArgumentParser, decimal, whole
-from compbench.errors import INTERRUPTED_EXIT
-from compbench.matrix import Job, check_jobs, run_jobs
+from compbench.base.args import ArgumentParser, decimal, whole
+from compbench.base.errors import INTERRUPTED_EXIT
+from compbench.cli.matrix import Job, check_jobs, run_jobs
 from compbench.race.report import load, write
 from compbench.race.suites import RACES, Race
 from compbench.race.targets import TARGETS

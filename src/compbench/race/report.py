@@ -34,7 +34,7 @@ from compbench.comm.cost_model import Fit
 from compbench.race.model import Profile, crossover_gbps, fit_model
 from compbench.race.suites import Race
 from compbench.race.to_target import MIN_MEASURED_STEPS, ToTarget, to_target
-from compbench.results import WARMUP_STEPS
+from compbench.records.results import WARMUP_STEPS
 
 
 @dataclass
@@ -107,7 +107,7 @@ class Cell:
 
     @property
     def loaded(self) -> int:
-        """How many of its runs ran on a loaded machine (compbench.provenance)."""
+        """How many of its runs ran on a loaded machine (compbench.records.provenance)."""
         return sum(bool(r.summary.get("loaded")) for r in self.done)
 
     @property

@@ -10,8 +10,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from compbench.args import ArgumentParser
+from compbench.base.args import ArgumentParser
 from compbench.comm.cost_model import Fit
+from compbench.records.results import SPLIT, split_ms
 from compbench.report.whatif import (
     ASSUMPTIONS,
     break_even_workers,
@@ -20,7 +21,6 @@ from compbench.report.whatif import (
     predict_step_ms,
     profile_from_results,
 )
-from compbench.results import SPLIT, split_ms
 
 COLUMNS = ["job", "status", "compressor", "ratio", "comm", "memory", "scheduler", "engine", "workers",
            "throughput", "compute_ms", "compress_ms", "comm_ms", "comm_exposed_ms", "decompress_ms",

@@ -9,7 +9,7 @@ A scheduler has four methods, called by the trainer (and by `wrap_compress_optim
 - `summary() -> dict`: what it decided (written to results.json).
 Every rank must submit the same groups in the same order; `state_dict`/`load_state_dict` carry
 what it decided across a resume. What it accepts is its `traits`, read by the config check
-(compbench.compat). Adding a scheduler = its file here + `conf/scheduler/NAME.yaml`.
+(compbench.compose.compat). Adding a scheduler = its file here + `conf/scheduler/NAME.yaml`.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from compbench.base.values import is_number
 from compbench.schedulers import SchedulerTraits
 from compbench.schedulers.layerwise import Layerwise
 from compbench.seam.pipeline import GradientPipeline
-from compbench.values import is_number
 
 
 class Bucket(Layerwise):

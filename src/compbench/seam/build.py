@@ -8,7 +8,7 @@ from typing import Any
 from omegaconf import DictConfig
 from torch import nn
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.compressors import SELECTION_KEYS
 from compbench.seam.selection import Selection
 

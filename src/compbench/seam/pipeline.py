@@ -27,8 +27,8 @@ from compbench.codec.base import Compressor, samples_at_random
 from compbench.comm.base import Communicator, PackingCommunicator, packs, sparse_results
 from compbench.engines.base import Engine, Handle, flat_average
 from compbench.memory.base import Memory
+from compbench.records.stats import StepStats
 from compbench.seam.selection import Selection
-from compbench.stats import StepStats
 
 
 class GradientPipeline:

@@ -22,7 +22,7 @@ Whether a step talks, and what it sends, is the synchronizer's:
 
 Every synchronizer saves and loads its per-rank state (memories, compressor and communicator
 state, outer optimizer, local parameters where ranks diverge) through `state_dict`, so that a
-resume mid-round is exact. What a mode accepts is its `sync_traits`, read by compbench.compat.
+resume mid-round is exact. What a mode accepts is its `sync_traits`, read by compbench.compose.compat.
 Adding a mode = its file here + `conf/sync/NAME.yaml`.
 """
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SyncTraits:
-    """What a synchronization mode does, declared once per class; compbench.compat reads only this.
+    """What a synchronization mode does, declared once per class; compbench.compose.compat reads only this.
 
     pipeline: what it exchanges goes through compbench's memory -> compressor -> communicator
       (configured by the compressor/memory/comm groups); without it those must stay at their defaults.

@@ -10,11 +10,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from compbench import registry
+from compbench.catalog import registry
 from compbench.engines.base import Engine
+from compbench.records.stats import StepStats
 from compbench.seam.build import build_compressor_and_selection, build_memory
 from compbench.seam.pipeline import GradientPipeline
-from compbench.stats import StepStats
 from compbench.sync import Synchronizer
 
 STEP_SYNC = {"_target_": "compbench.sync.step.StepSync"}

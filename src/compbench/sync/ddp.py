@@ -30,12 +30,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from compbench.base.values import KeyRange, show
 from compbench.engines.base import Engine
 from compbench.optim.optimizers import plain_optimizer
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.sync.ddp_topk_hook import TopKHookState, topk_hook
-from compbench.values import KeyRange, show
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "topk")
 
@@ -43,7 +43,7 @@ HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "topk")
 def check_options(hook: str = "allreduce", powersgd_rank: int = 1, start_powersgd_iter: int = 2,
                   topk_ratio: float = 0.001, **_: Any) -> None:
     """Config-time check of sync=ddp's own options (the engine and compbench's unused compressor,
-    memory, communicator and scheduler are checked by compbench.compat from `sync_traits`)."""
+    memory, communicator and scheduler are checked by compbench.compose.compat from `sync_traits`)."""
     if hook not in HOOKS:
         raise ValueError(f"sync.hook={show(hook)} is unknown; use one of: {', '.join(HOOKS)}")
     if hook == "bf16" and not torch.cuda.is_available():

@@ -67,14 +67,14 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from compbench.base.values import is_int, is_number
 from compbench.engines.base import Engine
 from compbench.optim.optimizers import optimizer_over
+from compbench.records.stats import StepStats
 from compbench.schedulers import Scheduler
 from compbench.seam.pipeline import GradientPipeline
-from compbench.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits
 from compbench.sync.step import load_pipeline_state, pipeline_state
-from compbench.values import is_int, is_number
 
 TIMINGS = ("after", "before")
 

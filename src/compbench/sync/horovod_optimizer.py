@@ -30,18 +30,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from compbench.base.values import show
 from compbench.engines.base import Engine
 from compbench.optim.optimizers import plain_optimizer
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
-from compbench.values import show
 
 COMPRESSIONS = ("none", "fp16")
 
 
 def check_options(compression: str = "none", **_: Any) -> None:
     """Config-time check of sync=horovod_optimizer's own options (the engine and compbench's unused
-    compressor, memory, communicator and scheduler are checked by compbench.compat from `sync_traits`)."""
+    compressor, memory, communicator and scheduler are checked by compbench.compose.compat from
+    `sync_traits`)."""
     if compression not in COMPRESSIONS:
         raise ValueError(f"sync.compression={show(compression)} is unknown; use one of: "
                          f"{', '.join(COMPRESSIONS)}")

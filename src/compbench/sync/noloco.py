@@ -46,12 +46,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from compbench.base.values import is_int
 from compbench.engines.base import Engine
 from compbench.optim.optimizers import optimizer_over
-from compbench.stats import StepStats
+from compbench.records.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.sync.diloco import check_options as check_diloco
-from compbench.values import is_int
 
 # The reference's inner optimizer (Adam; AdamW here, the transformer recipes' choice) and DiLoCo's
 # clipping of every inner gradient.

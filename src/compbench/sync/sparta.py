@@ -44,15 +44,15 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from compbench.base.values import is_int, is_number
 from compbench.engines.base import Engine
 from compbench.optim.optimizers import optimizer_over
+from compbench.records.stats import StepStats
 from compbench.schedulers import Scheduler
 from compbench.seam.pipeline import GradientPipeline
-from compbench.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits
 from compbench.sync.diloco import DiLoCo
 from compbench.sync.diloco import check_options as check_diloco
-from compbench.values import is_int, is_number
 
 P_DEFAULT = 0.005  # ExoGym's p_sparta
 # ExoGym's inner optimizer (its strategies' default OptimSpec: AdamW), and DiLoCo's clipping.

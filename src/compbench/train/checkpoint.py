@@ -160,7 +160,7 @@ def find_checkpoint(resume: str, run_dir: Path) -> Path | None:
 
 def world_size(cfg: DictConfig) -> int:
     """The number of workers this run will have: engine.np, or the external launcher's job size."""
-    from compbench.launch import external_engine
+    from compbench.launch.processes import external_engine
 
     joined = external_engine()
     if joined == "horovod" and os.environ.get("HOROVOD_SIZE"):

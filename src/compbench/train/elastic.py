@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
+from compbench.records import fault_events
 from compbench.sync.step import joiner_state
-from compbench.train import faults
 from compbench.train.checkpoint import rank_state, restore_state, shared_state
 from compbench.train.loop import Trainer
 
@@ -67,7 +67,7 @@ def restore_commit(trainer: Trainer, shared: dict[str, Any], mine: dict[str, Any
     trainer.progress.train_s += lost_s
     trainer.progress.wall_base += lost_s
     trainer.resumed_s = trainer.progress.wall_s()
-    kills = [e for e in faults.read_events(trainer.run_dir) if e["event"] == "kill"]
+    kills = [e for e in fault_events.read_events(trainer.run_dir) if e["event"] == "kill"]
     record = {
         "kind": "join" if engine.size > before else "failure" if engine.size < before else "restart",
         "step": trainer.step,

@@ -2,7 +2,7 @@
 Elastic.
 
 Horovod's own machinery does the membership: its driver (horovodrun with --min-np/--max-np and a
-host discovery script; compbench.launch_elastic starts it on one machine) notices a worker that
+host discovery script; compbench.launch.elastic starts it on one machine) notices a worker that
 died or a host that appeared, and every worker's `hvd.elastic.run` loop catches the failed
 collective (HorovodInternalError) or the notice (HostsUpdatedInterrupt), shuts Horovod down and
 joins the new world, in the same process. This module is the state that loop keeps (an

@@ -1,7 +1,7 @@
 """engine.elastic=true on engine=torch: training that goes on when workers fail or join, on TorchElastic.
 
 TorchElastic does the membership: one agent per machine (`torchrun --nnodes=1:N --rdzv-backend=c10d`;
-compbench.launch_elastic starts them on one machine) restarts its worker when the worker fails, or
+compbench.launch.elastic starts them on one machine) restarts its worker when the worker fails, or
 when an agent waits to join, after a new rendezvous of the agents that are left. Every worker of the
 new world is a new process: whatever it continues from must be on disk. So the commit (compbench.train.
 elastic: at each round's end, the trainer's state and this rank's own) is written to
@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from compbench.errors import PEER_LOST_EXIT, as_peer_lost, say_error
-from compbench.launch import NODE_ENV, die_with_parent
+from compbench.base.errors import PEER_LOST_EXIT, as_peer_lost, say_error
+from compbench.launch.processes import NODE_ENV, die_with_parent
 from compbench.train.checkpoint import load_safely, on_device
 from compbench.train.elastic import BelowMinimum, restore_commit, take_commit
 from compbench.train.loop import Trainer
@@ -55,7 +55,7 @@ def run_torch_elastic(cfg: DictConfig, engine, run_dir: Path) -> dict[str, Any] 
     except BelowMinimum as e:
         say_error(str(e))
         if engine.rank == 0:
-            from compbench.rundir import record_failure
+            from compbench.records.rundir import record_failure
 
             record_failure(run_dir, cfg, str(e))
         engine.shutdown()

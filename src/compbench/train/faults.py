@@ -24,7 +24,6 @@ step that saw a kill draws no more: one kill per step, unless two ranks draw it 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -33,9 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from compbench.values import KeyRange
+from compbench.base.values import KeyRange
+from compbench.records.fault_events import append_event, read_events
 
-FILE = "faults.jsonl"
 STEP_FILE = "faults.step"  # rank 0's last committed step (fault.rejoin_after_steps)
 
 
@@ -153,34 +152,12 @@ class FaultPlan:
             time.sleep((self.slow_factor - 1) * compute_s)
 
 
-def append_event(run_dir: Path, event: dict[str, Any]) -> None:
-    with open(run_dir / FILE, "a") as f:
-        f.write(json.dumps(event) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def committed_step(run_dir: Path) -> int:
     """Rank 0's last committed step, as `after_commit` noted it; -1 before the first."""
     try:
         return int((run_dir / STEP_FILE).read_text())
     except (FileNotFoundError, ValueError):
         return -1
-
-
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """The injected events so far (a half-written last line, from a process killed mid-write, is skipped)."""
-    try:
-        lines = (run_dir / FILE).read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    events = []
-    for line in lines:
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue
-    return events
 
 
 def summary(recoveries: list[dict[str, Any]], workers_per_step: list[float], steps: int,

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from compbench.results import DESCRIBED
+from compbench.records.results import DESCRIBED
 
 LOGGERS = ("tensorboard", "csv", "mlflow")
 
@@ -197,7 +197,7 @@ def mlflow_uri(uri: str | None, outputs_root: str) -> str:
 
 def check(names: Any, uri: Any, experiment: Any) -> None:
     """Config-time check of `loggers` and `mlflow.*` (ValueError: one line naming the fix)."""
-    from compbench.values import show
+    from compbench.base.values import show
 
     if not isinstance(names, list | tuple) or not names or any(n not in LOGGERS for n in names):
         raise ValueError(f"loggers={show(names)} must list where scalars go: {', '.join(LOGGERS)}, e.g. "
@@ -221,7 +221,7 @@ def check(names: Any, uri: Any, experiment: Any) -> None:
 def build(names: Sequence[str], run_dir: Path, hparams: Mapping[str, Any], start: float,
           mlflow: Mapping[str, Any], outputs_root: str) -> list[Logger]:
     """The loggers `names` picks (checked by `check`), in that order."""
-    from compbench.provenance import source
+    from compbench.records.provenance import source
 
     out: list[Logger] = []
     for name in names:

@@ -14,11 +14,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from compbench import provenance, registry
+from compbench.base.settings import RunSettings
+from compbench.catalog import registry
 from compbench.data.loader import ShardedLoader
 from compbench.optim.clip import clip_grad_norm
 from compbench.optim.schedule import build_schedule
-from compbench.results import (
+from compbench.records import fault_events, provenance
+from compbench.records.results import (
     PHASES,
     RATE_TAGS,
     REPLICA_SUMMARY,
@@ -30,9 +32,8 @@ from compbench.results import (
     split_ms,
     write_json_atomic,
 )
+from compbench.records.stats import StepStats, clock_for
 from compbench.seam.build import build_datasets, build_model
-from compbench.settings import RunSettings
-from compbench.stats import StepStats, clock_for
 from compbench.sync.build import build_synchronizer
 from compbench.train import faults, loggers
 from compbench.train.checkpoint import (
@@ -56,7 +57,7 @@ class Trainer:
         self.settings = s = RunSettings.of(cfg)  # the top-level keys, typed
         self.rank0 = engine.rank == 0
         self.load_before = provenance.load_average()  # other work on this machine, before training
-        # The rank's device (compbench.device, set by its engine): model, batches, optimizer state,
+        # The rank's device (compbench.engines.device, set by its engine): model, batches, optimizer state,
         # memories and the pipeline's buffers live there.
         self.device = engine.device
         torch.manual_seed(s.seed)  # identical initial weights on every rank (CUDA's generators too)
@@ -395,17 +396,18 @@ class Trainer:
             results["data"] = self.data_info  # language models: tokenizer, vocabulary size, split
         results["floors"] = self.floors(summary)
         if self.elastic or self.faults.injects:
-            results["faults"] = {"injected": faults.read_events(self.run_dir), "recoveries": self.recoveries}
+            results["faults"] = {"injected": fault_events.read_events(self.run_dir),
+                                 "recoveries": self.recoveries}
         write_json_atomic(self.run_dir / "results.json", results)
         r.finish(results)
         print(format_summary(results, self.run_dir), flush=True)
         return results
 
     def floors(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """Each phase against its floor on this machine (compbench.floors); rank 0 measures the read
+        """Each phase against its floor on this machine (compbench.records.floors); rank 0 measures the read
         pass now, after training, over a tensor the size of the parameters."""
         from compbench.comm.cost_model import pattern
-        from compbench.floors import measure_read_gbps, measure_sampled_read_ns, phase_floors
+        from compbench.records.floors import measure_read_gbps, measure_sampled_read_ns, phase_floors
 
         params = list(self.model.parameters())
         nbytes = sum(p.numel() * p.element_size() for p in params)
@@ -431,7 +433,7 @@ def _slowest_link(net: DictConfig) -> float | None:
 
 def environment(engine, precision: str = "fp32", load_before: float | None = None) -> dict[str, Any]:
     """results.json's `environment`: versions, the device, the engine, and the machine around the run
-    (compbench.provenance: commit, CPU, cores, load before and after, loaded or not)."""
+    (compbench.records.provenance: commit, CPU, cores, load before and after, loaded or not)."""
     import importlib.metadata as md
 
     def version(pkg: str) -> str | None:

@@ -1,6 +1,6 @@
 """Rank 0's recorder: per-step timings, byte counts and evaluations into the run's loggers
 (compbench.train.loggers: TensorBoard by default, a CSV, MLflow) and the history that becomes
-results.json; the results schema (compbench.results) gives every tag its unit and description,
+results.json; the results schema (compbench.records.results) gives every tag its unit and description,
 written into the tag's TensorBoard metadata and shown by the Scalars dashboard's info icon.
 """
 

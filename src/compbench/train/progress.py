@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from compbench.base.settings import RunSettings
 from compbench.engines.base import Engine
-from compbench.settings import RunSettings
 
 PROBE = range(5, 15)  # steps whose median time turns eval_every_s into steps (after the warm-up)
 

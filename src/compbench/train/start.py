@@ -1,4 +1,4 @@
-"""Start training on this rank (compbench.worker, or an external launcher's process): the engine,
+"""Start training on this rank (compbench.train.worker, or an external launcher's process): the engine,
 the run folder, then the trainer (compbench.train.loop), or the engine's elastic loop around it
 (compbench.train.elastic_horovod, elastic_torch) when engine.elastic is set."""
 
@@ -11,9 +11,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from compbench import device, registry
-from compbench.errors import as_peer_lost
-from compbench.settings import RunSettings
+from compbench.base.errors import as_peer_lost
+from compbench.base.settings import RunSettings
+from compbench.catalog import registry
+from compbench.engines import device
 from compbench.train.loop import Trainer
 
 
@@ -26,12 +27,12 @@ def run_worker(cfg: DictConfig, run_dir: Path | None) -> dict[str, Any] | None:
     # A model that has learned its data drives activations and gradients into the denormal range,
     # where x86 arithmetic is ~100x slower: the MLP of bench_e2e took 216 ms a step instead of 117.
     torch.set_flush_denormal(settings.flush_denormal)
-    # Where this machine's workers train (compbench.device): the engine puts this rank on its device.
+    # Where this machine's workers train (compbench.engines.device): the engine puts this rank on its device.
     placement = device.place(settings.device, device.local_workers(int(cfg.engine.get("np", 1))))
     engine = registry.build(cfg.engine, drop=("np",), placement=placement)
     elastic = bool(cfg.engine.get("elastic"))
     if run_dir is None:
-        from compbench.rundir import prepare_run_dir
+        from compbench.records.rundir import prepare_run_dir
 
         if elastic:  # a worker that joins later meets no one to agree with: the folder is named
             run_dir = Path(cfg.output_dir)

@@ -2,13 +2,13 @@
 `joblib` runs them as parallel local processes (hydra-joblib-launcher, `hydra.launcher.n_jobs=N`),
 `submitit_slurm` submits them to SLURM and `submitit_local` runs them as local submitit jobs
 (hydra-submitit-launcher); each plugin takes its own `hydra.launcher.*` settings. Without a launcher
-(or with `basic`) compbench.sweep runs the jobs one after another itself.
+(or with `basic`) compbench.cli.sweep runs the jobs one after another itself.
 
-compbench composes its configs itself (recipes, model aliases, checks: compbench.config), so a plugin
+compbench composes its configs itself (recipes, model aliases, checks: compbench.compose.config), so a plugin
 gets only Hydra's part: the master config is the train config with the launcher's overrides, and a
 job's overrides are only its folder (`hydra.sweep.subdir`). The task function maps that folder back
-to the job's compbench overrides and runs compbench.run.train there, as the sequential runner does.
-Every job is checked before anything starts (compbench.sweep.run_sweep), and so is the launcher
+to the job's compbench overrides and runs compbench.cli.run.train there, as the sequential runner does.
+Every job is checked before anything starts (compbench.cli.sweep.run_sweep), and so is the launcher
 (its name, its settings) before the sweep's folder is made. Hydra's own per-job files are off (no
 `.hydra/` of the plugin, no job logging): the run writes its own `.hydra/`.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compbench.rundir import hydra_quoted
+from compbench.records.rundir import hydra_quoted
 
 BASIC = "basic"  # Hydra's in-process sequential launcher: compbench's own runner does that job
 # Hydra's part of the master config: no files or logging of its own in the job folders.
@@ -91,7 +91,7 @@ def prepare(overrides: list[str]) -> PluginSweep | None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from compbench import registry
+    from compbench.catalog import registry
 
     Plugins.instance()  # discovers the installed plugins, which register their launcher configs
     loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(registry.conf_dir())))
@@ -120,7 +120,7 @@ class TrainJob:
     def __call__(self, _hydra_cfg: Any) -> int:
         from hydra.core.hydra_config import HydraConfig
 
-        from compbench.run import train
+        from compbench.cli.run import train
 
         out = Path(HydraConfig.get().runtime.output_dir)
         return train([*self.jobs[out.name], f"output_dir={hydra_quoted(str(out))}"])

@@ -1,11 +1,11 @@
 """The run's top-level settings (conf/train.yaml's own keys), typed: `RunSettings.of(cfg)` checks each
 key against the type and range declared on its field and returns the values as plain Python, so
 the trainer reads `settings.epochs` (an int >= 1) instead of trusting `cfg.epochs`. This is the one
-home of these rules (compbench.checks calls it in the parent before anything is written; the
+home of these rules (compbench.compose.checks calls it in the parent before anything is written; the
 workers build the same object from the same config).
 
 The component groups (model, compressor, ...) are checked by their own modules; `ratio` by
-compbench.config (it is a shorthand for compressor.ratio).
+compbench.compose.config (it is a shorthand for compressor.ratio).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from compbench.values import require_int, require_number, show
+from compbench.base.values import require_int, require_number, show
 
 ON_NONFINITE = ("raise", "skip", "ignore")
-DEVICES = ("auto", "cpu", "cuda")  # compbench.device: where a run trains
+DEVICES = ("auto", "cpu", "cuda")  # compbench.engines.device: where a run trains
 PRECISIONS = ("fp32", "bf16")  # bf16: autocast for forward and backward; gradients and pipeline in fp32
 TIMINGS = ("events", "sync")  # on a GPU: phases timed by CUDA events, or synchronized at each edge
 

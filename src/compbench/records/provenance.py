@@ -22,7 +22,7 @@ def load_average() -> float:
 def source() -> dict[str, Any]:
     """compbench's commit and whether its checkout had uncommitted changes (None where it is not a git
     checkout: an installed wheel)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
 
     def git(*args: str) -> str | None:
         try:

@@ -3,7 +3,7 @@ Horovod Elastic's driver (`spawn_horovod_elastic`) or TorchElastic's agents (`sp
 
 Both tell machines apart by address and take a failed worker's machine out of the job. So that one
 failure costs one worker, every worker gets a host of its own: the job runs in a private network
-namespace (compbench.netem; shaped when net.emulate_gbps is set) whose loopback carries one address
+namespace (compbench.network.netem; shaped when net.emulate_gbps is set) whose loopback carries one address
 per worker (visible nowhere else).
 
 - Horovod: `horovodrun --min-np 1 --max-np N --host-discovery-script S` runs there, S printing the
@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from compbench.launch import (
+from compbench.launch.processes import (
     NODE_ENV,
     SCRATCH_PREFIX,
     raise_interrupt,
@@ -55,8 +55,8 @@ from compbench.launch import (
     worker_env,
     worker_preexec,
 )
-from compbench.netem import ShapedNamespace
-from compbench.train import faults
+from compbench.network.netem import ShapedNamespace
+from compbench.records import fault_events
 
 HOSTS = "127.0.1"  # the workers' addresses, inside the job's own namespace only
 RejoinDue = Callable[[dict[str, Any]], bool]  # whether a kill event's replacement may join now
@@ -88,7 +88,7 @@ def spawn_horovod_elastic(run_dir: Path, np: int, threads: int | None, gbps: flo
         env = worker_env(np, threads, Path(scratch, "error"), {})
         cmd = [*ns.prefix, sys.executable, "-m", "horovod.runner.launch", "-np", str(np), "--min-np", "1",
                "--max-np", str(np), "--host-discovery-script", str(script), "--network-interface", "lo",
-               sys.executable, "-m", "compbench.worker", str(run_dir)]
+               sys.executable, "-m", "compbench.train.worker", str(run_dir)]
         previous = signal.signal(signal.SIGTERM, raise_interrupt)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 preexec_fn=worker_preexec(os.getpid(), hold_sigint=False))
@@ -151,7 +151,7 @@ def spawn_torch_elastic(run_dir: Path, np: int, threads: int | None, gbps: float
                    "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0]}:{_TORCH_PORT}",
                    f"--rdzv-id={job}", f"--rdzv-conf={conf}", f"--local-addr={hosts[k]}",
                    f"--max-restarts={_TORCH_MAX_RESTARTS}", "--monitor-interval=0.2",
-                   "-m", "compbench.worker", str(run_dir)]
+                   "-m", "compbench.train.worker", str(run_dir)]
             env = worker_env(np, threads, Path(scratch, f"error.{k}"),
                              {NODE_ENV: f"node{k + 1}", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                               "GLOO_SOCKET_IFNAME": "lo"})
@@ -234,10 +234,10 @@ def _write_hosts(path: Path, hosts: list[str]) -> None:
 def _rejoin(run_dir: Path, spares: int, due: RejoinDue, offer: Callable[[int], None],
             done: threading.Event) -> None:
     """`offer(k)`: bring in the k-th spare host once the k-th injected kill is `due` for a replacement
-    (compbench.train.faults.FaultPlan.rejoin_due)."""
+    (compbench.train.faults.FaultPlan.rejoin_due; not imported: launch stands below train)."""
     offered = 0
     while not done.wait(0.2) and offered < spares:
-        kills = [e for e in faults.read_events(run_dir) if e["event"] == "kill"]
+        kills = [e for e in fault_events.read_events(run_dir) if e["event"] == "kill"]
         ready = min(sum(due(e) for e in kills), spares)
         while offered < ready:
             offered += 1

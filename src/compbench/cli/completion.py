@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from compbench import registry
+from compbench.catalog import registry
 
 BASH = """# compbench completion (bash; zsh: autoload -U +X bashcompinit && bashcompinit first)
 COMP_WORDBREAKS=${COMP_WORDBREAKS//=}
@@ -49,7 +49,7 @@ def candidates(words: list[str]) -> list[str]:
 
 
 def _train(before: list[str], current: str) -> list[str]:
-    from compbench.config import PLUGIN_GROUPS
+    from compbench.compose.config import PLUGIN_GROUPS
 
     key, eq, _ = current.partition("=")
     if eq and key in PLUGIN_GROUPS:  # compressor=dg -> compressor=dgc

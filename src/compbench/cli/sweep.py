@@ -16,8 +16,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, cast
 
-from compbench.results import headline
-from compbench.rundir import hydra_quoted
+from compbench.records.results import headline
+from compbench.records.rundir import hydra_quoted
 
 
 def _parse(overrides: list[str]) -> list[Any]:
@@ -36,7 +36,7 @@ def _values(o: Any) -> list[str]:
     """The values one sweep override stands for, as override strings (Hydra's encoding)."""
     from hydra.core.override_parser.types import Glob
 
-    from compbench.config import GROUPS
+    from compbench.compose.config import GROUPS
 
     key, value = o.get_key_element(), o.value()
     if not o.is_sweep_override():
@@ -52,7 +52,7 @@ def _values(o: Any) -> list[str]:
         if o.key_or_group not in GROUPS:
             raise ValueError(f"{key}=glob(...) picks options of a config group; {key} is not one "
                              f"({', '.join(GROUPS)})")
-        from compbench import registry
+        from compbench.catalog import registry
 
         values = value.filter(registry.options(o.key_or_group))
     else:
@@ -78,7 +78,7 @@ def plan_jobs(overrides: list[str]) -> list[list[str]]:
     command line sets the same key) or its explicit `jobs` list."""
     from omegaconf import OmegaConf
 
-    from compbench import config
+    from compbench.compose import config
 
     # Compose once without the axes (Hydra's compose refuses a sweep), for the experiment's sweep.
     single = [text for text, o in zip(overrides, _parse(overrides), strict=True) if not o.is_sweep_override()]
@@ -98,13 +98,13 @@ def plan_jobs(overrides: list[str]) -> list[list[str]]:
 
 def run_sweep(overrides: list[str], sweep_dir: str | None = None, launcher: list[str] | None = None) -> int:
     """Run every job of the sweep in `sweep_dir` (default: a fresh outputs_root/multirun/DATE/TIME),
-    one after another, or through the Hydra launcher plugin `launcher` picks (compbench.sweep_launcher:
+    one after another, or through the Hydra launcher plugin `launcher` picks (compbench.cli.sweep_launcher:
     `hydra/launcher=joblib hydra.launcher.n_jobs=2`)."""
-    from compbench import config
-    from compbench.errors import INTERRUPTED_EXIT
-    from compbench.run import train
-    from compbench.rundir import job_names, split_overrides
-    from compbench.sweep_launcher import prepare
+    from compbench.base.errors import INTERRUPTED_EXIT
+    from compbench.cli.run import train
+    from compbench.cli.sweep_launcher import prepare
+    from compbench.compose import config
+    from compbench.records.rundir import job_names, split_overrides
 
     jobs = plan_jobs(overrides)
     # Check every job before running any: a typo in the last combination should not cost a sweep.
@@ -143,8 +143,8 @@ def run_sweep(overrides: list[str], sweep_dir: str | None = None, launcher: list
 def _claim_sweep_dir(given: str | None, outputs_root: Path) -> Path:
     """The sweep's own folder, created now: `hydra.sweep.dir=DIR` (new or empty), else a fresh
     dated one. Jobs write only below it, so a summary never reads another sweep's results."""
-    from compbench.checks import check_creatable
-    from compbench.rundir import claim_fresh, now_dir
+    from compbench.compose.checks import check_creatable
+    from compbench.records.rundir import claim_fresh, now_dir
 
     if given is None:
         check_creatable("outputs_root", outputs_root)

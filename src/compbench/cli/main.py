@@ -1,4 +1,4 @@
-"""The `compbench` command's entry point (`compbench.cli:main`; the commands are compbench.commands).
+"""The `compbench` command's entry point (`compbench.cli.main:main`; the commands are compbench.cli.commands).
 
 Ctrl-C must end compbench with one `error:` line and exit 130 wherever it lands, also while the
 interpreter is still loading compbench's modules (on a loaded 2-core machine that takes over a second,
@@ -29,13 +29,13 @@ def main(argv: list[str] | None = None) -> int:
             with _ctrl_c_held():
                 import torch  # noqa: F401
 
-        from compbench.commands import run_command
+        from compbench.cli.commands import run_command
 
         code = run_command(args)
         sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe cannot be caught
         return code
     except KeyboardInterrupt:
-        from compbench.errors import INTERRUPTED_EXIT
+        from compbench.base.errors import INTERRUPTED_EXIT
 
         # Workers, when running, were stopped by the launcher (it reports them itself).
         print("error: interrupted by Ctrl-C; stopped", file=sys.stderr, flush=True)

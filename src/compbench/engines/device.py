@@ -15,7 +15,7 @@ same answer in each worker (under horovodrun or torchrun, in the workers alone):
 
 The engines take the worker's device (`torch.device`): engine=torch picks its backend with
 `torch_backend`, engine=horovod needs a build with CUDA for CUDA tensors. `check` is the config
-check (compbench.checks): every refusal one line, before anything is written.
+check (compbench.compose.checks): every refusal one line, before anything is written.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from compbench.settings import DEVICES
-from compbench.values import show
+from compbench.base.settings import DEVICES
+from compbench.base.values import show
 
 # engine=torch's backend for CUDA tensors with one GPU per worker: NCCL for them, gloo for the
 # host-side tensors (sizes, objects) in the same process group.

@@ -17,9 +17,10 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from compbench import compat, registry
+from compbench.catalog import registry
+from compbench.compose import compat
+from compbench.records.stats import StepStats
 from compbench.seam.build import build_compressor_and_selection
-from compbench.stats import StepStats
 from compbench.sync import Synchronizer
 from compbench.sync.build import build_synchronizer
 

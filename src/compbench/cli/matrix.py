@@ -1,5 +1,5 @@
 """A resumable matrix of `compbench train` runs, shared by `compbench claims` and `compbench race`:
-each job is a run folder and its overrides, run one after another through compbench.run.train (the
+each job is a run folder and its overrides, run one after another through compbench.cli.run.train (the
 same config check, launcher and results.json as any run). A folder whose results.json says
 completed is skipped, so a matrix stopped half-way (Ctrl-C, a reboot) continues where it stopped; a
 half-written folder is removed and run again; a finished folder made with other settings is refused
@@ -12,7 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
-from compbench.errors import INTERRUPTED_EXIT
+from compbench.base.errors import INTERRUPTED_EXIT
 
 Job = tuple[Path, list[str]]
 
@@ -45,7 +45,7 @@ def overrides_of(run_dir: Path) -> list[str]:
 def check_jobs(jobs: list[Job], scratch: Path) -> None:
     """Every job checked before any runs (a typo in the last one should not cost the matrix): a
     finished run must have been made with these overrides; the others pass the config check."""
-    from compbench import config
+    from compbench.compose import config
 
     for run_dir, overrides in jobs:
         if completed(run_dir):
@@ -59,7 +59,7 @@ def check_jobs(jobs: list[Job], scratch: Path) -> None:
 def run_jobs(jobs: list[Job], label: str) -> int:
     """Run the jobs not finished yet; 0, 1 when a run failed, 130 on Ctrl-C (the next call continues).
     Each run's wall seconds go to its folder's wall_s.txt."""
-    from compbench.run import train
+    from compbench.cli.run import train
 
     todo = [(d, o) for d, o in jobs if not completed(d)]
     print(f"{label}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished, {len(todo)} to run",

@@ -1,7 +1,7 @@
 """Start N workers on this machine, or join a job started by an external launcher.
 
 compbench composes the config once, in the parent, then starts `engine.np` worker processes
-(`python -m compbench.worker RUN_DIR`) with the environment their engine expects: a Horovod Gloo
+(`python -m compbench.train.worker RUN_DIR`) with the environment their engine expects: a Horovod Gloo
 rendezvous server (as horovodrun starts) or a torch.distributed file store (no ports to collide).
 The parent watches them: when one dies, the others are stopped and the lost rank is named; Ctrl-C
 stops them all.
@@ -17,7 +17,7 @@ Under horovodrun / torchrun the environment already describes the job and compbe
 worker in-process instead: that is the multi-machine path.
 
 With `net.emulate_gbps` (root only) the workers, and Horovod's rendezvous server, run inside a
-private network namespace whose loopback is shaped (compbench.netem); with `net.emulate_rank_gbps`
+private network namespace whose loopback is shaped (compbench.network.netem); with `net.emulate_rank_gbps`
 each worker runs in a namespace of its own, on a link of its own rate (the rendezvous in rank 0's).
 They are deleted when the job ends, also on failure or Ctrl-C.
 """
@@ -38,12 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from compbench.errors import ERROR_FILE_ENV, PEER_LOST_EXIT
+from compbench.base.errors import ERROR_FILE_ENV, PEER_LOST_EXIT
 
 if TYPE_CHECKING:
-    from compbench.netem import RankLinks, ShapedNamespace
+    from compbench.network.netem import RankLinks, ShapedNamespace
 
-    Placement = ShapedNamespace | RankLinks  # where a local job's workers run (compbench.netem)
+    Placement = ShapedNamespace | RankLinks  # where a local job's workers run (compbench.network.netem)
 
 # How long survivors get to exit after SIGTERM before SIGKILL.
 _GRACE_S = 10.0
@@ -148,7 +148,7 @@ def worker_preexec(parent: int, hold_sigint: bool) -> Callable[[], None]:
     (PR_SET_PDEATHSIG; it survives exec). SIGINT is reset to its default: a launcher started in the
     background (`cmd &`) ignores it and its children would inherit that, so stopping them with
     SIGINT would wait out the grace period. `hold_sigint` also blocks it (the mask survives exec):
-    a Ctrl-C that arrives while the interpreter starts stays pending until compbench.worker has
+    a Ctrl-C that arrives while the interpreter starts stays pending until compbench.train.worker has
     installed its handler and unblocks it, instead of a KeyboardInterrupt traceback from start-up.
     """
     _libc()  # loaded before the fork: dlopen is not safe between fork and exec with threads running
@@ -223,11 +223,11 @@ def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = Non
     them on a shaped link (or a link each)."""
     from omegaconf import DictConfig, OmegaConf
 
-    from compbench.netem import RankLinks, shaped
+    from compbench.network.netem import RankLinks, shaped
 
     net = cast(DictConfig, OmegaConf.load(run_dir / ".hydra" / "config.yaml")).get("net") or {}
     gbps, latency_us = net.get("emulate_gbps"), net.get("emulate_latency_us") or 0
-    argv = [sys.executable, "-m", "compbench.worker", str(run_dir)]
+    argv = [sys.executable, "-m", "compbench.train.worker", str(run_dir)]
     rank_gbps = net.get("emulate_rank_gbps")
     if rank_gbps is not None:
         with RankLinks(list(rank_gbps), latency_us) as links:
@@ -261,7 +261,7 @@ def worker_env(np: int, threads: int | None, error_file: Path, job: dict[str, st
 def run_processes(argv: list[str], engine: str, np: int, threads: int | None = None,
                   netns: Placement | None = None, hold_sigint: bool = False) -> tuple[int, str]:
     """Run `argv` as `np` ranks of an `engine` job on this machine and watch them. With `netns`
-    (compbench.netem's ShapedNamespace or RankLinks) each rank runs in its namespace there."""
+    (compbench.network.netem's ShapedNamespace or RankLinks) each rank runs in its namespace there."""
     server: LoopbackRendezvous | None = None
     _remove_stale_scratch()
     with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as store_dir:
@@ -299,7 +299,7 @@ _CAUSE_WAIT_S = 2.0
 
 def _watch(procs: list[subprocess.Popen], errors: Path) -> tuple[int, str]:
     """Wait for the workers; on the first failure stop the rest. The message is the failed
-    worker's own `error:` text when it wrote one (see compbench.errors), else how it ended."""
+    worker's own `error:` text when it wrote one (see compbench.base.errors), else how it ended."""
     cause_deadline = None
     while True:
         codes = [p.poll() for p in procs]

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 def conf_dir() -> Path:
     """The `conf/` folder: $COMPBENCH_CONF_DIR, else the repository's (editable install)."""
     env = os.environ.get("COMPBENCH_CONF_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+    path = Path(env) if env else Path(__file__).resolve().parents[3] / "conf"
     if not (path / "train.yaml").is_file():
         raise ValueError(f"no compbench config at {path}; set COMPBENCH_CONF_DIR to the repository's conf/")
     return path
@@ -33,7 +33,7 @@ def conf_sources() -> list[tuple[str, Path]]:
     """Every conf folder as (origin, path): compbench's own ("compbench") first, then the one
     generated from its CompLL specs (`compll.generated.conf_folder`), then the plugins'
     (compbench.plugins: entry points and $COMPBENCH_CONF_PATH)."""
-    from compbench import plugins
+    from compbench.base import plugins
     from compbench.compll.generated import conf_folder
 
     own = conf_dir()

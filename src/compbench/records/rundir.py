@@ -107,7 +107,7 @@ def prepare_run_dir(cfg: DictConfig, overrides: list[str] | None = None) -> Path
         (path / ".hydra").mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, path / ".hydra" / "config.yaml")
         OmegaConf.save(OmegaConf.create(list(overrides or [])), path / ".hydra" / "overrides.yaml")
-    except OSError as e:  # checked in compbench.checks; this is the disk filling up or a race
+    except OSError as e:  # checked in compbench.compose.checks; this is the disk filling up or a race
         raise ValueError(f"{key}: cannot write the run folder {path} ({e.strerror}); "
                          f"pass {key}=DIR with DIR a folder you can write") from None
     return path.resolve()
@@ -115,7 +115,7 @@ def prepare_run_dir(cfg: DictConfig, overrides: list[str] | None = None) -> Path
 
 def record_failure(run_dir: Path, cfg: DictConfig, message: str) -> None:
     """A failed run keeps its folder (checkpoints, logs) and says why in results.json."""
-    from compbench.results import write_json_atomic
+    from compbench.records.results import write_json_atomic
 
     if (run_dir / "results.json").exists():
         return

@@ -23,16 +23,16 @@ import sys
 import warnings
 from pathlib import Path
 
-from compbench.args import ArgumentParser
-from compbench.errors import report_user_error
-from compbench.run import train
+from compbench.base.args import ArgumentParser
+from compbench.base.errors import report_user_error
+from compbench.cli.run import train
 
 _COMMANDS = ("train", "list", "launch", "bench", "gen", "plan", "report", "claims", "race", "cluster",
              "completion", "_complete")
 _USAGE = ("usage: compbench {train,list,launch,bench,gen,plan,report,claims,race,cluster,completion} [-m] "
           "[--cfg] [key=value ...]  (compbench --help)")
 # Subcommands with their own argument handling: module with `main(argv) -> int`.
-_DELEGATED = {"launch": "compbench.commands:launch", "bench": "compbench.bench.main:main",
+_DELEGATED = {"launch": "compbench.cli.commands:launch", "bench": "compbench.bench.main:main",
               "gen": "compbench.compll.main:main",
               "plan": "compbench.plan.main:main", "report": "compbench.report.main:main",
               "claims": "compbench.claims.runner:main", "race": "compbench.race.main:main",
@@ -40,7 +40,7 @@ _DELEGATED = {"launch": "compbench.commands:launch", "bench": "compbench.bench.m
 
 
 def run_command(argv: list[str]) -> int:
-    """`compbench ARGV`: its exit code (compbench.cli.main guards it against Ctrl-C and closed pipes)."""
+    """`compbench ARGV`: its exit code (compbench.cli.main.main guards it against Ctrl-C and closed pipes)."""
     if argv and argv[0] in _DELEGATED:
         import importlib
 
@@ -57,7 +57,7 @@ def run_command(argv: list[str]) -> int:
         return 2
     warnings.formatwarning = lambda msg, cat, *_: f"warning: {msg}\n"
     if argv[0] == "_complete":  # the shell's question: candidates, one a line, never an error
-        from compbench.completion import candidates
+        from compbench.cli.completion import candidates
 
         try:
             print("\n".join(candidates(argv[1:] or [""])))
@@ -66,14 +66,14 @@ def run_command(argv: list[str]) -> int:
         return 0
     with report_user_error():
         if argv[0] == "completion":
-            from compbench.completion import script
+            from compbench.cli.completion import script
 
             print(script(argv[1] if len(argv) > 1 else "bash"), end="")
             return 0
         if argv[0] == "list":
             parser = ArgumentParser(prog="compbench list", description="options of every config group")
             parser.add_argument("groups", nargs="*", help="config groups (default: all)")
-            from compbench.introspect import option_lines
+            from compbench.cli.introspect import option_lines
 
             for line in option_lines(parser.parse_args(argv[1:]).groups):
                 print(line)
@@ -83,15 +83,15 @@ def run_command(argv: list[str]) -> int:
             return _describe(args)
         overrides, sweep_dir, launcher = hydra_dirs(args.overrides, args.multirun)
         if args.multirun:
-            from compbench.sweep import run_sweep
+            from compbench.cli.sweep import run_sweep
 
             code = run_sweep(overrides, sweep_dir, launcher)
         else:
             code = train(overrides)
-    from compbench.launch import external_engine
+    from compbench.launch.processes import external_engine
 
     if external_engine() is not None:
-        from compbench.worker import exit_now
+        from compbench.train.worker import exit_now
 
         exit_now(code)  # a finished worker of horovodrun/torchrun: skip finalization (see exit_now)
     return code
@@ -102,7 +102,7 @@ _TRAIN_USAGE = ("usage: compbench train [-m] [--cfg [job|hydra|all]] "
 
 
 def _train_parser() -> ArgumentParser:
-    from compbench.introspect import CFG_PARTS, INFO_PARTS
+    from compbench.cli.introspect import CFG_PARTS, INFO_PARTS
 
     parser = ArgumentParser(prog="compbench train", usage=_TRAIN_USAGE.removeprefix("usage: "),
                             add_help=False)
@@ -115,7 +115,7 @@ def _train_parser() -> ArgumentParser:
 
 
 def _help_topics() -> tuple[str, ...]:
-    from compbench.config import GROUPS
+    from compbench.compose.config import GROUPS
 
     return ("", *GROUPS)
 
@@ -124,7 +124,7 @@ def _hydra_flags(argv: list[str]) -> list[str]:
     """Hydra's flags with their optional word joined to them, so that argparse never takes an
     override for it: `--cfg` (job) / `--cfg hydra`, `-c all`, `--info` (all) / `--info defaults`,
     `--help` / `-h` / `--help GROUP` / `GROUP --help`."""
-    from compbench.introspect import CFG_PARTS, INFO_PARTS
+    from compbench.cli.introspect import CFG_PARTS, INFO_PARTS
 
     flags = {"--cfg": ("--cfg", CFG_PARTS, "job"), "-c": ("--cfg", CFG_PARTS, "job"),
              "--info": ("--info", INFO_PARTS, "all"), "--help": ("--help", _help_topics(), ""),
@@ -152,7 +152,7 @@ def _hydra_flags(argv: list[str]) -> list[str]:
 
 def _describe(args: argparse.Namespace) -> int:
     """--help [GROUP], --info, --cfg: print and exit (nothing runs, nothing is written)."""
-    from compbench import introspect
+    from compbench.cli import introspect
 
     if args.help is not None:
         print(introspect.group_help(args.help) if args.help else introspect.help_text(_TRAIN_USAGE))
@@ -164,7 +164,7 @@ def _describe(args: argparse.Namespace) -> int:
     if not args.multirun:
         print(introspect.cfg_text(overrides, args.cfg), end="")
         return 0
-    from compbench.sweep import plan_jobs
+    from compbench.cli.sweep import plan_jobs
 
     jobs = plan_jobs(overrides)
     texts = [introspect.cfg_text(job, args.cfg) for job in jobs]  # every job checked before any is shown
@@ -176,10 +176,10 @@ def _describe(args: argparse.Namespace) -> int:
 def hydra_dirs(overrides: list[str], multirun: bool) -> tuple[list[str], str | None, list[str]]:
     """Honour Hydra's folder and launcher overrides: `hydra.run.dir=D` is `output_dir=D`,
     `hydra.sweep.dir=D` the sweep's folder (-m), `hydra/launcher=NAME` and `hydra.launcher.KEY=V` the
-    sweep's launcher plugin (-m; compbench.sweep_launcher). compbench composes with Hydra's compose
+    sweep's launcher plugin (-m; compbench.cli.sweep_launcher). compbench composes with Hydra's compose
     API (no @hydra.main), so any other `hydra.*` setting would be silently ignored: it is refused.
     Returns the other overrides, the sweep's folder and the launcher overrides."""
-    from compbench.sweep_launcher import is_launcher_override
+    from compbench.cli.sweep_launcher import is_launcher_override
 
     rest, run_dir, sweep_dir, launcher = [], None, None, []
     for o in overrides:
@@ -207,7 +207,7 @@ def hydra_dirs(overrides: list[str], multirun: bool) -> tuple[list[str], str | N
 
 def launch(argv: list[str]) -> int:
     """`compbench launch -np N [--engine horovod|torch] script.py [args]`."""
-    from compbench.launch import run_processes
+    from compbench.launch.processes import run_processes
 
     parser = ArgumentParser(prog="compbench launch")
     parser.add_argument("-np", type=int, default=2)

@@ -89,7 +89,7 @@ class StepStats:
     ends, so every millisecond is booked to exactly one phase and nothing is recovered by
     subtraction. One clock per step, not per thread: a phase entered on autograd's thread while the
     trainer's thread waits inside backward still pauses `compute`. Spans are marks of the `clock`
-    (compbench.stats.clock_for: the host's, or CUDA events on a GPU) and turn into milliseconds when
+    (compbench.records.stats.clock_for: the host's, or CUDA events on a GPU) and turn into milliseconds when
     `ms` is first read after they were booked.
 
     A span opened `exposed` (the step waits for it) books the communication and decoding inside it
@@ -109,7 +109,7 @@ class StepStats:
         self.calls_compressed = 0
         self.calls_dense = 0
         # Elements the encodes read at random places (thresholds' uniform samples): the compress
-        # floor's second part (compbench.floors).
+        # floor's second part (compbench.records.floors).
         self.sampled_reads = 0
         self._spans: list[tuple[str, Any, Any]] = []  # (phase, from mark, to mark)
         self._added: dict[str, float] = defaultdict(float)  # milliseconds booked as numbers

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from compbench.values import show
+from compbench.base.values import show
 
 _PREFIX = "compbench"
 _NAME = re.compile(rf"^{_PREFIX}-(\d+)-[0-9a-f]{{6}}(-sw|-r\d+)?$")  # a job's namespace, or its rank links'

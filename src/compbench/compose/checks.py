@@ -1,10 +1,10 @@
-"""Value checks of a composed train config, run once in the parent (`compbench.config.check`).
+"""Value checks of a composed train config, run once in the parent (`compbench.compose.config.check`).
 
 Every setting a worker would otherwise trip over (a string where a number belongs, a negative
 learning rate, a batch larger than the data set, an output folder that cannot be created) is
 refused here with one line naming the key and the fix, before any folder or file exists. The
 combination checks (compressor x memory x comm x scheduler x engine x optimizer) live in
-`compbench.compat`.
+`compbench.compose.compat`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from compbench.settings import RunSettings
+from compbench.base.settings import RunSettings
+from compbench.base.values import KeyRange, is_int, is_number, require_int, require_number, show, type_problem
 from compbench.train import loggers
-from compbench.values import KeyRange, is_int, is_number, require_int, require_number, show, type_problem
 
 # `engine.np` above this many workers per core is refused: each worker is a full process with its
 # own copy of the model and of the engine's buffers; at 32 workers per core (np=64 on 2 cores) a
@@ -85,9 +85,9 @@ def _check_group_keys(cfg: DictConfig) -> None:
     a key no signature names (optim, engine), the type of its default in the option's YAML file: a
     true or false default takes only true or false (`sync.nesterov=0` must not read as truthy), a
     numeric one a finite number."""
-    from compbench import registry
+    from compbench.catalog import registry
 
-    for group, option in cfg.choices.items():  # exactly the config groups (compbench.config.GROUPS)
+    for group, option in cfg.choices.items():  # exactly the config groups (compbench.compose.config.GROUPS)
         if option not in registry.options(group):
             continue
         node = cfg[group]
@@ -120,7 +120,7 @@ def declared_keys(target: str | None) -> tuple[dict[str, Any], dict[str, KeyRang
     import sys
     import typing
 
-    from compbench import registry
+    from compbench.catalog import registry
 
     if not target:
         return {}, {}
@@ -146,8 +146,8 @@ def _check_declared_keys(cfg: DictConfig) -> None:
     """A key that nothing reads (`+foo=1`, `+net.foo=1`: Hydra's `+` adds any) is refused: the run
     would start without it doing anything. The top level takes conf/train.yaml's keys and the
     groups; `net` (read by key, no constructor) its option's file's keys. The groups built from a
-    `_target_` are checked against what it takes (compbench.config.check)."""
-    from compbench import registry
+    `_target_` are checked against what it takes (compbench.compose.config.check)."""
+    from compbench.catalog import registry
 
     top = OmegaConf.load(registry.conf_dir() / "train.yaml")
     known = {str(k) for k in top if k != "defaults"} | set(cfg.choices) | {"choices", "recipe"}
@@ -163,7 +163,7 @@ def _check_declared_keys(cfg: DictConfig) -> None:
 
 
 def _check_run_settings(cfg: DictConfig) -> None:
-    s = RunSettings.of(cfg)  # the top-level keys, typed (compbench.settings)
+    s = RunSettings.of(cfg)  # the top-level keys, typed (compbench.base.settings)
     if s.target_loss is not None and s.target_acc1 is not None:
         raise ValueError("target_loss and target_acc1 are both set; keep one of them")
     target = next((k for k in ("target_loss", "target_acc1") if getattr(s, k) is not None), None)
@@ -189,7 +189,7 @@ def _check_engine(cfg: DictConfig) -> None:
     backend = cfg.engine.get("backend")
     if backend is not None and backend not in _BACKENDS:
         raise ValueError(f"engine.backend={show(backend)} is unknown; use {', '.join(_BACKENDS)}")
-    from compbench.launch import external_engine
+    from compbench.launch.processes import external_engine
 
     if external_engine() is None:  # under horovodrun / torchrun the launcher decides the ranks
         _check_worker_count(np)
@@ -197,8 +197,8 @@ def _check_engine(cfg: DictConfig) -> None:
 
 
 def _check_device(cfg: DictConfig) -> None:
-    """device, precision and the engine's backend on this machine (compbench.device)."""
-    from compbench import device
+    """device, precision and the engine's backend on this machine (compbench.engines.device)."""
+    from compbench.engines import device
 
     device.check(cfg.device, cfg.precision, device.local_workers(cfg.engine.get("np", 1)),
                  cfg.choices["engine"], cfg.engine.get("backend"))
@@ -297,7 +297,7 @@ def _check_optimizer_takes(cls: type, o: DictConfig) -> None:
     """The optimizer class (compbench's, or a user's: optim.name=package.module.Class) takes the group's
     keys as keyword arguments, the schedule's aside: one it does not take (`+optim.lrr=0.1`) is refused
     here, not by a worker's TypeError; a class that takes any keyword takes them all."""
-    from compbench import registry
+    from compbench.catalog import registry
     from compbench.optim.clip import CLIP_KEY
     from compbench.optim.schedule import SCHEDULE_KEYS
 
@@ -359,7 +359,7 @@ def _check_output_dir(cfg: DictConfig) -> None:
     """The run folder (output_dir, or one under outputs_root) must be creatable: try it for real in
     its nearest existing parent (a scratch folder, removed at once), so /proc, /dev/null/x, a file
     in the way or a read-only disk fail here and not with a traceback half-way through."""
-    from compbench.rundir import resume_dir
+    from compbench.records.rundir import resume_dir
 
     out = resume_dir(cfg)
     key, path = ("output_dir", out) if out else ("outputs_root", cfg.outputs_root)

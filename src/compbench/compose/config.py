@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from compbench import registry
-from compbench.checks import check_settings
+from compbench.base.settings import RunSettings
+from compbench.base.values import is_number
+from compbench.catalog import registry
 from compbench.codec.base import check_ratio
-from compbench.settings import RunSettings
-from compbench.values import is_number
+from compbench.compose.checks import check_settings
 
 if TYPE_CHECKING:
     from compbench.comm.base import CommTraits
@@ -195,10 +195,10 @@ SAME_SETTING = {"optim.warmup_steps": {"optim.warmup_epochs"}}
 
 
 def _recipe_to_apply(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
-    """The synchronization mode's recipe, then the compressor's (compbench.compat.recipe; of the
+    """The synchronization mode's recipe, then the compressor's (compbench.compose.compat.recipe; of the
     compressor and communicator the mode's recipe picks), less every key the user set: on the
     command line, or in the experiment file (its keys and its `override /GROUP` defaults)."""
-    from compbench import compat
+    from compbench.compose import compat
 
     choices = dict(cfg.hydra.runtime.choices)
     user = _user_keys(overrides)
@@ -245,7 +245,7 @@ def check(cfg: DictConfig) -> DictConfig:
         for key in RunSettings.path_keys():
             if is_number(cfg.get(key)):
                 cfg[key] = str(cfg[key])
-    check_settings(cfg)  # values, types, output folder (compbench.checks)
+    check_settings(cfg)  # values, types, output folder (compbench.compose.checks)
     picked = cfg.choices
     with open_dict(cfg):
         if cfg.ratio is not None:
@@ -257,11 +257,11 @@ def check(cfg: DictConfig) -> DictConfig:
                               stacklevel=1)
         if "ratio" in cfg.compressor:
             check_ratio(cfg.compressor.ratio, f"compressor={picked['compressor']}")
-    np = cfg.engine.get("np", 1)  # an integer >= 1 (compbench.checks)
+    np = cfg.engine.get("np", 1)  # an integer >= 1 (compbench.compose.checks)
     net = cfg.net
     # `is not None`: a falsy value (0, false, [], '') is a setting to refuse, not an absent one
     if any(net.get(k) is not None for k in ("emulate_gbps", "emulate_rank_gbps", "emulate_latency_us")):
-        from compbench.netem import check as check_shaped_link
+        from compbench.network.netem import check as check_shaped_link
 
         rank_gbps = net.get("emulate_rank_gbps")
         check_shaped_link(net.get("emulate_gbps"), net.get("emulate_latency_us"),  # root, ip, tc
@@ -273,7 +273,7 @@ def check(cfg: DictConfig) -> DictConfig:
 
     # Building the light components validates their parameters (e.g. qsgd levels < 1); the built
     # compressor's capabilities may follow them (randk's `scale` makes it unbiased).
-    from compbench import compat
+    from compbench.compose import compat
     from compbench.compressors import SELECTION_KEYS
     from compbench.seam.build import build_compressor_and_selection, build_memory, build_model
 
@@ -331,7 +331,7 @@ def _check_rounds_fit(cfg: DictConfig, sync: SyncTraits) -> None:
 
 
 def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:
-    from compbench.launch import external_engine
+    from compbench.launch.processes import external_engine
 
     if comm.between_machines and external_engine() is None and picked["compressor"] != "none":
         raise ValueError(f"comm={picked['comm']} compresses only between machines and compbench's launcher "
@@ -365,8 +365,8 @@ def _run_steps(cfg: DictConfig, np: int) -> tuple[int, str] | None:
 
 def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
     """engine.elastic and the fault group, against the job and what its parts declare."""
-    from compbench.launch import external_engine
-    from compbench.netem import can_shape
+    from compbench.launch.processes import external_engine
+    from compbench.network.netem import can_shape
 
     elastic = bool(cfg.engine.get("elastic"))
     np = int(cfg.engine.get("np", 1))

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from compbench.base.values import show
 from compbench.codec.base import Capabilities
 from compbench.comm.base import CommTraits, packs
 from compbench.memory.base import MemoryTraits
 from compbench.optim.schedule import SCHEDULE_KEYS
 from compbench.schedulers import SchedulerTraits
 from compbench.sync import SyncTraits
-from compbench.values import show
 
 STEP = SyncTraits()  # sync=step, the default mode
 

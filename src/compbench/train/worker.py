@@ -1,4 +1,4 @@
-"""One worker process: `python -m compbench.worker RUN_DIR` (started by compbench's launcher)."""
+"""One worker process: `python -m compbench.train.worker RUN_DIR` (started by compbench's launcher)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import NoReturn, cast
 
-from compbench.errors import INTERRUPTED_EXIT
+from compbench.base.errors import INTERRUPTED_EXIT
 
 
 def main(argv: list[str] | None = None) -> int:
-    from compbench.errors import PEER_LOST_EXIT, PeerLost, report_user_error, say_error
+    from compbench.base.errors import PEER_LOST_EXIT, PeerLost, report_user_error, say_error
 
     try:
         # The launcher started this process with SIGINT blocked: a Ctrl-C of the start-up is

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 from omegaconf import OmegaConf, open_dict
 
-from compbench import config, registry
+from compbench.catalog import registry
+from compbench.compose import config
 
 CFG_PARTS = ("job", "hydra", "all")
 INFO_PARTS = ("all", "config", "defaults", "searchpath")

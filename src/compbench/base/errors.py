@@ -21,7 +21,7 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken p
 
 class PeerLost(RuntimeError):
     """Another rank is gone (killed, crashed, its machine down): the worker says so in one line and
-    exits with PEER_LOST_EXIT (compbench.worker, and cli.train under an external launcher)."""
+    exits with PEER_LOST_EXIT (compbench.train.worker, and cli.train under an external launcher)."""
 
 
 def as_peer_lost(e: BaseException) -> PeerLost | None:

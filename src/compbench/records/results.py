@@ -210,7 +210,7 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
     if s.get("faults"):
         lines.append(f"  faults       {_faults_line(s['faults'])}")
     if results.get("floors"):
-        from compbench.floors import format_floors
+        from compbench.records.floors import format_floors
 
         lines += format_floors(results["floors"])
     lines += [f"  run folder   {run_dir}",

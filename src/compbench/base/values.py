@@ -1,5 +1,5 @@
-"""Checks of single values, shared by compbench.checks and compbench.settings: a ValueError of one
-line that names the key, the value as the user wrote it, and the fix."""
+"""Checks of single values, shared by compbench.compose.checks and compbench.base.settings: a ValueError
+of one line that names the key, the value as the user wrote it, and the fix."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def show(v: Any) -> str:
 class KeyRange:
     """The values one setting of a config group may take. A component declares `KEY_RANGES: dict[str,
     KeyRange]` beside its constructor (a class attribute, or a module attribute next to a factory:
-    the datasets); the parent (compbench.checks) refuses a value outside it before any worker
+    the datasets); the parent (compbench.compose.checks) refuses a value outside it before any worker
     starts, with one line built from these fields."""
 
     low: float | None = None  # inclusive

@@ -1,6 +1,6 @@
 """One training run from a list of overrides: compose and check the config, then start the workers
 (or, under horovodrun / torchrun, be one of them). Library code shared by `compbench train`, the
-sweep (`compbench.sweep`) and the claims suite (`compbench.claims.runner`)."""
+sweep (`compbench.cli.sweep`) and the claims suite (`compbench.claims.runner`)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import sys
 import warnings
 from pathlib import Path
 
-from compbench.errors import PEER_LOST_EXIT, PeerLost, say_error
+from compbench.base.errors import PEER_LOST_EXIT, PeerLost, say_error
 
 
 def train(overrides: list[str], run_dir: Path | None = None) -> int:
     """One run: compose + check, then start the workers (or join an external launcher's job)."""
-    from compbench import config, device
-    from compbench.launch import external_engine, spawn_workers
-    from compbench.rundir import prepare_run_dir
+    from compbench.compose import config
+    from compbench.engines import device
+    from compbench.launch.processes import external_engine, spawn_workers
+    from compbench.records.rundir import prepare_run_dir
 
     cfg = config.check(config.compose(overrides))
     joined = external_engine()
@@ -43,8 +44,8 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
         print(f"compbench: from the recipe of {config.recipe_sources(cfg)}: {settings} "
               "(set a key to choose otherwise)", flush=True)
     if cfg.engine.get("elastic"):
-        from compbench import registry
-        from compbench.launch_elastic import spawn_elastic
+        from compbench.catalog import registry
+        from compbench.launch.elastic import spawn_elastic
 
         faults = registry.build(cfg.fault)
         code, message = spawn_elastic(cfg.choices["engine"], run_dir, cfg.engine.np, cfg.threads,
@@ -53,11 +54,11 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
     else:
         code, message = spawn_workers(run_dir, cfg.choices["engine"], cfg.engine.np, cfg.threads)
     if code != 0:
-        from compbench.rundir import record_failure
+        from compbench.records.rundir import record_failure
 
         record_failure(run_dir, cfg, message)
         # The worker's own line, once; where the partial output is goes to stdout.
         print(f"error: {message}", file=sys.stderr, flush=True)
         print(f"compbench: failed; partial output kept in {run_dir}", flush=True)
         return code
-    return 0  # rank 0 ended with the run's summary and paths (compbench.results.format_summary)
+    return 0  # rank 0 ended with the run's summary and paths (compbench.records.results.format_summary)

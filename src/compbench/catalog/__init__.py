@@ -1,0 +1,1 @@
+"""The registry: every config group's options, as name -> "module:Class", imported lazily."""

@@ -1,0 +1,1 @@
+"""Emulated links: network namespaces, veth pairs and tc shaping for local jobs (netem)."""
