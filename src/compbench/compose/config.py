@@ -270,6 +270,14 @@ def check(cfg: DictConfig) -> DictConfig:
             raise ValueError("net.emulate_rank_gbps with engine.elastic=true: an elastic job's workers share "
                              "one namespace (a host address each), not a link each; use net.emulate_gbps, or "
                              "a cluster of your own rates (compbench cluster run --gbps 1,0.1 ...)")
+        from compbench.network import delay
+
+        latency_us = net.get("emulate_latency_us") or 0
+        delay.check(net.get("delay_line", "auto"), latency_us)
+        if cfg.engine.get("elastic") and delay.uses_line(net.get("delay_line", "auto"), latency_us):
+            raise ValueError("net.emulate_latency_us with engine.elastic=true needs the kernel's netem: the "
+                             "delay line runs between links of their own, and an elastic job's workers share "
+                             "one namespace; drop net.emulate_latency_us (or run where netem is)")
 
     # Building the light components validates their parameters (e.g. qsgd levels < 1); the built
     # compressor's capabilities may follow them (randk's `scale` makes it unbiased).

@@ -223,16 +223,22 @@ def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = Non
     them on a shaped link (or a link each)."""
     from omegaconf import DictConfig, OmegaConf
 
+    from compbench.network.delay import uses_line
     from compbench.network.netem import RankLinks, shaped
 
     net = cast(DictConfig, OmegaConf.load(run_dir / ".hydra" / "config.yaml")).get("net") or {}
     gbps, latency_us = net.get("emulate_gbps"), net.get("emulate_latency_us") or 0
     argv = [sys.executable, "-m", "compbench.train.worker", str(run_dir)]
     rank_gbps = net.get("emulate_rank_gbps")
+    # compbench's delay line runs between links of their own: a shaped loopback takes a link per worker
+    line = uses_line(net.get("delay_line", "auto"), latency_us)
+    if rank_gbps is None and line:
+        rank_gbps = [gbps] * np
     if rank_gbps is not None:
-        with RankLinks(list(rank_gbps), latency_us) as links:
+        with RankLinks(list(rank_gbps), latency_us, line=line) as links:
             rates = ", ".join(f"rank {k} {g:g}" for k, g in enumerate(links.gbps))
-            delay = f", {latency_us:g} us one-way delay" if latency_us else ""
+            how = " through compbench's delay line" if line else ""
+            delay = f", {latency_us:g} us one-way delay{how}" if latency_us else ""
             print(f"compbench: a link per worker ({rates} Gbit/s each way{delay}; network namespaces "
                   f"{links.switch} and its ranks')", flush=True)
             return run_processes(argv, engine, np, threads, netns=links, hold_sigint=True)
@@ -283,7 +289,7 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
                 preexec = worker_preexec(os.getpid(), hold_sigint)
                 cmd = [*netns.prefix_for(rank), *argv] if netns is not None else argv
                 procs.append(subprocess.Popen(cmd, env=full, preexec_fn=preexec))
-            return _watch(procs, Path(store_dir))
+            return _watch(procs, Path(store_dir), netns.failure if netns is not None else None)
         except KeyboardInterrupt:
             stop_processes(procs, signal.SIGINT)
             return 130, "interrupted: all workers stopped"
@@ -297,11 +303,18 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
 _CAUSE_WAIT_S = 2.0
 
 
-def _watch(procs: list[subprocess.Popen], errors: Path) -> tuple[int, str]:
+def _watch(procs: list[subprocess.Popen], errors: Path,
+           link_failure: Callable[[], str | None] | None = None) -> tuple[int, str]:
     """Wait for the workers; on the first failure stop the rest. The message is the failed
-    worker's own `error:` text when it wrote one (see compbench.base.errors), else how it ended."""
+    worker's own `error:` text when it wrote one (see compbench.base.errors), else how it ended.
+    `link_failure` says why the links can no longer carry the job (a delay line that ended): the
+    workers would wait on their collectives until a timeout, so they are stopped at once."""
     cause_deadline = None
     while True:
+        broken = link_failure() if link_failure is not None else None
+        if broken:
+            stop_processes(procs)
+            return 1, broken
         codes = [p.poll() for p in procs]
         failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
         # A worker that lost a peer is a consequence: report the peer's own failure (it is seen

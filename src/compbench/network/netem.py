@@ -15,8 +15,9 @@ rate both ways, as `compbench cluster` joins its nodes.
 Only the private namespaces are touched: the machine's own loopback and interfaces never are. The
 namespaces (`compbench-<pid>-<hex>[-sw|-rK]`) are deleted when the job ends, also on failure or Ctrl-C;
 namespaces left by a compbench process that was SIGKILLed are removed the next time one is made.
-Needs root and iproute2 (`ip`, `tc`); `net.emulate_latency_us` also needs the kernel's netem qdisc.
-"""
+Needs root and iproute2 (`ip`, `tc`); `net.emulate_latency_us` needs the kernel's netem qdisc or
+/dev/net/tun for compbench's delay line (compbench.network.delay), which then runs the job on a link
+per worker (RankLinks, routed through the line)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from compbench.base.values import show
+from compbench.network.delay import LINE_MTU, DelayLine
 
 _PREFIX = "compbench"
 _NAME = re.compile(rf"^{_PREFIX}-(\d+)-[0-9a-f]{{6}}(-sw|-r\d+)?$")  # a job's namespace, or its rank links'
@@ -187,6 +189,10 @@ class _Built:
     def delete(self) -> None:
         raise NotImplementedError
 
+    def failure(self) -> str | None:
+        """Why the links can no longer carry a job (a delay line that ended), or None."""
+        return None
+
 
 class ShapedNamespace(_Built):
     """A private network namespace whose loopback carries `gbps` Gbit/s in all (plus an optional
@@ -252,13 +258,20 @@ class RankLinks(_Built):
 
     iface = "eth0"
 
-    def __init__(self, gbps: list[float], latency_us: float = 0.0) -> None:
+    def __init__(self, gbps: list[float], latency_us: float = 0.0, line: bool = False) -> None:
         self.gbps, self.latency_us = [float(g) for g in gbps], float(latency_us or 0)
         base = f"{_PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
         self.switch, self.names = f"{base}-sw", [f"{base}-r{k}" for k in range(len(gbps))]
         self.host = self.address(0)
         self.hosts = tuple(self.address(k) for k in range(len(gbps)))  # each worker is a host of its own
         self.made: list[str] = []
+        # The delay through compbench's delay line (compbench.network.delay) instead of netem: the
+        # switch routes between its ports instead of bridging them, through the line.
+        self.line: DelayLine | None = None
+        if line and self.latency_us > 0:
+            half = self.latency_us / 2  # each host's link: a packet between two crosses two
+            self.line = DelayLine(self.switch, [f"v{k}" for k in range(len(gbps))],
+                                  {self.address(k): half for k in range(len(gbps))})
 
     def address(self, rank: int) -> str:
         return f"{RANK_SUBNET}.{rank + 1}"
@@ -273,14 +286,27 @@ class RankLinks(_Built):
         for name in (self.switch, *self.names):
             _run("ip", "netns", "add", name)
             self.made.append(name)
-        _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _run("ip", "-n", self.switch, "link", "set", "br0", "up")
+        if self.line is None:
+            _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", self.switch, "link", "set", "br0", "up")
+        else:
+            _run("ip", "netns", "exec", self.switch, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            # up: the switch asks for its hosts' addresses from its loopback's (no port has one of its own)
+            _run("ip", "-n", self.switch, "link", "set", "lo", "up")
         for k, (name, gbps) in enumerate(zip(self.names, self.gbps, strict=True)):
-            join_switch(self.switch, name, f"v{k}", self.address(k), gbps, self.latency_us)
+            join_switch(self.switch, name, f"v{k}", self.address(k), gbps,
+                        0.0 if self.line else self.latency_us, routed=self.line is not None)
             (NETNS_ETC / name).mkdir(parents=True)
             (NETNS_ETC / name / "hosts").write_text(f"127.0.0.1\tlocalhost\n{self.address(k)}\tr{k}\n")
+        if self.line is not None:
+            self.line.start()
+
+    def failure(self) -> str | None:
+        return self.line.failure() if self.line is not None else None
 
     def delete(self) -> None:
+        if self.line is not None:
+            self.line.stop()
         for name in reversed(self.made):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
             shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
@@ -288,15 +314,24 @@ class RankLinks(_Built):
 
 
 def join_switch(switch: str, namespace: str, side: str, address: str, gbps: float, latency_us: float = 0.0,
-                latency_key: str = "net.emulate_latency_us") -> None:
+                latency_key: str = "net.emulate_latency_us", routed: bool = False) -> None:
     """Join `namespace` to the bridge br0 of namespace `switch`: a veth (`eth0` in `namespace` with
     `address`/24, `side` on the bridge) shaped to `gbps` both ways, plus a one-way delay on the
     namespace's end. The pair is made inside `namespace` and one end moved to the switch: the
-    machine's own namespace never holds either end."""
-    _run("ip", "-n", namespace, "link", "add", "eth0", "type", "veth", "peer", "name", side)
+    machine's own namespace never holds either end. `routed`: the switch routes to `side` instead
+    (a /32 route, proxy ARP answering for the other hosts at once), for the delay line; both ends
+    then take the line's large MTU."""
+    mtu = ["mtu", str(LINE_MTU)] if routed else []
+    _run("ip", "-n", namespace, "link", "add", "eth0", *mtu, "type", "veth", "peer", "name", side, *mtu)
     _run("ip", "-n", namespace, "link", "set", side, "netns", switch)
-    _run("ip", "-n", switch, "link", "set", side, "master", "br0")
+    if routed:
+        _run("ip", "netns", "exec", switch, "sysctl", "-qw", f"net.ipv4.conf.{side}.proxy_arp=1",
+             f"net.ipv4.neigh.{side}.proxy_delay=0")
+    else:
+        _run("ip", "-n", switch, "link", "set", side, "master", "br0")
     _run("ip", "-n", switch, "link", "set", side, "up")
+    if routed:
+        _run("ip", "-n", switch, "route", "add", f"{address}/32", "dev", side)
     _run("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
     _run("ip", "-n", namespace, "link", "set", "eth0", "up")
     _run("ip", "-n", namespace, "link", "set", "lo", "up")

@@ -1,0 +1,141 @@
+"""Delay on a job's links: the kernel's netem qdisc where this machine has it, else compbench's delay
+line in user space (compbench.network.delay_line), chosen by `net.delay_line=auto|netem|line`.
+
+The line lives in the job's switch namespace (compbench.network.netem.RankLinks, routed rather than
+bridged): a TUN device `dl0` and policy routing that sends every packet arriving from a worker's port
+through it (`iif vK lookup 100`, table 100: `default dev dl0`), while what the line writes back takes
+the main table to the receiver's port (`iif dl0 lookup main`). Each host's link carries half of the
+one-way delay, so that a packet between two workers is held for `net.emulate_latency_us` in all, as
+netem on the sender's link holds it. Only the job's own namespaces are touched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from functools import cache
+from pathlib import Path
+
+LINE_DEVICE = "dl0"
+LINE_MTU = 65000  # the links of a job through the line: few large packets (its cost is per packet)
+LINE_TABLE = "100"
+_READY_S = 20.0  # the line's start-up: a Python interpreter, in a namespace
+MODES = ("auto", "netem", "line")
+
+
+@cache
+def has_netem() -> bool:
+    """Whether the kernel takes a netem qdisc (tried on the loopback of a scratch namespace)."""
+    name = f"compbench-{os.getpid()}-probe"
+    try:
+        subprocess.run(["ip", "netns", "add", name], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    try:
+        proc = subprocess.run(["tc", "-n", name, "qdisc", "add", "dev", "lo", "root", "netem", "delay",
+                               "1ms"], capture_output=True)
+        return proc.returncode == 0
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+
+
+def has_tun() -> bool:
+    return Path("/dev/net/tun").exists()
+
+
+def uses_line(mode: str, latency_us: float) -> bool:
+    """Whether a job with this delay goes through the delay line (`mode`: net.delay_line)."""
+    return latency_us > 0 and (mode == "line" or (mode == "auto" and not has_netem()))
+
+
+def check(mode: object, latency_us: float) -> None:
+    """Config-time check of net.delay_line against what this machine has (ValueError naming the fix)."""
+    if mode not in MODES:
+        raise ValueError(f"net.delay_line={mode} must be one of {', '.join(MODES)} (auto: netem where the "
+                         "kernel has it, else compbench's delay line)")
+    if not latency_us:
+        return
+    if mode == "netem" and not has_netem():
+        raise ValueError("net.delay_line=netem: this kernel has no netem qdisc (sch_netem); use "
+                         "net.delay_line=auto or line (compbench's delay line in user space)")
+    if uses_line(str(mode), latency_us) and not has_tun():
+        raise ValueError("net.emulate_latency_us needs netem or /dev/net/tun (compbench's delay line); this "
+                         "machine has neither: drop net.emulate_latency_us")
+
+
+def _run(*argv: str) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip() or proc.returncode}")
+
+
+class DelayLine:
+    """The line of switch namespace `switch`: its TUN device, routes and process (started by
+    `start`, stopped by `stop`). `delays_us` is each host address's one-way delay in microseconds
+    (a packet between two hosts is held for the sum of theirs); `ports` the switch's ports towards
+    the hosts, whose arrivals go through the line."""
+
+    def __init__(self, switch: str, ports: list[str], delays_us: dict[str, float]) -> None:
+        self.switch, self.ports, self.delays_us = switch, ports, delays_us
+        self.process: subprocess.Popen | None = None
+        self.stopping = False
+
+    def start(self) -> None:
+        ns = ["-n", self.switch]
+        _run("ip", *ns, "tuntap", "add", "dev", LINE_DEVICE, "mode", "tun")
+        _run("ip", *ns, "link", "set", LINE_DEVICE, "mtu", str(LINE_MTU), "up")
+        _run("ip", *ns, "route", "add", "default", "dev", LINE_DEVICE, "table", LINE_TABLE)
+        _run("ip", *ns, "rule", "add", "iif", LINE_DEVICE, "lookup", "main", "priority", "100")
+        for k, port in enumerate(self.ports):
+            _run("ip", *ns, "rule", "add", "iif", port, "lookup", LINE_TABLE, "priority", str(200 + k))
+        # rp_filter would drop what comes back from dl0 with a source routed elsewhere
+        _run("ip", "netns", "exec", self.switch, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0",
+             f"net.ipv4.conf.{LINE_DEVICE}.rp_filter=0")
+        argv = [sys.executable, "-m", "compbench.network.delay_line", "--tun", LINE_DEVICE,
+                *(f"--delay={address}={us:g}" for address, us in self.delays_us.items())]
+        self.process = subprocess.Popen(["ip", "netns", "exec", self.switch, *argv], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True)
+        ready = self._first_line()
+        if ready != "ready":
+            err = self.process.stderr.read().strip() if self.process.stderr else ""  # it has ended
+            self.stop()
+            raise RuntimeError(f"the delay line did not start: {err or ready or 'no output'}")
+
+    def _first_line(self) -> str:
+        """The line's first line of output, or '' when it ends or stays silent for _READY_S."""
+        box: dict[str, str] = {}
+        assert self.process is not None and self.process.stdout is not None
+        stdout = self.process.stdout
+        reader = threading.Thread(target=lambda: box.update(line=stdout.readline().strip()), daemon=True)
+        reader.start()
+        reader.join(_READY_S)
+        return box.get("line", "")
+
+    def failure(self) -> str | None:
+        """Why the job cannot go on (the line ended by itself), or None while it runs."""
+        if self.process is None or self.stopping or self.process.poll() is None:
+            return None
+        err = self.process.stderr.read().strip().splitlines() if self.process.stderr else []
+        return (f"the delay line of {self.switch} ended (exit {self.process.returncode}"
+                + (f": {err[-1]}" if err else "") + "); the job's packets had nowhere to go")
+
+    def stop(self) -> None:
+        """End the process (closing its input ends it; a kill if it does not). The device and routes go
+        with the switch's namespace."""
+        self.stopping = True
+        if self.process is None:
+            return
+        try:
+            if self.process.stdin:
+                self.process.stdin.close()
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream:
+                stream.close()
+        self.process = None

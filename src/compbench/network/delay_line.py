@@ -1,0 +1,144 @@
+"""A delay line in user space, for kernels without netem: `python -m compbench.network.delay_line
+--tun DEV --delay ADDR=US ... [--jitter-us J] [--loss P] [--seed S]`, run inside the namespace that
+holds the TUN device DEV (a job's switch, compbench.network.netem). The switch's policy routing sends
+every packet between two hosts through DEV; the line reads it, holds it for the one-way delay of
+the sender's link plus the receiver's (`--delay ADDR=US`, microseconds, per host address), and writes
+it back, and the switch's routes deliver it to the receiver's port, where tc's rate shaping applies
+as without the line.
+
+Jitter: each packet's delay is drawn uniformly from [d - J, d + J] (J <= d), and a packet never
+leaves before the one before it between the same two hosts (its release is at least that one's), so
+order holds, as on a link: a packet behind a late one waits for it. Loss: each packet is dropped with
+probability P, independently (a seeded generator). Packets other than IPv4 are passed on at once.
+
+Written in Python: with the switch's MTU at 64 KiB a link at 1 Gbit/s carries ~2,000 packets a second
+(plus TCP's acknowledgements), a few percent of a core here (docs/results.md); the timer slack is set
+to 1 ns so that a wake-up is not rounded up by 50 us. It prints "ready" once the device is open, and
+exits when its standard input closes (the parent is gone), on SIGTERM, or on an error, with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import fcntl
+import heapq
+import os
+import random
+import select
+import signal
+import struct
+import sys
+import time
+
+_TUNSETIFF = 0x400454CA
+_IFF_TUN, _IFF_NO_PI = 0x0001, 0x1000
+_PR_SET_TIMERSLACK = 29
+_BATCH = 64  # packets read per wake-up at most (then the due ones are written)
+_SPIN_S = 100e-6  # the line sleeps until this long before a release, then spins
+
+
+def open_tun(name: str) -> int:
+    """The file descriptor of the existing TUN device `name` (made by `ip tuntap add`), non-blocking."""
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
+    fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH", name.encode(), _IFF_TUN | _IFF_NO_PI))
+    return fd
+
+
+def parse_delays(items: list[str]) -> dict[bytes, float]:
+    """`ADDR=US` items -> packed IPv4 address -> one-way delay in seconds."""
+    import socket
+
+    delays = {}
+    for item in items:
+        address, _, us = item.partition("=")
+        delays[socket.inet_aton(address)] = float(us) / 1e6
+    return delays
+
+
+class Line:
+    """The packets held, in release order; `hold` takes one in, `due` gives those whose time came."""
+
+    def __init__(self, delays: dict[bytes, float], jitter_s: float = 0.0, loss: float = 0.0, seed: int = 0):
+        self.delays, self.jitter_s, self.loss = delays, jitter_s, loss
+        self.random = random.Random(seed)
+        self.held: list[tuple[float, int, bytes]] = []
+        self.last: dict[tuple[bytes, bytes], float] = {}  # the latest release between two hosts
+        self.count = 0
+
+    def hold(self, packet: bytes, now: float) -> None:
+        if len(packet) < 20 or packet[0] >> 4 != 4:  # not IPv4: on at once
+            release = now
+        else:
+            if self.loss and self.random.random() < self.loss:
+                return
+            src, dst = packet[12:16], packet[16:20]
+            delay = self.delays.get(src, 0.0) + self.delays.get(dst, 0.0)
+            if self.jitter_s:
+                delay = max(0.0, delay + self.random.uniform(-self.jitter_s, self.jitter_s))
+            release = max(now + delay, self.last.get((src, dst), 0.0))
+            self.last[(src, dst)] = release
+        self.count += 1
+        heapq.heappush(self.held, (release, self.count, packet))
+
+    def due(self, now: float) -> list[bytes]:
+        out = []
+        while self.held and self.held[0][0] <= now:
+            out.append(heapq.heappop(self.held)[2])
+        return out
+
+    def next_release(self) -> float | None:
+        return self.held[0][0] if self.held else None
+
+
+def run(fd: int, line: Line, stop_fd: int) -> None:
+    """Move packets until `stop_fd` (standard input) reaches its end."""
+    while True:
+        now = time.monotonic()
+        nxt = line.next_release()
+        timeout = None if nxt is None else max(0.0, nxt - now - _SPIN_S)
+        ready, _, _ = select.select([fd, stop_fd], [], [], timeout)
+        if not ready and nxt is not None:  # the last stretch awake: a wake-up can be late by ~60 us
+            while time.monotonic() < nxt:
+                pass
+        if stop_fd in ready and not os.read(stop_fd, 1):
+            return
+        now = time.monotonic()
+        if fd in ready:
+            for _ in range(_BATCH):
+                try:
+                    packet = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                line.hold(packet, now)
+        for packet in line.due(time.monotonic()):
+            try:
+                os.write(fd, packet)
+            except BlockingIOError:  # the device's queue is full: a drop, as a full link queue's
+                pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m compbench.network.delay_line", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tun", required=True)
+    parser.add_argument("--delay", action="append", default=[], metavar="ADDR=US")
+    parser.add_argument("--jitter-us", type=float, default=0.0)
+    parser.add_argument("--loss", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    ctypes.CDLL(None).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    try:
+        fd = open_tun(args.tun)
+    except OSError as e:
+        print(f"error: delay line: cannot open TUN device {args.tun}: {e.strerror}", file=sys.stderr,
+              flush=True)
+        return 1
+    print("ready", flush=True)
+    run(fd, Line(parse_delays(args.delay), args.jitter_us / 1e6, args.loss, args.seed), sys.stdin.fileno())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""compbench's delay line (compbench.network.delay_line, .delay): latency without the kernel's netem.
+The line's arithmetic (order kept under jitter, loss at its rate) without root; with root, a ping-pong
+through a job's links takes at least its round trip, a training job runs through the line, a line that
+dies ends the job with one line, and nothing (namespace, process) is left behind."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from compbench.network import delay
+from compbench.network.delay_line import Line
+from compbench.network.netem import RankLinks, can_shape, list_namespaces
+from tests.helpers import TINY, compbench
+
+needs_line = pytest.mark.skipif(not (can_shape() and delay.has_tun()),
+                                reason="needs root, iproute2 and /dev/net/tun")
+
+A, B = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
+
+
+def _packet(src: bytes, dst: bytes, n: int) -> bytes:
+    return bytes([0x45]) + bytes(11) + src + dst + n.to_bytes(4, "big")
+
+
+def test_the_line_holds_each_packet_for_both_links_and_keeps_order_under_jitter():
+    line = Line({A: 0.010, B: 0.005}, jitter_s=0.004, seed=1)
+    for n in range(200):
+        line.hold(_packet(A, B, n), now=n * 1e-4)
+    assert not line.due(0.0109)  # 15 ms less the jitter's 4 ms: nothing before 11 ms
+    out = line.due(1.0)
+    assert [int.from_bytes(p[20:24], "big") for p in out] == list(range(200))  # in order
+    assert len(out) == 200
+
+
+def test_the_line_drops_at_its_loss_rate():
+    n, rate = 20000, 0.05
+    line = Line({A: 0.0}, loss=rate, seed=3)
+    for i in range(n):
+        line.hold(_packet(A, B, i), now=0.0)
+    kept = len(line.due(0.0))
+    bound = 4 * math.sqrt(n * rate * (1 - rate))  # 4 standard deviations of the binomial
+    assert abs((n - kept) - n * rate) <= bound
+
+
+def test_other_packets_pass_at_once():
+    line = Line({A: 1.0})
+    line.hold(bytes([0x60]) + bytes(39), now=5.0)  # IPv6
+    assert len(line.due(5.0)) == 1
+
+
+PING = """
+import socket, statistics, sys, time
+host, n = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+rtts = []
+for i in range(n):
+    t = time.perf_counter()
+    s.sendto(b"x" * 64, (host, 9999))
+    s.recvfrom(100)
+    rtts.append(time.perf_counter() - t)
+print(statistics.median(rtts), min(rtts))
+"""
+ECHO = """
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", 9999))
+while True:
+    d, a = s.recvfrom(100)
+    s.sendto(d, a)
+"""
+
+
+def _ping(latency_us: float, n: int = 20) -> tuple[float, float]:
+    """(median, min) round trip in seconds between two workers' links through the line."""
+    with RankLinks([1.0, 1.0], latency_us, line=True) as links:
+        echo = subprocess.Popen([*links.prefix_for(1), sys.executable, "-c", ECHO])
+        try:
+            time.sleep(0.5)
+            out = subprocess.run([*links.prefix_for(0), sys.executable, "-c", PING, links.address(1), str(n)],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            median, low = map(float, out.stdout.split())
+        finally:
+            echo.kill()
+            echo.wait()
+    return median, low
+
+
+def _left_behind() -> tuple[list[str], str]:
+    mine = [n for n in list_namespaces() if n.startswith(f"compbench-{os.getpid()}-")]
+    procs = subprocess.run(["pgrep", "-f", "compbench.network.delay_line"], capture_output=True, text=True)
+    return mine, procs.stdout.strip()
+
+
+@pytest.mark.dist
+@needs_line
+def test_a_round_trip_through_the_line_takes_at_least_twice_the_delay_and_nothing_is_left():
+    _, low = _ping(10_000)
+    assert low >= 0.020  # a packet each way held for 10 ms: never faster (an upper bound is the slow tier's)
+    assert _left_behind() == ([], "")
+
+
+@pytest.mark.slow
+@needs_line
+def test_the_round_trip_is_twice_the_delay_within_5_percent_and_50_us():
+    base, _ = _ping(0.0)  # no line: the link's own round trip
+    for latency_us in (100, 1000, 20_000, 100_000):
+        median, _ = _ping(latency_us)
+        want = 2 * latency_us / 1e6
+        assert abs(median - base - want) <= 0.05 * want + 50e-6, (latency_us, median, base)
+
+
+@pytest.mark.dist
+@needs_line
+def test_a_job_trains_through_the_line_and_each_step_waits_a_round_trip(tmp_path):
+    out = tmp_path / "run"
+    proc = compbench("train", *TINY, "max_steps=6", "eval_points=1", "checkpoint=false", "engine.np=2",
+                     "engine=torch", "net.emulate_gbps=1", "net.emulate_latency_us=5000",
+                     "net.delay_line=line", f"output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "through compbench's delay line" in proc.stdout
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["comm_exposed_ms"] >= 10.0  # an allreduce waits at least one round trip of 2 x 5 ms
+    assert _left_behind() == ([], "")
+
+
+@pytest.mark.dist
+@needs_line
+def test_a_line_that_dies_ends_the_job_with_one_line(tmp_path):
+    out = tmp_path / "run"
+    job = subprocess.Popen([sys.executable, "-m", "compbench", "train", *TINY, "max_steps=100000",
+                            "epochs=1000", "checkpoint=false", "engine.np=2", "engine=torch",
+                            "net.emulate_gbps=1", "net.emulate_latency_us=2000", "net.delay_line=line",
+                            f"output_dir={out}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out / "tb").exists():
+            time.sleep(0.2)
+        pids = subprocess.run(["pgrep", "-f", "compbench.network.delay_line"], capture_output=True,
+                              text=True).stdout.split()
+        assert pids, "no delay line running"
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 1
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "the delay line of" in lines[0] and "ended" in lines[0], err[-2000:]
+    assert _left_behind() == ([], "")
+
+
+@needs_line
+def test_a_bad_delay_setting_is_one_line(tmp_path):
+    proc = compbench("train", *TINY, "net.emulate_gbps=1", "net.emulate_latency_us=1000",
+                     "net.delay_line=fast", f"output_dir={tmp_path / 'run'}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: net.delay_line=fast must be one of auto, netem, line (auto: netem where the kernel has it, "
+        "else compbench's delay line)"]
+    assert not (tmp_path / "run").exists()
+
+
+@needs_line
+def test_netem_forced_where_the_kernel_has_none_is_one_line(tmp_path):
+    if delay.has_netem():
+        pytest.skip("this kernel has netem")
+    proc = compbench("train", *TINY, "net.emulate_gbps=1", "net.emulate_latency_us=1000",
+                     "net.delay_line=netem", f"output_dir={tmp_path / 'run'}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: net.delay_line=netem: this kernel has no netem qdisc (sch_netem); use net.delay_line=auto or "
+        "line (compbench's delay line in user space)"]
+    assert not (tmp_path / "run").exists()
