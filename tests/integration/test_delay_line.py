@@ -162,14 +162,40 @@ def test_a_line_that_dies_ends_the_job_with_one_line(tmp_path):
 
 
 @needs_line
-def test_a_bad_delay_setting_is_one_line(tmp_path):
-    proc = compbench("train", *TINY, "net.emulate_gbps=1", "net.emulate_latency_us=1000",
-                     "net.delay_line=fast", f"output_dir={tmp_path / 'run'}")
+@pytest.mark.parametrize(("settings", "message"), [
+    (["net.emulate_latency_us=1000", "net.delay_line=fast"],
+     "net.delay_line=fast must be one of auto, netem, line (auto: netem where the kernel has it, else "
+     "compbench's delay line)"),
+    (["net.emulate_latency_us=10", "net.emulate_jitter_us=20"],
+     "net.emulate_jitter_us=20 must be within [0, net.emulate_latency_us=10]: packets keep their order, so a "
+     "delay varies by at most itself"),
+    (["net.emulate_jitter_us=-1"], "net.emulate_jitter_us=-1 must be within [0, net.emulate_latency_us=0]"),
+    (["net.emulate_loss=1"], "net.emulate_loss=1 must be a rate in [0, 1), e.g. net.emulate_loss=0.01"),
+    (["net.emulate_loss=-0.1"], "net.emulate_loss=-0.1 must be a rate in [0, 1)"),
+    (["net.emulate_latency_us=100", "net.emulate_loss=0.1", "net.delay_line=netem"],
+     "net.emulate_jitter_us and net.emulate_loss come from compbench's delay line (netem's jitter reorders "
+     "packets); set net.delay_line=auto or line"),
+    (["net.emulate_gbps=null", "net.emulate_loss=0.1"],
+     "net.emulate_jitter_us and net.emulate_loss need a shaped link: set net.emulate_gbps (and "
+     "net.emulate_latency_us for jitter)"),
+])
+def test_a_bad_delay_setting_is_one_line(tmp_path, settings, message):
+    proc = compbench("train", *TINY, "net.emulate_gbps=1", *settings, f"output_dir={tmp_path / 'run'}")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "error: net.delay_line=fast must be one of auto, netem, line (auto: netem where the kernel has it, "
-        "else compbench's delay line)"]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {message}"), line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.dist
+@needs_line
+def test_jitter_and_loss_reach_the_line(tmp_path):
+    out = tmp_path / "run"
+    proc = compbench("train", *TINY, "max_steps=3", "eval_points=1", "checkpoint=false", "engine.np=2",
+                     "engine=torch", "net.emulate_gbps=1", "net.emulate_latency_us=2000",
+                     "net.emulate_jitter_us=500", "net.emulate_loss=0.001", f"output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2000 us one-way delay +- 500 us, 0.001 loss through compbench's delay line" in proc.stdout
 
 
 @needs_line

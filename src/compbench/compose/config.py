@@ -272,9 +272,13 @@ def check(cfg: DictConfig) -> DictConfig:
                              "a cluster of your own rates (compbench cluster run --gbps 1,0.1 ...)")
         from compbench.network import delay
 
-        latency_us = net.get("emulate_latency_us") or 0
-        delay.check(net.get("delay_line", "auto"), latency_us)
-        if cfg.engine.get("elastic") and delay.uses_line(net.get("delay_line", "auto"), latency_us):
+        impairment = delay.from_config(net)
+        delay.check(impairment)
+        shaped = net.get("emulate_gbps") is not None or rank_gbps is not None
+        if (impairment.jitter_us or impairment.loss) and not shaped:
+            raise ValueError("net.emulate_jitter_us and net.emulate_loss need a shaped link: set "
+                             "net.emulate_gbps (and net.emulate_latency_us for jitter)")
+        if cfg.engine.get("elastic") and impairment.line:
             raise ValueError("net.emulate_latency_us with engine.elastic=true needs the kernel's netem: the "
                              "delay line runs between links of their own, and an elastic job's workers share "
                              "one namespace; drop net.emulate_latency_us (or run where netem is)")

@@ -223,22 +223,25 @@ def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = Non
     them on a shaped link (or a link each)."""
     from omegaconf import DictConfig, OmegaConf
 
-    from compbench.network.delay import uses_line
+    from compbench.network.delay import from_config
     from compbench.network.netem import RankLinks, shaped
 
-    net = cast(DictConfig, OmegaConf.load(run_dir / ".hydra" / "config.yaml")).get("net") or {}
+    cfg = cast(DictConfig, OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
+    net = cfg.get("net") or {}
     gbps, latency_us = net.get("emulate_gbps"), net.get("emulate_latency_us") or 0
     argv = [sys.executable, "-m", "compbench.train.worker", str(run_dir)]
     rank_gbps = net.get("emulate_rank_gbps")
     # compbench's delay line runs between links of their own: a shaped loopback takes a link per worker
-    line = uses_line(net.get("delay_line", "auto"), latency_us)
-    if rank_gbps is None and line:
+    impairment = from_config(net, int(cfg.get("seed") or 0))
+    if rank_gbps is None and impairment.line:
         rank_gbps = [gbps] * np
     if rank_gbps is not None:
-        with RankLinks(list(rank_gbps), latency_us, line=line) as links:
+        with RankLinks(list(rank_gbps), latency_us, line=impairment) as links:
             rates = ", ".join(f"rank {k} {g:g}" for k, g in enumerate(links.gbps))
-            how = " through compbench's delay line" if line else ""
-            delay = f", {latency_us:g} us one-way delay{how}" if latency_us else ""
+            how = " through compbench's delay line" if impairment.line else ""
+            extra = "".join([f" +- {impairment.jitter_us:g} us" if impairment.jitter_us else "",
+                             f", {impairment.loss:g} loss" if impairment.loss else ""])
+            delay = f", {latency_us:g} us one-way delay{extra}{how}" if latency_us or impairment.loss else ""
             print(f"compbench: a link per worker ({rates} Gbit/s each way{delay}; network namespaces "
                   f"{links.switch} and its ranks')", flush=True)
             return run_processes(argv, engine, np, threads, netns=links, hold_sigint=True)

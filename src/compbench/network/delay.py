@@ -15,8 +15,12 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
+
+from compbench.base.values import show
 
 LINE_DEVICE = "dl0"
 LINE_MTU = 65000  # the links of a job through the line: few large packets (its cost is per packet)
@@ -45,24 +49,63 @@ def has_tun() -> bool:
     return Path("/dev/net/tun").exists()
 
 
-def uses_line(mode: str, latency_us: float) -> bool:
-    """Whether a job with this delay goes through the delay line (`mode`: net.delay_line)."""
-    return latency_us > 0 and (mode == "line" or (mode == "auto" and not has_netem()))
+@dataclass(frozen=True)
+class Impairment:
+    """What a job's links add to their rate: a one-way delay between two workers, its jitter (each
+    packet's delay uniform in [D - J, D + J], order kept), a loss rate, and what makes them
+    (`mode`: net.delay_line; `seed`: the line's draws)."""
+
+    latency_us: float = 0.0
+    jitter_us: float = 0.0
+    loss: float = 0.0
+    mode: str = "auto"
+    seed: int = 0
+
+    @property
+    def line(self) -> bool:
+        """Whether compbench's delay line makes it: forced, or (auto) where the kernel has no netem, and
+        for jitter and loss always (netem's jitter reorders packets)."""
+        if not (self.latency_us or self.loss):
+            return False
+        return self.mode == "line" or (self.mode == "auto" and (bool(self.jitter_us or self.loss)
+                                                                  or not has_netem()))
 
 
-def check(mode: object, latency_us: float) -> None:
-    """Config-time check of net.delay_line against what this machine has (ValueError naming the fix)."""
-    if mode not in MODES:
-        raise ValueError(f"net.delay_line={mode} must be one of {', '.join(MODES)} (auto: netem where the "
-                         "kernel has it, else compbench's delay line)")
-    if not latency_us:
+def check(impairment: Impairment) -> None:
+    """Config-time check of net.delay_line, net.emulate_jitter_us and net.emulate_loss against the delay
+    and what this machine has (ValueError naming the fix)."""
+    i = impairment
+    if i.mode not in MODES:
+        raise ValueError(f"net.delay_line={show(i.mode)} must be one of {', '.join(MODES)} (auto: netem "
+                         "where the kernel has it, else compbench's delay line)")
+    jitter = i.jitter_us
+    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter <= i.latency_us:
+        raise ValueError(f"net.emulate_jitter_us={show(jitter)} must be within [0, net.emulate_latency_us="
+                         f"{i.latency_us:g}]: packets keep their order, so a delay varies by at most itself")
+    if isinstance(i.loss, bool) or not isinstance(i.loss, int | float) or not 0 <= i.loss < 1:
+        raise ValueError(f"net.emulate_loss={show(i.loss)} must be a rate in [0, 1), e.g. "
+                         "net.emulate_loss=0.01")
+    if not (i.latency_us or i.loss):
         return
-    if mode == "netem" and not has_netem():
+    if i.mode == "netem" and (jitter or i.loss):
+        raise ValueError("net.emulate_jitter_us and net.emulate_loss come from compbench's delay line "
+                         "(netem's jitter reorders packets); set net.delay_line=auto or line")
+    if i.mode == "netem" and not has_netem():
         raise ValueError("net.delay_line=netem: this kernel has no netem qdisc (sch_netem); use "
                          "net.delay_line=auto or line (compbench's delay line in user space)")
-    if uses_line(str(mode), latency_us) and not has_tun():
+    if i.line and not has_tun():
         raise ValueError("net.emulate_latency_us needs netem or /dev/net/tun (compbench's delay line); this "
                          "machine has neither: drop net.emulate_latency_us")
+
+
+def from_config(net: Any, seed: int = 0) -> Impairment:
+    """The job's impairment from its `net` config (checked by `check`)."""
+    def given(key: str) -> Any:  # null is 0; a falsy value of another type is checked, not dropped
+        value = net.get(key)
+        return 0 if value is None else value
+
+    return Impairment(float(given("emulate_latency_us")), given("emulate_jitter_us"), given("emulate_loss"),
+                      net.get("delay_line", "auto"), seed)
 
 
 def _run(*argv: str) -> None:
@@ -77,8 +120,10 @@ class DelayLine:
     (a packet between two hosts is held for the sum of theirs); `ports` the switch's ports towards
     the hosts, whose arrivals go through the line."""
 
-    def __init__(self, switch: str, ports: list[str], delays_us: dict[str, float]) -> None:
+    def __init__(self, switch: str, ports: list[str], delays_us: dict[str, float], jitter_us: float = 0.0,
+                 loss: float = 0.0, seed: int = 0) -> None:
         self.switch, self.ports, self.delays_us = switch, ports, delays_us
+        self.jitter_us, self.loss, self.seed = jitter_us, loss, seed
         self.process: subprocess.Popen | None = None
         self.stopping = False
 
@@ -94,7 +139,8 @@ class DelayLine:
         _run("ip", "netns", "exec", self.switch, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0",
              f"net.ipv4.conf.{LINE_DEVICE}.rp_filter=0")
         argv = [sys.executable, "-m", "compbench.network.delay_line", "--tun", LINE_DEVICE,
-                *(f"--delay={address}={us:g}" for address, us in self.delays_us.items())]
+                *(f"--delay={address}={us:g}" for address, us in self.delays_us.items()),
+                f"--jitter-us={self.jitter_us:g}", f"--loss={self.loss:g}", f"--seed={self.seed}"]
         self.process = subprocess.Popen(["ip", "netns", "exec", self.switch, *argv], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                         start_new_session=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from compbench.base.values import show
-from compbench.network.delay import LINE_MTU, DelayLine
+from compbench.network.delay import LINE_MTU, DelayLine, Impairment
 
 _PREFIX = "compbench"
 _NAME = re.compile(rf"^{_PREFIX}-(\d+)-[0-9a-f]{{6}}(-sw|-r\d+)?$")  # a job's namespace, or its rank links'
@@ -258,7 +258,7 @@ class RankLinks(_Built):
 
     iface = "eth0"
 
-    def __init__(self, gbps: list[float], latency_us: float = 0.0, line: bool = False) -> None:
+    def __init__(self, gbps: list[float], latency_us: float = 0.0, line: Impairment | None = None) -> None:
         self.gbps, self.latency_us = [float(g) for g in gbps], float(latency_us or 0)
         base = f"{_PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
         self.switch, self.names = f"{base}-sw", [f"{base}-r{k}" for k in range(len(gbps))]
@@ -268,10 +268,11 @@ class RankLinks(_Built):
         # The delay through compbench's delay line (compbench.network.delay) instead of netem: the
         # switch routes between its ports instead of bridging them, through the line.
         self.line: DelayLine | None = None
-        if line and self.latency_us > 0:
-            half = self.latency_us / 2  # each host's link: a packet between two crosses two
+        if line is not None and line.line:
+            half = line.latency_us / 2  # each host's link: a packet between two crosses two
             self.line = DelayLine(self.switch, [f"v{k}" for k in range(len(gbps))],
-                                  {self.address(k): half for k in range(len(gbps))})
+                                  {self.address(k): half for k in range(len(gbps))},
+                                  line.jitter_us, line.loss, line.seed)
 
     def address(self, rank: int) -> str:
         return f"{RANK_SUBNET}.{rank + 1}"
