@@ -202,3 +202,10 @@ def test_a_race_with_no_target_reached_says_no_verdict(tmp_path):
 def test_bad_arguments_are_refused(argv, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):
         race_main(argv)
+
+
+def test_one_bit_adam_races_three_seeds_and_the_flags_set_every_method():
+    assert TEXT.seeds_of("onebit-adam", None, quick=False) == 3
+    assert TEXT.seeds_of("ddp-adamw", None, quick=False) == TEXT.seeds == 2
+    assert {TEXT.seeds_of(m, None, quick=True) for m in TEXT.methods} == {1}
+    assert {TEXT.seeds_of(m, 4, quick=False) for m in TEXT.methods} == {4}
