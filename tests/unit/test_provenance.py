@@ -16,8 +16,13 @@ from tests.threaded_engine import ThreadWorld
 
 def test_the_load_less_the_runs_own_threads_decides():
     assert not provenance.loaded(load_before=0.5, load_after=2.4, own_threads=2, cores=2)
-    assert provenance.loaded(load_before=2.5, load_after=2.0, own_threads=2, cores=2)  # busy before
-    assert provenance.loaded(load_before=0.1, load_after=5.0, own_threads=2, cores=2)  # busy during
+    # the previous run of a matrix still in the 1-minute average: not another job
+    assert not provenance.loaded(load_before=2.5, load_after=2.0, own_threads=2, cores=2)
+    assert provenance.loaded(load_before=0.1, load_after=2.6, own_threads=2, cores=2)  # busy during
+    assert provenance.loaded(load_before=0.1, load_after=5.0, own_threads=2, cores=2)
+    # one thread of a run on 2 cores leaves one free: other work beyond it competes
+    assert not provenance.loaded(load_before=0.0, load_after=2.3, own_threads=1, cores=2)
+    assert provenance.loaded(load_before=0.0, load_after=2.6, own_threads=1, cores=2)
 
 
 def test_a_run_records_its_machine_and_a_loaded_one_is_flagged(monkeypatch, tmp_path):

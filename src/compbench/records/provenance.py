@@ -1,8 +1,8 @@
 """Where a run's figures come from: compbench's commit (and whether its tree had changes), the CPU,
 its cores, and how loaded the machine was around the run. A time measured in wall-clock seconds on a
 shared machine measures the machine too: results.json records the load before and after, and a run
-whose load, less its own compute threads, exceeded the cores is flagged `loaded` (in its summary, the
-race's report and CSV)."""
+whose load at its end, less its own compute threads, exceeded the cores they leave free (by half a
+core) is flagged `loaded` (in its summary, the race's report and CSV)."""
 
 from __future__ import annotations
 
@@ -36,10 +36,18 @@ def source() -> dict[str, Any]:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
+# Other work's load above the cores the run leaves free that flags a run: a busy loop of half a core
+# on average; a shell, an editor or a short command stays below it.
+OTHER_LOAD = 0.5
+
+
 def loaded(load_before: float, load_after: float, own_threads: int, cores: int) -> bool:
-    """Whether other work competed for the cores: the load before the run, or after it less the run's
-    own compute threads on this machine, above the core count."""
-    return max(load_before, load_after - own_threads) > cores
+    """Whether other work competed for the cores: the 1-minute load average at the run's end less the
+    run's own compute threads, above the cores those leave free by OTHER_LOAD. The load before is
+    recorded, not judged: in a matrix of runs one after another it is the previous run's own workers
+    (the average lags by a minute), which flagged every run but the first of an idle race."""
+    del load_before
+    return load_after - own_threads > max(0, cores - own_threads) + OTHER_LOAD
 
 
 def machine(load_before: float, load_after: float, own_threads: int) -> dict[str, Any]:

@@ -123,9 +123,9 @@ SUMMARY: dict[str, str] = {
     "step_ms_q1": "first quartile of time/step_ms after the warm-up steps (a round's mean for a periodic "
                   "mode) (ms): with step_ms_q3, the step time's spread",
     "step_ms_q3": "third quartile of time/step_ms after the warm-up steps (ms)",
-    "loaded": "whether other work competed for the cores: the load average before training, or at its "
-              "end less the run's own compute threads, above the core count (environment: load_before, "
-              "load_after, own_threads, cores)",
+    "loaded": "whether other work competed for the cores: the load average at the end of training less "
+              "the run's own compute threads, above the cores they leave free by half a core "
+              "(environment: load_before, load_after, own_threads, cores)",
     "other_ms": "step_ms minus the medians of compute, compress, comm, decompress and optimizer (ms): "
                 "the split adds up to step_ms",
     "bytes_sent_per_step": _MEDIAN.format(tag="comm/bytes_sent", unit="bytes per worker"),
