@@ -209,3 +209,16 @@ def test_one_bit_adam_races_three_seeds_and_the_flags_set_every_method():
     assert TEXT.seeds_of("ddp-adamw", None, quick=False) == TEXT.seeds == 2
     assert {TEXT.seeds_of(m, None, quick=True) for m in TEXT.methods} == {1}
     assert {TEXT.seeds_of(m, 4, quick=False) for m in TEXT.methods} == {4}
+
+
+def test_a_run_is_judged_loaded_by_todays_rule_on_its_recorded_loads():
+    from compbench.race.report import Run
+
+    def run(before: float, after: float, flag: bool) -> Run:
+        env = {"load_before": before, "load_after": after, "own_threads": 2, "cores": 2}
+        summary = {"status": "completed", "loaded": flag}
+        return Run("ddp-adamw", 100.0, 0, {"summary": summary, "environment": env})
+
+    assert not run(2.3, 2.1, flag=True).loaded  # the previous run in the load before: not another job
+    assert run(0.5, 3.0, flag=False).loaded
+    assert Run("ddp-adamw", 100.0, 0, {"summary": {"status": "completed", "loaded": True}}).loaded  # no loads

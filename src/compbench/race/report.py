@@ -34,6 +34,7 @@ from compbench.comm.cost_model import Fit
 from compbench.race.model import Profile, crossover_gbps, fit_model
 from compbench.race.suites import Race
 from compbench.race.to_target import MIN_MEASURED_STEPS, ToTarget, to_target
+from compbench.records import provenance
 from compbench.records.results import WARMUP_STEPS
 
 
@@ -54,6 +55,16 @@ class Run:
 
     def to_target(self, race: Race) -> ToTarget | None:
         return to_target(self.results or {}, race.metric, race.higher_is_better) if self.ok else None
+
+    @property
+    def loaded(self) -> bool:
+        """Whether other work competed for the cores, judged by today's rule on the loads the run
+        recorded (compbench.records.provenance.loaded), so that a race resumed across versions is
+        judged one way; the run's own flag where it recorded no loads."""
+        env = (self.results or {}).get("environment") or {}
+        if any(env.get(k) is None for k in ("load_before", "load_after", "own_threads", "cores")):
+            return bool(self.summary.get("loaded"))
+        return provenance.loaded(env["load_before"], env["load_after"], env["own_threads"], env["cores"])
 
     @property
     def measured_steps(self) -> int:
@@ -108,7 +119,7 @@ class Cell:
     @property
     def loaded(self) -> int:
         """How many of its runs ran on a loaded machine (compbench.records.provenance)."""
-        return sum(bool(r.summary.get("loaded")) for r in self.done)
+        return sum(r.loaded for r in self.done)
 
     @property
     def too_short(self) -> bool:
@@ -246,8 +257,9 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
     loaded = sum(c.loaded for c in table.values())
     if loaded:
         lines += [f"**{loaded} of {sum(len(c.done) for c in table.values())} runs ran on a loaded machine** "
-                  "(the load before or after, less their own threads, above the cores: the `loaded runs` "
-                  "column): their wall-clock figures are the machine's as much as the method's.", ""]
+                  "(the load at their end, less their own threads, above the cores those leave free by half "
+                  "a core: the `loaded runs` column): their wall-clock figures are the machine's as much as "
+                  "the method's.", ""]
     lines += [tabulate(rows, headers=_header(race), tablefmt="github", disable_numparse=True), ""]
     lines += _model_lines(race, table, methods, links, model, predicted)
     if checks is not None:
@@ -303,7 +315,7 @@ def _run_table(race: Race, runs: list[Run], predicted: dict[tuple[str, float, in
                      _round(r.summary.get("utilization")), _round(one.per_unit_bytes()),
                      r.summary.get("peak_bytes_per_step"), _round(one.exposed_per_exchange_ms()),
                      _round(one.wire_per_exchange_ms(r.mbps)), r.summary.get("steps"),
-                     bool(r.summary.get("loaded")), env.get("load_before"), env.get("load_after"),
+                     r.loaded, env.get("load_before"), env.get("load_after"),
                      env.get("commit")])
     return header, rows
 
