@@ -16,6 +16,7 @@ import time
 import pytest
 
 from compbench.network import delay
+from compbench.network.delay import Impairment
 from compbench.network.delay_line import Line
 from compbench.network.netem import RankLinks, can_shape, list_namespaces
 from tests.helpers import TINY, compbench
@@ -81,7 +82,7 @@ while True:
 
 def _ping(latency_us: float, n: int = 20) -> tuple[float, float]:
     """(median, min) round trip in seconds between two workers' links through the line."""
-    with RankLinks([1.0, 1.0], latency_us, line=True) as links:
+    with RankLinks([1.0, 1.0], latency_us, line=Impairment(latency_us, mode="line")) as links:
         echo = subprocess.Popen([*links.prefix_for(1), sys.executable, "-c", ECHO])
         try:
             time.sleep(0.5)
