@@ -122,11 +122,15 @@ def test_the_round_trip_is_twice_the_delay_within_5_percent_and_50_us():
 
 @pytest.mark.dist
 @needs_line
+def _train_through_the_line(out, *settings: str):
+    """A short TINY job of 2 torch workers on a shaped 1 Gbit/s link with `settings` (its delay)."""
+    return compbench("train", *TINY, "eval_points=1", "checkpoint=false", "engine.np=2", "engine=torch",
+                     "net.emulate_gbps=1", *settings, f"output_dir={out}")
+
+
 def test_a_job_trains_through_the_line_and_each_step_waits_a_round_trip(tmp_path):
     out = tmp_path / "run"
-    proc = compbench("train", *TINY, "max_steps=6", "eval_points=1", "checkpoint=false", "engine.np=2",
-                     "engine=torch", "net.emulate_gbps=1", "net.emulate_latency_us=5000",
-                     "net.delay_line=line", f"output_dir={out}")
+    proc = _train_through_the_line(out, "max_steps=6", "net.emulate_latency_us=5000", "net.delay_line=line")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "through compbench's delay line" in proc.stdout
     summary = json.loads((out / "results.json").read_text())["summary"]
@@ -192,9 +196,8 @@ def test_a_bad_delay_setting_is_one_line(tmp_path, settings, message):
 @needs_line
 def test_jitter_and_loss_reach_the_line(tmp_path):
     out = tmp_path / "run"
-    proc = compbench("train", *TINY, "max_steps=3", "eval_points=1", "checkpoint=false", "engine.np=2",
-                     "engine=torch", "net.emulate_gbps=1", "net.emulate_latency_us=2000",
-                     "net.emulate_jitter_us=500", "net.emulate_loss=0.001", f"output_dir={out}")
+    proc = _train_through_the_line(out, "max_steps=3", "net.emulate_latency_us=2000",
+                                   "net.emulate_jitter_us=500", "net.emulate_loss=0.001")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "2000 us one-way delay +- 500 us, 0.001 loss through compbench's delay line" in proc.stdout
 
