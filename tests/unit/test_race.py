@@ -87,11 +87,15 @@ def _fake_race(out: Path) -> list:
                 p = Profile.of(_results(110.0, 10.0, sent, every=every, hidden=every if every > 1 else 0))
                 step = p.step_ms(FIT, mbps / 1e3)
                 reached = m != "ddp-adamw" or mbps == 1000.0 or (mbps == 100.0 and seed == 1)
-                res = _results(step, step - 100.0, sent, every=every, hidden=every if every > 1 else 0,
-                               tokens_per_s=4096e3 / step, utilization=100.0 / step,
-                               comm_exposed_ms=step - 100.0, steps=200, step_ms_q1=0.9 * step,
-                               step_ms_q3=1.1 * step, decompress_ms=0.0, peak_bytes_per_step=sent * every,
-                               loaded=(m, mbps, seed) == ("diloco", 10.0, 1),
+                # the loaded run: other work stretched its wall-clock steps by 1.6x, not its estimate
+                loaded = (m, mbps, seed) == ("diloco", 10.0, 1)
+                wall = 1.6 * step if loaded else step
+                res = _results(wall, step - 100.0, sent, every=every, hidden=every if every > 1 else 0,
+                               tokens_per_s=4096e3 / wall, utilization=100.0 / step,
+                               comm_exposed_ms=step - 100.0, steps=200, step_ms_q1=0.9 * wall,
+                               step_ms_q3=1.1 * wall, decompress_ms=0.0, peak_bytes_per_step=sent * every,
+                               loaded=loaded, **({"step_unloaded_ms": step, "step_unloaded_ms_q1": 0.9 * step,
+                                                  "step_unloaded_ms_q3": 1.1 * step} if loaded else {}),
                                target={"metric": "eval/loss", "value": 2.3, "reached": reached, "step": 200,
                                        "train_s": 200 * step / 1e3 + seed})
                 # reached between steps 150 (2.4) and 200 (2.2, 2.3 in the seeds that miss it): at 175
@@ -115,8 +119,9 @@ def test_the_report_tables_plots_and_targets(tmp_path):
     text = write(tmp_path, TEXT, load(entries), quick=False, checks=text_targets)
     rows = _rows(text)
     # 175 steps to the target (tokens read off the curve) of 100 ms: 17.5 s in both seeds, whose wall-clock
-    # seconds to it (200 steps, the seeds 1 s apart) are 20.0 and 21.0
-    assert rows[("diloco", "10")][2:5] == ["17.5 +- 0.0 s (2/2)", "20.5", "716,800"]
+    # seconds to it (200 steps, the seeds 1 s apart) are 20.0 and 21.0; the loaded seed's step is its
+    # unloaded estimate (its wall-clock step 1.6x longer), so are its tokens/s
+    assert rows[("diloco", "10")][2:6] == ["17.5 +- 0.0 s (2/2)", "20.5", "716,800", "40,960"]
     assert rows[("diloco", "10")][-1] == "1/2"  # one of its runs ran on a loaded machine
     assert rows[("ddp-adamw", "10")][2] == "not reached (0/2; best 2.333)"
     assert rows[("ddp-adamw", "100")][2].startswith("not reached (1/2; ")
@@ -171,6 +176,9 @@ def test_the_csvs_are_tidy_numbers_a_lab_reads(tmp_path):
     # 50 steps between the evaluations around the crossing
     assert diloco["tokens to target resolution"].tolist() == [204800.0, 204800.0]
     assert diloco["loaded"].tolist() == [False, True]
+    assert diloco["step ms"].tolist() == [100.0, 100.0]  # the loaded seed's: its unloaded estimate
+    assert diloco["step ms measured"].tolist() == [100.0, 160.0]
+    assert diloco["time to target (s)"].tolist() == [17.5, 17.5]
     curves = pd.read_csv(tmp_path / "race_curves.csv")
     assert len(curves) == 18 * 4 and pd.api.types.is_numeric_dtype(curves["eval/loss"])
 

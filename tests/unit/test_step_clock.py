@@ -66,3 +66,31 @@ def test_the_device_picks_its_clock():
     assert isinstance(clock_for(torch.device("cpu")), HostClock)
     assert isinstance(clock_for(torch.device("cuda", 0)), EventClock)
     assert isinstance(clock_for(torch.device("cuda", 0), "sync"), SyncClock)
+
+
+def test_the_unloaded_estimate_takes_the_wire_from_the_clock_and_the_rest_from_cpu_time():
+    """A loaded machine stretched the compute's wall time (40 ms for 20 ms of CPU); the estimate of
+    an unloaded step is the communication's wall time (15 ms, of which 3 ms CPU of its own) plus the
+    CPU time of the rest over the compute threads."""
+
+    class Clock(HostClock):
+        now = 0.0
+
+        def mark(self) -> float:
+            return self.now / 1e3
+
+    clock, cpu = Clock(), [0.0]
+    stats = StepStats(clock)
+    stats.cpu_time = lambda: cpu[0]
+    stats.begin_step()
+    with stats.time("compute"):
+        clock.now, cpu[0] = 40.0, 0.020  # 20 ms of CPU in 40 ms of wall time
+    with stats.time("comm"):
+        clock.now, cpu[0] = 55.0, 0.023  # the wire: 15 ms, 3 ms of them CPU (the transport's)
+    with stats.time("optimizer"):
+        clock.now, cpu[0] = 65.0, 0.028
+    stats.end_step()
+    assert stats.ms["step"] == 65.0
+    assert stats.unloaded_ms(threads=1) == 15.0 + 25.0  # not 15 + 28: the wire's CPU is in its wall time
+    assert stats.unloaded_ms(threads=2) == 15.0 + 12.5
+    assert StepStats(EventClock.__new__(EventClock)).unloaded_ms(1) is None  # a GPU's steps: no estimate

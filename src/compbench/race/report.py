@@ -7,11 +7,12 @@ that reached it), beside the raw wall-clock training seconds to it; its tokens o
 against the baseline's; the step time (median, quartiles) measured and predicted; its compute
 utilization, bytes per token (or sample), the most bytes it sent in one step and the communication
 its step waited for per exchange against the wire time of that exchange; how many of its runs ran on
-a loaded machine. The decomposed figure is the one a loaded machine cannot fool much: the tokens do
-not depend on the load, the step time is its median. A race in which no method reached the target
-says so (no verdict) instead of rating figures from a handful of steps. Then the model: its fitted
-coefficients, its step times beside the measured ones, the bandwidth below which each method
-reaches the target before the baseline, and a what-if table. Plots: the metric against training
+a loaded machine. The decomposed figure is the one a loaded machine cannot fool: the tokens do not
+depend on the load, and a loaded run's step time (its rates too) is its estimate of an unloaded step
+from its CPU time (compbench.records.stats.StepStats.unloaded_ms). A race in which no method reached
+the target says so (no verdict) instead of rating figures from a handful of steps. Then the model:
+its fitted coefficients, its step times beside the measured ones, the bandwidth below which each
+method reaches the target before the baseline, and a what-if table. Plots: the metric against training
 seconds per link (every evaluation a marker, every seed its own line), utilization against bandwidth
 (each seed a point, the model's line), time to target per link (each seed a point, the mean a bar
 outline: seeds are never stacked).
@@ -33,7 +34,7 @@ from tabulate import tabulate
 from compbench.comm.cost_model import Fit
 from compbench.race.model import Profile, crossover_gbps, fit_model
 from compbench.race.suites import Race
-from compbench.race.to_target import MIN_MEASURED_STEPS, ToTarget, to_target
+from compbench.race.to_target import MIN_MEASURED_STEPS, ToTarget, step_times, to_target
 from compbench.records import provenance
 from compbench.records.results import WARMUP_STEPS
 
@@ -46,15 +47,36 @@ class Run:
     results: dict | None
 
     @property
-    def summary(self) -> dict:
+    def measured(self) -> dict:
+        """The summary as the run recorded it (wall-clock step times)."""
         return (self.results or {}).get("summary") or {}
 
     @property
+    def summary(self) -> dict:
+        """The summary as the race's verdicts read it: on a loaded machine, the step time and its
+        quartiles are the run's unloaded estimate (compbench.race.to_target.step_times) and its
+        samples or tokens per second scaled to it; otherwise as measured."""
+        s = self.measured
+        step = step_times(s, self.loaded)
+        if not self.loaded or step is None or not s.get("step_ms"):
+            return s
+        scale = float(s["step_ms"]) / step[0]
+        return {**s, "step_ms": step[0], "step_ms_q1": step[1], "step_ms_q3": step[2],
+                **{k: float(s[k]) * scale for k in ("throughput", "tokens_per_s") if s.get(k) is not None}}
+
+    @property
+    def view(self) -> dict:
+        """results.json with the verdicts' summary (what the model's profile reads)."""
+        return {**(self.results or {}), "summary": self.summary}
+
+    @property
     def ok(self) -> bool:
-        return self.summary.get("status") == "completed"
+        return self.measured.get("status") == "completed"
 
     def to_target(self, race: Race) -> ToTarget | None:
-        return to_target(self.results or {}, race.metric, race.higher_is_better) if self.ok else None
+        if not self.ok:
+            return None
+        return to_target(self.results or {}, race.metric, race.higher_is_better, self.loaded)
 
     @property
     def loaded(self) -> bool:
@@ -63,7 +85,7 @@ class Run:
         judged one way; the run's own flag where it recorded no loads."""
         env = (self.results or {}).get("environment") or {}
         if any(env.get(k) is None for k in ("load_before", "load_after", "own_threads", "cores")):
-            return bool(self.summary.get("loaded"))
+            return bool(self.measured.get("loaded"))
         return provenance.loaded(env["load_before"], env["load_after"], env["own_threads"], env["cores"])
 
     @property
@@ -193,7 +215,7 @@ def cells(runs: list[Run], race: Race) -> dict[tuple[str, float], Cell]:
 # -- the model -------------------------------------------------------------------------------------
 
 def fitted(runs: list[Run]) -> tuple[Fit, list[tuple[Run, Profile]]] | None:
-    rows = [(r, Profile.of(r.results or {})) for r in runs if r.ok and r.summary.get("step_ms")]
+    rows = [(r, Profile.of(r.view)) for r in runs if r.ok and r.summary.get("step_ms")]
     if len(rows) < 5:
         return None
     return fit_model([(p, r.mbps / 1e3, float(r.summary["step_ms"]), in_warmup(r, p)) for r, p in rows]), rows
@@ -247,7 +269,8 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
              f"Target {target}, budget {budget} s of training per run, links "
              f"{', '.join(f'{x:g}' for x in links)} Mbit/s, units: {race.units}. Time to target: the "
              f"{race.units} each run took to reach it (interpolated between its evaluations) times its "
-             "median step on the link, mean +- half the range over the seeds that reached it; beside it "
+             "median step on the link (a run on a loaded machine: its estimate of that step on an unloaded "
+             "one, from its CPU time), mean +- half the range over the seeds that reached it; beside it "
              "the raw wall-clock training seconds (evaluations and start-up left out), which a loaded "
              "machine changes.", ""]
     if not any(c.decomposed for c in table.values()):
@@ -259,7 +282,9 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
         lines += [f"**{loaded} of {sum(len(c.done) for c in table.values())} runs ran on a loaded machine** "
                   "(the load at their end, less their own threads, above the cores those leave free by half "
                   "a core: the `loaded runs` column): their wall-clock figures are the machine's as much as "
-                  "the method's.", ""]
+                  "the method's, so their step times, rates and times to target are the estimates of an "
+                  "unloaded step (communication's wall time plus the rest's CPU time over the compute "
+                  "threads; race.csv: `step ms measured` beside `step ms unloaded estimate`).", ""]
     lines += [tabulate(rows, headers=_header(race), tablefmt="github", disable_numparse=True), ""]
     lines += _model_lines(race, table, methods, links, model, predicted)
     if checks is not None:
@@ -293,6 +318,7 @@ def _run_table(race: Race, runs: list[Run], predicted: dict[tuple[str, float, in
     u = race.units[:-1]
     header = ["method", "link (Mbit/s)", "seed", "reached", f"{race.units} to target",
               f"{race.units} to target resolution", "steps to target", "step ms", "step ms q1", "step ms q3",
+              "step ms measured", "step ms unloaded estimate",
               "step ms predicted", "time to target (s)", "time to target predicted (s)",
               "wall-clock to target (s)", f"{race.units}/s", "utilization", f"bytes per {u}",
               "peak bytes/step", "exposed comm ms/exchange", "wire ms/exchange", "steps", "loaded",
@@ -308,7 +334,9 @@ def _run_table(race: Race, runs: list[Run], predicted: dict[tuple[str, float, in
         rows.append([r.method, r.mbps, r.seed, bool(target.get("reached")), _round(t.units if t else None),
                      _round(t.resolution if t else None), _round(t.steps if t else None),
                      _round(r.summary.get("step_ms")),
-                     _round(r.summary.get("step_ms_q1")), _round(r.summary.get("step_ms_q3")), _round(pred),
+                     _round(r.summary.get("step_ms_q1")), _round(r.summary.get("step_ms_q3")),
+                     _round(r.measured.get("step_ms")), _round(r.measured.get("step_unloaded_ms")),
+                     _round(pred),
                      _round(t.seconds() if t else None), _round(t.seconds(pred) if t and pred else None),
                      _round(target.get("train_s") if target.get("reached") else None),
                      _round(r.summary.get(_rate_key(race))),

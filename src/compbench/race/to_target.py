@@ -7,6 +7,11 @@ holds on a shared machine. The raw wall-clock time to target stays beside it.
 Tokens to target: the curve's evaluations bracket the crossing; it is interpolated linearly between
 the last evaluation that missed the target and the first that reached it, and the interval between
 the two is its resolution (before the first evaluation: from 0).
+
+The step time: the measured median (wall clock) of a run on an idle machine; of a run on a loaded one
+(compbench.records.provenance.loaded), the estimate of its step on an unloaded machine that a CPU
+run records (`step_unloaded_ms`: its communication's wall time plus the CPU time of the rest over
+its compute threads), since other work stretches the wall time and not the CPU time.
 """
 
 from __future__ import annotations
@@ -43,13 +48,26 @@ class ToTarget:
         return self.steps * self.step_ms_q1 / 1e3, self.steps * self.step_ms_q3 / 1e3
 
 
-def to_target(results: dict[str, Any], metric: str, higher_is_better: bool) -> ToTarget | None:
-    """The decomposition of a run that reached its target (None otherwise, or without a step time)."""
+def step_times(summary: dict[str, Any], loaded: bool) -> tuple[float, float, float] | None:
+    """The step time (ms: median, first and third quartiles) a run's verdicts use: the measured one,
+    or on a loaded machine the unloaded estimate where the run has one."""
+    key = "step_unloaded_ms" if loaded and summary.get("step_unloaded_ms") else "step_ms"
+    median = summary.get(key)
+    if not median:
+        return None
+    q1, q3 = summary.get(f"{key}_q1"), summary.get(f"{key}_q3")
+    return float(median), float(median if q1 is None else q1), float(median if q3 is None else q3)
+
+
+def to_target(results: dict[str, Any], metric: str, higher_is_better: bool, loaded: bool = False
+              ) -> ToTarget | None:
+    """The decomposition of a run that reached its target (None otherwise, or without a step time);
+    `loaded`: the run ran on a loaded machine (its step time is then the unloaded estimate)."""
     summary = results.get("summary") or {}
     target = summary.get("target") or {}
     curve = [p for p in results.get("curve") or [] if p.get(metric) is not None]
-    step_ms = summary.get("step_ms")
-    if not target.get("reached") or not curve or not step_ms:
+    step = step_times(summary, loaded)
+    if not target.get("reached") or not curve or step is None:
         return None
     units_key = "tokens" if "tokens" in curve[-1] else "samples"
     value = float(target["value"])
@@ -71,6 +89,4 @@ def to_target(results: dict[str, Any], metric: str, higher_is_better: bool) -> T
         units = float(miss[units_key]) + share * resolution
     last = curve[-1]
     per_step = float(last[units_key]) / max(1, int(last["step"]))
-    q1, q3 = summary.get("step_ms_q1"), summary.get("step_ms_q3")
-    return ToTarget(units, resolution, per_step, float(step_ms), float(q1 if q1 is not None else step_ms),
-                    float(q3 if q3 is not None else step_ms))
+    return ToTarget(units, resolution, per_step, *step)

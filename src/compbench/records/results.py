@@ -45,6 +45,9 @@ TAGS: dict[str, tuple[str, str]] = {
     "time/loss_read_ms": ("ms", "a part of other: reading the step's loss (on a GPU: waiting for the step's "
                                 "work to end)"),
     "time/step_ms": ("ms", "wall time of the whole training step on rank 0"),
+    "time/step_unloaded_ms": ("ms", "on a CPU: the step's time on a machine nobody else loads, estimated "
+                                    "as its communication's wall time plus the process CPU time of the "
+                                    "rest over the compute threads"),
     "comm/bytes_sent": ("bytes", "bytes one worker put on the wire this step (payloads, headers, padding)"),
     "comm/bytes_dense": ("bytes", "fp32 bytes of the same gradients uncompressed, per worker and step"),
     "comm/ratio_effective": ("x", "at each step that sends: the dense bytes of the steps since the last one "
@@ -123,6 +126,12 @@ SUMMARY: dict[str, str] = {
     "step_ms_q1": "first quartile of time/step_ms after the warm-up steps (a round's mean for a periodic "
                   "mode) (ms): with step_ms_q3, the step time's spread",
     "step_ms_q3": "third quartile of time/step_ms after the warm-up steps (ms)",
+    "step_unloaded_ms": "the step time on a machine nobody else loads, estimated on a CPU (median of "
+                        "time/step_unloaded_ms after the warm-up steps: each step's communication wall "
+                        "time plus the process CPU time of the rest over its compute threads) (ms); what a "
+                        "loaded run's verdicts use (compbench.race.to_target)",
+    "step_unloaded_ms_q1": "first quartile of time/step_unloaded_ms after the warm-up steps (ms)",
+    "step_unloaded_ms_q3": "third quartile of time/step_unloaded_ms after the warm-up steps (ms)",
     "loaded": "whether other work competed for the cores: the load average at the end of training less "
               "the run's own compute threads, above the cores they leave free by half a core "
               "(environment: load_before, load_after, own_threads, cores)",

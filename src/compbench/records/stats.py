@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -94,10 +94,17 @@ class StepStats:
 
     A span opened `exposed` (the step waits for it) books the communication and decoding inside it
     as `comm_exposed` too. `begin_step`/`end_step` bracket the whole step (`ms["step"]`).
+
+    On the host clock it also books the process's CPU time (every thread's) of the step and of its
+    communication, for `unloaded_ms`: what the step would take on a machine nobody else loads.
     """
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or HostClock()
+        # CPU time tells a CPU step's work apart from the time other work took its cores; a GPU's
+        # work is not the host's CPU time: no estimate there.
+        on_host = isinstance(self.clock, HostClock) and not isinstance(self.clock, SyncClock)
+        self.cpu_time: Callable[[], float] | None = time.process_time if on_host else None
         self.reset()
 
     def reset(self) -> None:
@@ -113,9 +120,11 @@ class StepStats:
         self.sampled_reads = 0
         self._spans: list[tuple[str, Any, Any]] = []  # (phase, from mark, to mark)
         self._added: dict[str, float] = defaultdict(float)  # milliseconds booked as numbers
-        self._open: list[list[Any]] = []  # [phase, since mark, exposed]: the innermost one runs
+        self._open: list[list[Any]] = []  # [phase, since mark, exposed, since CPU s]: the innermost runs
         self._step: tuple[Any, Any] | None = None
         self._ms: defaultdict[str, float] | None = None
+        self._cpu_step: list[float] = []  # process CPU seconds at begin_step (and end_step)
+        self._cpu_comm = 0.0  # process CPU seconds while communication was the running phase
 
     def add_dense_allreduce(self, nbytes: int, calls: int) -> None:
         """Book gradient bytes that travelled uncompressed through an allreduce."""
@@ -134,34 +143,52 @@ class StepStats:
 
     def begin(self, phase: str, exposed: bool = False) -> None:
         """Start timing `phase` (for spans a `with` cannot hold: between two autograd callbacks)."""
-        now = self.clock.mark()
+        now, cpu = self.clock.mark(), self._cpu()
         if self._open:  # the enclosing phase pauses: book what it has run so far
-            self._book(self._open[-1][0], self._open[-1][1], now)
-        self._open.append([phase, now, exposed])
+            self._book(self._open[-1][0], self._open[-1][1], now, cpu - self._open[-1][3])
+        self._open.append([phase, now, exposed, cpu])
 
     def end(self, phase: str) -> None:
         """Stop timing `phase` (the innermost open one); the phase it interrupted resumes."""
-        now = self.clock.mark()
-        name, since, _ = self._open[-1]
+        now, cpu = self.clock.mark(), self._cpu()
+        name, since, _, cpu_since = self._open[-1]
         assert name == phase, f"phase {phase} ended inside {name}"
-        self._book(name, since, now)
+        self._book(name, since, now, cpu - cpu_since)
         self._open.pop()
         if self._open:  # the enclosing phase resumes now
-            self._open[-1][1] = now
+            self._open[-1][1], self._open[-1][3] = now, cpu
 
-    def _book(self, phase: str, since: Any, now: Any) -> None:
+    def _cpu(self) -> float:
+        return self.cpu_time() if self.cpu_time is not None else 0.0
+
+    def _book(self, phase: str, since: Any, now: Any, cpu_s: float) -> None:
         self._spans.append((phase, since, now))
-        if phase in _EXPOSABLE and any(exposed for *_, exposed in self._open):
+        if phase == "comm":
+            self._cpu_comm += cpu_s
+        if phase in _EXPOSABLE and any(entry[2] for entry in self._open):
             self._spans.append(("comm_exposed", since, now))
         self._ms = None
 
     def begin_step(self) -> None:
         self._step = (self.clock.mark(), None)
+        self._cpu_step = [self._cpu()]
 
     def end_step(self) -> None:
         assert self._step is not None, "end_step without begin_step"
         self._step = (self._step[0], self.clock.mark())
+        self._cpu_step = [self._cpu_step[0], self._cpu()]
         self._ms = None
+
+    def unloaded_ms(self, threads: int) -> float | None:
+        """The step's time on a machine nobody else loads, estimated (host clock only): its
+        communication's wall time (the wire and the peers, which CPU time cannot tell) plus the
+        process CPU time of the rest over the `threads` that compute. On an idle machine that is the
+        step's wall time where the compute keeps its threads busy; on a loaded one the wall time
+        grows by what other work took of the cores and the CPU time does not."""
+        if self.cpu_time is None or len(self._cpu_step) != 2:
+            return None
+        rest_cpu_ms = ((self._cpu_step[1] - self._cpu_step[0]) - self._cpu_comm) * 1e3
+        return self.ms["comm"] + max(0.0, rest_cpu_ms) / max(1, threads)
 
     def add_ms(self, phase: str, ms: float) -> None:
         """Book milliseconds measured elsewhere (a host-side wait) to `phase`."""

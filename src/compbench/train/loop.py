@@ -280,6 +280,9 @@ class Trainer:
         for phase in PHASES:
             r.scalar(f"time/{phase}_ms", s.ms[phase], st)
         r.scalar("time/other_ms", s.ms["step"] - sum(s.ms[p] for p in SPLIT), st)
+        unloaded = s.unloaded_ms(torch.get_num_threads())
+        if unloaded is not None:  # the CPU's steps: what a machine nobody else loads would take
+            r.scalar("time/step_unloaded_ms", unloaded, st)
         r.scalar("comm/bytes_sent", s.bytes_sent, st)
         r.scalar("comm/bytes_dense", s.bytes_dense, st)
         self.dense_since += s.bytes_dense
@@ -350,6 +353,8 @@ class Trainer:
         sent, dense = per_step("comm/bytes_sent"), per_step("comm/bytes_dense")
         compute, step = per_step("time/compute_ms"), per_step("time/step_ms")
         spread = r.quartiles("time/step_ms", skip, period)
+        cpu_estimated = bool(r.history.get("time/step_unloaded_ms"))  # the host clock's runs
+        unloaded = r.quartiles("time/step_unloaded_ms", skip, period)
         summary = {
             "status": "completed",
             "steps": self.step,
@@ -367,6 +372,9 @@ class Trainer:
             "peak_bytes_per_step": max(r.history["comm/bytes_sent"], default=None),
             "step_ms_q1": spread[0] if spread else None,
             "step_ms_q3": spread[1] if spread else None,
+            "step_unloaded_ms": per_step("time/step_unloaded_ms") if cpu_estimated else None,
+            "step_unloaded_ms_q1": unloaded[0] if unloaded else None,
+            "step_unloaded_ms_q3": unloaded[1] if unloaded else None,
             "utilization": compute / step if compute is not None and step else None,
             "target": self.progress.summary(),
             "stopped_by": self.progress.stopped,
