@@ -9,17 +9,18 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
 
 import pytest
 
-from compbench.network import delay
+from compbench.network import delay, probes
 from compbench.network.delay import Impairment
 from compbench.network.delay_line import Line
 from compbench.network.netem import RankLinks, can_shape, list_namespaces
-from tests.helpers import TINY, compbench
+from tests.helpers import TINY, compbench, start_compbench
 
 needs_line = pytest.mark.skipif(not (can_shape() and delay.has_tun()),
                                 reason="needs root, iproute2 and /dev/net/tun")
@@ -57,43 +58,13 @@ def test_other_packets_pass_at_once():
     assert len(line.due(5.0)) == 1
 
 
-PING = """
-import socket, statistics, sys, time
-host, n = sys.argv[1], int(sys.argv[2])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.settimeout(5)
-rtts = []
-for i in range(n):
-    t = time.perf_counter()
-    s.sendto(b"x" * 64, (host, 9999))
-    s.recvfrom(100)
-    rtts.append(time.perf_counter() - t)
-print(statistics.median(rtts), min(rtts))
-"""
-ECHO = """
-import socket
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("0.0.0.0", 9999))
-while True:
-    d, a = s.recvfrom(100)
-    s.sendto(d, a)
-"""
-
-
 def _ping(latency_us: float, n: int = 20) -> tuple[float, float]:
-    """(median, min) round trip in seconds between two workers' links through the line."""
-    with RankLinks([1.0, 1.0], latency_us, line=Impairment(latency_us, mode="line")) as links:
-        echo = subprocess.Popen([*links.prefix_for(1), sys.executable, "-c", ECHO])
-        try:
-            time.sleep(0.5)
-            out = subprocess.run([*links.prefix_for(0), sys.executable, "-c", PING, links.address(1), str(n)],
-                                 capture_output=True, text=True, timeout=60)
-            assert out.returncode == 0, out.stderr
-            median, low = map(float, out.stdout.split())
-        finally:
-            echo.kill()
-            echo.wait()
-    return median, low
+    """(median, min) round trip in seconds between two workers' links through the line (bridged,
+    without it, at 0)."""
+    line = Impairment(latency_us, mode="line") if latency_us else None
+    with RankLinks([1.0, 1.0], latency_us, line=line) as links:
+        rtts = probes.round_trips(links, n)
+    return statistics.median(rtts), min(rtts)
 
 
 def _left_behind() -> tuple[list[str], str]:
@@ -114,10 +85,29 @@ def test_a_round_trip_through_the_line_takes_at_least_twice_the_delay_and_nothin
 @needs_line
 def test_the_round_trip_is_twice_the_delay_within_5_percent_and_50_us():
     base, _ = _ping(0.0)  # no line: the link's own round trip
-    for latency_us in (100, 1000, 20_000, 100_000):
-        median, _ = _ping(latency_us)
+    for latency_us in (100, 1000, 20_000, 200_000):
+        median, _ = _ping(latency_us, n=10 if latency_us > 50_000 else 20)
         want = 2 * latency_us / 1e6
         assert abs(median - base - want) <= 0.05 * want + 50e-6, (latency_us, median, base)
+
+
+@pytest.mark.slow
+@needs_line
+def test_a_bulk_transfer_with_50_ms_each_way_fills_a_gigabit_link():
+    """TCP's window grows to the bandwidth-delay product (12.5 MB) because the job's namespaces get the
+    buffers for it (compbench.network.netem.size_socket_buffers)."""
+    with RankLinks([1.0, 1.0], 50_000, line=Impairment(50_000, mode="line")) as links:
+        rate, _ = probes.bulk_gbps(links, seconds=14.0, settle=5.0)
+    assert rate >= 0.9, rate
+
+
+@pytest.mark.slow
+@needs_line
+def test_the_line_drops_datagrams_at_its_rate_within_a_binomial_bound():
+    n, rate = 5000, 0.05
+    with RankLinks([1.0, 1.0], 100, line=Impairment(100, loss=rate, mode="line", seed=7)) as links:
+        lost = n - probes.received(links, n)
+    assert abs(lost - n * rate) <= 3.29 * math.sqrt(n * rate * (1 - rate)), lost
 
 
 @pytest.mark.dist
@@ -164,6 +154,28 @@ def test_a_line_that_dies_ends_the_job_with_one_line(tmp_path):
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "the delay line of" in lines[0] and "ended" in lines[0], err[-2000:]
     assert _left_behind() == ([], "")
+
+
+@pytest.mark.dist
+@needs_line
+def test_ctrl_c_leaves_no_namespace_line_or_worker_behind(tmp_path):
+    out = tmp_path / "run"
+    job = start_compbench("train", *TINY, "max_steps=100000", "epochs=1000", "checkpoint=false",
+                          "engine.np=2", "engine=torch", "net.emulate_gbps=1", "net.emulate_latency_us=2000",
+                          "net.delay_line=line", f"output_dir={out}")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out / "tb").exists():
+            time.sleep(0.2)
+        assert _left_behind()[1], "no delay line running"
+        os.killpg(job.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group
+        job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 130
+    workers = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.strip()
+    assert _left_behind() == ([], "") and workers == ""
 
 
 @needs_line

@@ -114,6 +114,27 @@ def _run(*argv: str) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip() or proc.returncode}")
 
 
+# TCP's largest socket buffers (net.ipv4.tcp_rmem/tcp_wmem, per namespace) are the kernel's defaults
+# (6 MB to receive, 4 MB to send) unless a link's bandwidth-delay product needs more: TCP's window is
+# about half the receive buffer, and the sender keeps everything unacknowledged, so both get four
+# bandwidth-delay products (1 Gbit/s with 50 ms each way: 12.5 MB in flight, 50 MB buffers).
+_TCP_BUFFERS = {"tcp_rmem": (4096, 131072, 6291456), "tcp_wmem": (4096, 16384, 4194304)}
+_BDP_HEADROOM = 4
+
+
+def size_socket_buffers(namespace: str, gbps: float, rtt_us: float) -> int:
+    """Let TCP in `namespace` fill a link of `gbps` Gbit/s with round trips of `rtt_us`: its largest
+    socket buffers at _BDP_HEADROOM bandwidth-delay products (never below the defaults). Returns the
+    largest buffer in bytes."""
+    bdp = gbps * 1e9 / 8 * rtt_us / 1e6
+    largest = 0
+    for key, (low, start, top) in _TCP_BUFFERS.items():
+        top = max(top, int(_BDP_HEADROOM * bdp))
+        largest = max(largest, top)
+        _run("ip", "netns", "exec", namespace, "sysctl", "-qw", f"net.ipv4.{key}={low} {start} {top}")
+    return largest
+
+
 def shape_link(namespace: str, device: str, gbps: float, latency_us: float = 0.0,
                latency_key: str = "net.emulate_latency_us") -> None:
     """Rate-limit the egress of `device` in `namespace` to `gbps` Gbit/s, plus a one-way delay
@@ -227,6 +248,7 @@ class ShapedNamespace(_Built):
         _run("ip", "-n", self.name, "link", "set", "lo", "up")
         if self.gbps is not None:
             shape_link(self.name, "lo", self.gbps, self.latency_us)
+            size_socket_buffers(self.name, self.gbps, 2 * self.latency_us)
 
     def add_addresses(self, addresses: list[str]) -> None:
         """Give the namespace's loopback these extra IPv4 addresses (each a host of its own to software
@@ -295,8 +317,11 @@ class RankLinks(_Built):
             # up: the switch asks for its hosts' addresses from its loopback's (no port has one of its own)
             _run("ip", "-n", self.switch, "link", "set", "lo", "up")
         for k, (name, gbps) in enumerate(zip(self.names, self.gbps, strict=True)):
+            # the round trip between two hosts: twice the one-way delay (and its jitter), line or netem
+            jitter = self.line.jitter_us if self.line else 0.0
             join_switch(self.switch, name, f"v{k}", self.address(k), gbps,
-                        0.0 if self.line else self.latency_us, routed=self.line is not None)
+                        0.0 if self.line else self.latency_us, routed=self.line is not None,
+                        rtt_us=2 * (self.latency_us + jitter))
             (NETNS_ETC / name).mkdir(parents=True)
             (NETNS_ETC / name / "hosts").write_text(f"127.0.0.1\tlocalhost\n{self.address(k)}\tr{k}\n")
         if self.line is not None:
@@ -315,13 +340,15 @@ class RankLinks(_Built):
 
 
 def join_switch(switch: str, namespace: str, side: str, address: str, gbps: float, latency_us: float = 0.0,
-                latency_key: str = "net.emulate_latency_us", routed: bool = False) -> None:
+                latency_key: str = "net.emulate_latency_us", routed: bool = False,
+                rtt_us: float | None = None) -> None:
     """Join `namespace` to the bridge br0 of namespace `switch`: a veth (`eth0` in `namespace` with
     `address`/24, `side` on the bridge) shaped to `gbps` both ways, plus a one-way delay on the
     namespace's end. The pair is made inside `namespace` and one end moved to the switch: the
     machine's own namespace never holds either end. `routed`: the switch routes to `side` instead
     (a /32 route, proxy ARP answering for the other hosts at once), for the delay line; both ends
-    then take the line's large MTU."""
+    then take the line's large MTU. `rtt_us`: the round trip to a peer (default twice the delay),
+    which sizes the namespace's TCP buffers (size_socket_buffers)."""
     mtu = ["mtu", str(LINE_MTU)] if routed else []
     _run("ip", "-n", namespace, "link", "add", "eth0", *mtu, "type", "veth", "peer", "name", side, *mtu)
     _run("ip", "-n", namespace, "link", "set", side, "netns", switch)
@@ -338,6 +365,7 @@ def join_switch(switch: str, namespace: str, side: str, address: str, gbps: floa
     _run("ip", "-n", namespace, "link", "set", "lo", "up")
     shape_link(namespace, "eth0", gbps, latency_us, latency_key=latency_key)
     shape_link(switch, side, gbps)
+    size_socket_buffers(namespace, gbps, 2 * latency_us if rtt_us is None else rtt_us)
 
 
 def exec_as_host(namespace: str, hostname: str) -> list[str]:
