@@ -125,6 +125,27 @@ def test_each_node_gets_its_own_link_rate(tmp_path):
     assert not nodes.leftovers()
 
 
+CONNECT = """
+import socket, time
+t = time.perf_counter()
+socket.create_connection(("n2", 22), timeout=10).close()
+print(time.perf_counter() - t)
+"""
+
+
+def test_a_delay_between_nodes_without_netem_comes_from_the_line_and_goes_with_the_cluster(tmp_path):
+    """--latency-us 5000: a TCP connection from n1 to n2's sshd takes one round trip (10 ms); where the
+    kernel has no netem, compbench's delay line makes it and is gone with the cluster."""
+    proc = subprocess.run([sys.executable, "-m", "compbench", "cluster", "run", "--nodes", "2", "--gbps", "1",
+                           "--latency-us", "5000", "--", sys.executable, "-c", CONNECT],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert 0.010 <= float(proc.stdout.split()[-1]) < 0.1, proc.stdout
+    assert not nodes.leftovers()
+    line = subprocess.run(["pgrep", "-f", "compbench.network.delay_line"], capture_output=True, text=True)
+    assert line.stdout.strip() == ""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["horovod", "torch"])
 def test_an_elastic_job_goes_on_on_one_node_when_the_other_nodes_worker_dies(tmp_path, engine):

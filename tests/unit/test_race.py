@@ -11,9 +11,9 @@ import pytest
 
 from compbench.comm.cost_model import Fit
 from compbench.race.main import main as race_main
-from compbench.race.model import BACKWARD_SHARE, Profile, crossover_gbps, fit_model
+from compbench.race.model import BACKWARD_SHARE, Profile, crossover_gbps, crossover_rtt_ms, fit_model
 from compbench.race.report import load, write
-from compbench.race.suites import TEXT
+from compbench.race.suites import TEXT, Link
 from compbench.race.targets import text_targets
 
 FIT = Fit(ms_per_waited=0.0, ms_per_queued=0.5, ms_per_round=0.2, link_factor=1.0, machine_gb_per_s=math.inf)
@@ -63,9 +63,10 @@ def test_a_warm_up_is_dense():
 def test_the_fit_recovers_the_network_and_finds_the_crossover():
     profiles = [Profile.of(_results(110.0, 10.0, sent, every=every))
                 for sent, every in ((4e6, 1), (2e5, 1), (1e6, 1), (3e6 / 30, 30), (5e5, 1), (8e6, 1))]
-    rows = [(p, g, p.step_ms(FIT, g), False) for p in profiles for g in (0.01, 0.1, 1.0)]
+    rows = [(p, g, 0.0, p.step_ms(FIT, g), False) for p in profiles for g in (0.01, 0.1, 1.0)]
     fit = fit_model(rows)
-    for p, g, step, _ in rows:
+    assert fit.latency_factor == 1.0  # one delay: not fitted
+    for p, g, _, step, _ in rows:
         assert p.step_ms(fit, g) == pytest.approx(step, rel=1e-6)
     dense, small = profiles[0], profiles[1]
     gbps, where = crossover_gbps(small, 120, dense, 100, FIT)  # more steps, far fewer bytes
@@ -75,17 +76,40 @@ def test_the_fit_recovers_the_network_and_finds_the_crossover():
     assert crossover_gbps(dense, 100, dense, 100, FIT)[1] == "nowhere"
 
 
-def _fake_race(out: Path) -> list:
+def test_the_fit_takes_the_delay_per_round_from_runs_at_two_delays_and_finds_the_round_trip_crossover():
+    """Runs with 0 and 25 ms each way: the delay's factor per round is fitted (here 1.5: TCP waits more
+    round trips than the collective's own); DiLoCo, one exchange every 30 steps, overtakes DDP above a
+    round trip the model finds."""
+    truth = Fit(0.0, 0.5, 0.2, 1.0, math.inf, latency_factor=1.5)
+    profiles = [Profile.of(_results(110.0, 10.0, sent, every=every))
+                for sent, every in ((4e6, 1), (2e5, 1), (1e6, 1), (3e6 / 30, 30), (5e5, 1), (8e6, 1))]
+    rows = [(p, g, lat, p.step_ms(truth, g, latency_ms=lat), False)
+            for p in profiles for g in (0.01, 0.1, 1.0) for lat in (0.0, 25.0)]
+    fit = fit_model(rows)
+    assert fit.latency_factor == pytest.approx(1.5, rel=1e-6)
+    for p, g, lat, step, _ in rows:
+        assert p.step_ms(fit, g, latency_ms=lat) == pytest.approx(step, rel=1e-6)
+    ddp, diloco = profiles[0], profiles[3]
+    rtt, where = crossover_rtt_ms(diloco, 300, ddp, 100, fit, gbps=1.0)  # 3x the steps: needs a slow link
+    assert where == "above" and 0.01 < rtt < 2000
+    one_way = rtt / 2
+    for factor, wins in ((1.1, True), (0.9, False)):
+        assert (300 * diloco.step_ms(fit, 1.0, latency_ms=one_way * factor)
+                < 100 * ddp.step_ms(fit, 1.0, latency_ms=one_way * factor)) == wins
+
+
+def _fake_race(out: Path, links: tuple[Link, ...] = (Link(10), Link(100), Link(1000))) -> list:
     import json
 
     entries = []
     for m, sent, every in (("ddp-adamw", 3.2e6, 1), ("diloco", 3.2e6 / 30, 30), ("onebit-adam", 1.5e5, 1)):
-        for mbps in (10.0, 100.0, 1000.0):
+        for link in links:
+            mbps = link.mbps
             for seed in (0, 1):
-                run_dir = out / "runs" / f"{m}-{mbps:g}mbps-s{seed}"
+                run_dir = out / "runs" / f"{m}-{link.folder}-s{seed}"
                 run_dir.mkdir(parents=True)
                 p = Profile.of(_results(110.0, 10.0, sent, every=every, hidden=every if every > 1 else 0))
-                step = p.step_ms(FIT, mbps / 1e3)
+                step = p.step_ms(FIT, mbps / 1e3, latency_ms=link.delay_ms)
                 reached = m != "ddp-adamw" or mbps == 1000.0 or (mbps == 100.0 and seed == 1)
                 # the loaded run: other work stretched its wall-clock steps by 1.6x, not its estimate
                 loaded = (m, mbps, seed) == ("diloco", 10.0, 1)
@@ -103,7 +127,7 @@ def _fake_race(out: Path) -> list:
                 res["curve"] = [{"step": s, "tokens": 4096 * s, "train_s": s * step / 1e3,
                                  "eval/loss": 3.0 - s / slope} for s in (50, 100, 150, 200)]
                 (run_dir / "results.json").write_text(json.dumps(res))
-                entries.append((m, mbps, seed, run_dir))
+                entries.append((m, link, seed, run_dir))
     return entries
 
 
@@ -137,6 +161,26 @@ def test_the_report_tables_plots_and_targets(tmp_path):
                      "utilization.png"]
 
 
+def test_a_link_with_delay_has_its_rows_its_plot_and_the_round_trip_crossover(tmp_path):
+    entries = _fake_race(tmp_path, (Link(100), Link(1000), Link(200, 25)))
+    text = write(tmp_path, TEXT, load(entries), quick=False, checks=text_targets)
+    rows = _rows(text)
+    assert rows[("diloco", "200:25")][2] == "17.5 +- 0.0 s (2/2)"  # the same steps, the link's step time
+    assert "1.00 ms per ms of one-way delay per round (fitted on runs at 0, 25 ms)" in text
+    assert "of the runs with delay, 6 of 6" in text
+    header = next(x for x in text.splitlines() if x.startswith("| method ") and "round trips" in x)
+    assert "... at 200 Mbit/s, round trips" in header
+    assert rows[("diloco", "at every bandwidth from 0.1 Mbit/s to 100 Gbit/s")][2] == "at every round trip"
+    assert "links 100 Mbit/s; 200 Mbit/s, 25 ms; 1000 Mbit/s" in text
+    assert (tmp_path / "plots" / "curves_200mbps-25ms.png").exists()
+    import pandas as pd
+
+    runs = pd.read_csv(tmp_path / "race.csv")
+    assert sorted(set(runs["one-way delay (ms)"])) == [0.0, 25.0]
+    # the exposed-communication check leaves the link with delay out (its round trips are the model's)
+    assert "onebit-adam at 200:25" not in text
+
+
 def test_the_curve_plots_show_markers_units_the_target_and_start_at_zero(tmp_path, monkeypatch):
     """Read off the figures themselves (kept open instead of closed): every evaluation a marker, every
     seed a line, the axes' units, a labelled target line, x from 0, a quick race marked."""
@@ -167,7 +211,8 @@ def test_the_csvs_are_tidy_numbers_a_lab_reads(tmp_path):
 
     write(tmp_path, TEXT, load(_fake_race(tmp_path)), quick=False, checks=text_targets)
     runs = pd.read_csv(tmp_path / "race.csv")
-    assert len(runs) == 18 and list(runs.columns[:4]) == ["method", "link (Mbit/s)", "seed", "reached"]
+    assert len(runs) == 18
+    assert list(runs.columns[:5]) == ["method", "link (Mbit/s)", "one-way delay (ms)", "seed", "reached"]
     for column in ("link (Mbit/s)", "tokens to target", "step ms", "time to target (s)", "tokens/s",
                    "bytes per token", "load before"):
         assert pd.api.types.is_numeric_dtype(runs[column]), column
@@ -202,8 +247,12 @@ def test_a_race_with_no_target_reached_says_no_verdict(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--links", "ten"], "--links ten must be a comma-separated list of link rates in Mbit/s > 0"),
+    (["--links", "ten"], "--links ten must be a comma-separated list of links, each a rate in Mbit/s > 0 and "
+                         "optionally a one-way delay in ms >= 0 after a colon, e.g. --links 10,200:25"),
     (["--links", "0,10"], "--links 0,10 must be a comma-separated list"),
+    (["--links", "100:-5"], "--links 100:-5 must be a comma-separated list"),
+    (["--links", "100:x"], "--links 100:x must be a comma-separated list"),
+    (["--links", "100,200:25,100.0"], "--links 100,200:25,100.0 names 100 twice; give each once"),
     (["--only", "ddp,nope"], "--only ddp,nope: unknown method ddp, nope; choose from ddp-adamw, diloco"),
     (["--seeds", "0"], "--seeds 0 must be within 1 to 10"),
 ])
@@ -225,8 +274,8 @@ def test_a_run_is_judged_loaded_by_todays_rule_on_its_recorded_loads():
     def run(before: float, after: float, flag: bool) -> Run:
         env = {"load_before": before, "load_after": after, "own_threads": 2, "cores": 2}
         summary = {"status": "completed", "loaded": flag}
-        return Run("ddp-adamw", 100.0, 0, {"summary": summary, "environment": env})
+        return Run("ddp-adamw", Link(100.0), 0, {"summary": summary, "environment": env})
 
     assert not run(2.3, 2.1, flag=True).loaded  # the previous run in the load before: not another job
     assert run(0.5, 3.0, flag=False).loaded
-    assert Run("ddp-adamw", 100.0, 0, {"summary": {"status": "completed", "loaded": True}}).loaded  # no loads
+    assert Run("ddp-adamw", Link(100.0), 0, {"summary": {"status": "completed", "loaded": True}}).loaded

@@ -33,6 +33,7 @@ from compbench.base.errors import INTERRUPTED_EXIT
 from compbench.cluster import nodes
 from compbench.cluster.nodes import Cluster
 from compbench.launch.processes import raise_interrupt
+from compbench.network.delay import has_tun
 from compbench.network.netem import check_delay, check_rate
 
 _GRACE_S = 10.0
@@ -47,7 +48,9 @@ def _parser() -> ArgumentParser:
         s.add_argument("--nodes", type=whole, default=2, help="emulated machines (default 2)")
         s.add_argument("--gbps", default="10",
                        help="node link, Gbit/s each way (default 10), or one per node: --gbps 1,1,0.1")
-        s.add_argument("--latency-us", type=decimal, default=0.0, help="one-way delay added per node link")
+        s.add_argument("--latency-us", type=decimal, default=0.0,
+                       help="one-way delay between two nodes, microseconds (netem, or compbench's delay line "
+                            "where the kernel has none)")
     run = sub.choices["run"]
     run.add_argument("--each", action="store_true", help="run the command on every node at once")
     run.add_argument("--elastic", action="store_true",
@@ -101,7 +104,11 @@ def _wanted(args: argparse.Namespace) -> Cluster:
         raise ValueError(f"--gbps {args.gbps} lists {len(rates)} rates for --nodes {args.nodes}; give one "
                          f"rate for every node, or one per node")
     gbps = rates[0] if len(rates) == 1 else rates
-    return Cluster(args.nodes, gbps, check_delay("--latency-us", args.latency_us))
+    cluster = Cluster(args.nodes, gbps, check_delay("--latency-us", args.latency_us))
+    if cluster.line and not has_tun():
+        raise ValueError("--latency-us needs the kernel's netem or /dev/net/tun (compbench's delay line); "
+                         "this machine has neither: drop --latency-us")
+    return cluster
 
 
 def _number(text: str) -> float | str:

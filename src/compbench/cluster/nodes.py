@@ -7,7 +7,10 @@ Layout (nothing outside these namespaces is touched but the files named here):
   per command, see `exec_prefix`) that every node's /etc/hosts resolves to its address.
 - the link of node i carries `gbps` Gbit/s each way (or a rate of its own: `--gbps 1,0.1`): HTB on
   the node's eth0 (egress) and on the switch side of its veth (the node's ingress), plus `latency_us`
-  one-way delay on the node side (compbench.network.netem.join_switch).
+  one-way delay between two nodes: netem on the node side (compbench.network.netem.join_switch) where
+  the kernel has it, else compbench's delay line in the switch namespace (compbench.network.delay:
+  the switch routes between its ports instead of bridging them, through a TUN device, and the line
+  process runs until the cluster is removed).
 - per-node configuration in /etc/netns/cbcl-n<i>/ (`ip netns exec` bind-mounts it over /etc): `hosts`
   and an `ssh/` folder with the sshd and ssh client settings, the cluster's host key and client key,
   so `ssh n2` and `horovodrun -H n1:2,n2:2` work inside a node without flags, as on a real cluster.
@@ -32,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from compbench.network.delay import DelayLine, Impairment
 from compbench.network.netem import exec_as_host, join_switch, list_namespaces
 
 PREFIX = "cbcl-"
@@ -64,6 +68,11 @@ class Cluster:
 
     def address(self, i: int) -> str:
         return f"{SUBNET}.{i}"
+
+    @property
+    def line(self) -> bool:
+        """Whether compbench's delay line makes the delay (the kernel has no netem)."""
+        return Impairment(self.latency_us).line
 
     def exec_prefix(self, i: int) -> list[str]:
         """argv prefix that runs a command on node i: its network namespace and /etc view, and a
@@ -127,10 +136,18 @@ def create(cluster: Cluster) -> None:
         STATE_DIR.mkdir(mode=0o700, parents=True)
         _keys()
         _run("ip", "netns", "add", SWITCH)
-        _run("ip", "-n", SWITCH, "link", "add", "br0", "type", "bridge")
-        _run("ip", "-n", SWITCH, "link", "set", "br0", "up")
+        if cluster.line:
+            _run("ip", "netns", "exec", SWITCH, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            _run("ip", "-n", SWITCH, "link", "set", "lo", "up")
+        else:
+            _run("ip", "-n", SWITCH, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", SWITCH, "link", "set", "br0", "up")
         for i in range(1, cluster.nodes + 1):
             _node(cluster, i)
+        if cluster.line:  # each node's half of the delay: a packet between two crosses two links
+            nodes = range(1, cluster.nodes + 1)
+            halves = {cluster.address(i): cluster.latency_us / 2 for i in nodes}
+            DelayLine(SWITCH, [f"v{i}" for i in nodes], halves, detached=True).start()
         for i in range(1, cluster.nodes + 1):
             _start_sshd(cluster, i)
         _wait_for_sshd(cluster)
@@ -149,8 +166,9 @@ def _keys() -> None:
 def _node(cluster: Cluster, i: int) -> None:
     ns = cluster.namespace(i)
     _run("ip", "netns", "add", ns)
-    join_switch(SWITCH, ns, f"v{i}", cluster.address(i), cluster.rate(i), cluster.latency_us,
-                latency_key="--latency-us")
+    join_switch(SWITCH, ns, f"v{i}", cluster.address(i), cluster.rate(i),
+                0.0 if cluster.line else cluster.latency_us, latency_key="--latency-us",
+                routed=cluster.line, rtt_us=2 * cluster.latency_us)
     _node_etc(cluster, i)
 
 

@@ -173,13 +173,16 @@ def blocking(comm: str) -> bool:
 class Fit:
     """Fitted coefficients: ms per waited collective and peer, ms per queued collective, ms per
     round, link factor (1 = the shaped rate: ms per ms of link time), and the machine's copy rate
-    (GB/s, inf: not limiting)."""
+    (GB/s, inf: not limiting); `latency_factor`: ms waited per ms of one-way delay per message
+    round (1: each round waits the delay once; fitted where runs had two delays or more; the
+    callers add it, since `terms` carry no delay)."""
 
     ms_per_waited: float
     ms_per_queued: float
     ms_per_round: float
     link_factor: float
     machine_gb_per_s: float
+    latency_factor: float = 1.0
 
     def comm_ms(self, terms: dict[str, float]) -> float:
         per_byte_ms = 0.0 if self.machine_gb_per_s == float("inf") else 1e3 / (self.machine_gb_per_s * 1e9)

@@ -118,12 +118,13 @@ class DelayLine:
     """The line of switch namespace `switch`: its TUN device, routes and process (started by
     `start`, stopped by `stop`). `delays_us` is each host address's one-way delay in microseconds
     (a packet between two hosts is held for the sum of theirs); `ports` the switch's ports towards
-    the hosts, whose arrivals go through the line."""
+    the hosts, whose arrivals go through the line. `detached`: the process outlives this one (an
+    emulated cluster's, killed with the cluster's namespaces); otherwise it ends with this one."""
 
     def __init__(self, switch: str, ports: list[str], delays_us: dict[str, float], jitter_us: float = 0.0,
-                 loss: float = 0.0, seed: int = 0) -> None:
+                 loss: float = 0.0, seed: int = 0, detached: bool = False) -> None:
         self.switch, self.ports, self.delays_us = switch, ports, delays_us
-        self.jitter_us, self.loss, self.seed = jitter_us, loss, seed
+        self.jitter_us, self.loss, self.seed, self.detached = jitter_us, loss, seed, detached
         self.process: subprocess.Popen | None = None
         self.stopping = False
 
@@ -140,8 +141,10 @@ class DelayLine:
              f"net.ipv4.conf.{LINE_DEVICE}.rp_filter=0")
         argv = [sys.executable, "-m", "compbench.network.delay_line", "--tun", LINE_DEVICE,
                 *(f"--delay={address}={us:g}" for address, us in self.delays_us.items()),
-                f"--jitter-us={self.jitter_us:g}", f"--loss={self.loss:g}", f"--seed={self.seed}"]
-        self.process = subprocess.Popen(["ip", "netns", "exec", self.switch, *argv], stdin=subprocess.PIPE,
+                f"--jitter-us={self.jitter_us:g}", f"--loss={self.loss:g}", f"--seed={self.seed}",
+                *(["--detached"] if self.detached else [])]
+        self.process = subprocess.Popen(["ip", "netns", "exec", self.switch, *argv],
+                                        stdin=subprocess.DEVNULL if self.detached else subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                         start_new_session=True)
         ready = self._first_line()
@@ -149,6 +152,11 @@ class DelayLine:
             err = self.process.stderr.read().strip() if self.process.stderr else ""  # it has ended
             self.stop()
             raise RuntimeError(f"the delay line did not start: {err or ready or 'no output'}")
+        if self.detached:  # it lives on its own now: nothing of it stays with this process
+            for stream in (self.process.stdout, self.process.stderr):
+                if stream:
+                    stream.close()
+            self.process = None
 
     def _first_line(self) -> str:
         """The line's first line of output, or '' when it ends or stays silent for _READY_S."""

@@ -14,7 +14,8 @@ probability P, independently (a seeded generator). Packets other than IPv4 are p
 Written in Python: with the switch's MTU at 64 KiB a link at 1 Gbit/s carries ~2,000 packets a second
 (plus TCP's acknowledgements), a few percent of a core here (docs/results.md); the timer slack is set
 to 1 ns so that a wake-up is not rounded up by 50 us. It prints "ready" once the device is open, and
-exits when its standard input closes (the parent is gone), on SIGTERM, or on an error, with one line.
+exits when its standard input closes (the parent is gone; `--detached`: never, a cluster's line is
+killed with the cluster's namespaces), on SIGTERM, or on an error, with one line.
 """
 
 from __future__ import annotations
@@ -91,17 +92,18 @@ class Line:
         return self.held[0][0] if self.held else None
 
 
-def run(fd: int, line: Line, stop_fd: int) -> None:
-    """Move packets until `stop_fd` (standard input) reaches its end."""
+def run(fd: int, line: Line, stop_fd: int | None) -> None:
+    """Move packets until `stop_fd` (standard input) reaches its end (None: until killed)."""
+    watched = [fd] if stop_fd is None else [fd, stop_fd]
     while True:
         now = time.monotonic()
         nxt = line.next_release()
         timeout = None if nxt is None else max(0.0, nxt - now - _SPIN_S)
-        ready, _, _ = select.select([fd, stop_fd], [], [], timeout)
+        ready, _, _ = select.select(watched, [], [], timeout)
         if not ready and nxt is not None:  # the last stretch awake: a wake-up can be late by ~60 us
             while time.monotonic() < nxt:
                 pass
-        if stop_fd in ready and not os.read(stop_fd, 1):
+        if stop_fd is not None and stop_fd in ready and not os.read(stop_fd, 1):
             return
         now = time.monotonic()
         if fd in ready:
@@ -126,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jitter-us", type=float, default=0.0)
     parser.add_argument("--loss", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--detached", action="store_true",
+                        help="run until killed, not until standard input ends (a cluster's line, which "
+                             "outlives the command that made it)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     ctypes.CDLL(None).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
@@ -136,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 1
     print("ready", flush=True)
-    run(fd, Line(parse_delays(args.delay), args.jitter_us / 1e6, args.loss, args.seed), sys.stdin.fileno())
+    line = Line(parse_delays(args.delay), args.jitter_us / 1e6, args.loss, args.seed)
+    run(fd, line, None if args.detached else sys.stdin.fileno())
     return 0
 
 

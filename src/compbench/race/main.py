@@ -1,14 +1,17 @@
-"""`compbench race [--suite text|field|cnn] [--quick] [--out DIR] [--only M,...] [--links MBPS,...]
-[--seeds N] [key=value ...]`: which method reaches a target quality first over a given link.
+"""`compbench race [--suite text|field|cnn] [--quick] [--out DIR] [--only M,...]
+[--links MBPS[:MS],...] [--seeds N] [key=value ...]`: which method reaches a target quality first
+over a given link.
 
 Runs every method of the race (compbench.race.suites) on every link (net.emulate_gbps: a shaped
-network namespace, root) for every seed, each to the race's target (stop_at_target) within its
-budget of training seconds (max_train_s), through `compbench train`, into DIR/runs/METHOD-LINKmbps-sSEED/
+network namespace, root; `MBPS:MS` adds MS milliseconds of one-way delay, net.emulate_latency_us)
+for every seed, each to the race's target (stop_at_target) within its budget of training seconds
+(max_train_s), through `compbench train`, into DIR/runs/METHOD-LINKmbps[-DELAYms]-sSEED/
 (compbench.cli.matrix: resumable; a finished run is kept). Then DIR/race.md, race.csv and plots/
 (compbench.race.report): time to target with its spread, throughput against the baseline,
 utilization, bytes per token, peak bytes per exchange, exposed communication against the wire time,
-the what-if model's step times beside the measured ones and the bandwidth below which each method
-beats the baseline; for the text race, its throughput targets as met or not.
+the what-if model's step times beside the measured ones, the bandwidth below which each method
+beats the baseline and the round trip above which it does; for the text race, its throughput
+targets as met or not.
 
 Default output: outputs/race-SUITE[-quick]. Extra key=value overrides apply to every run.
 Exit status: 0 when every run completed, 1 when a run failed, 2 for a usage error, 130 for Ctrl-C.
@@ -23,7 +26,7 @@ from compbench.base.args import ArgumentParser, decimal, whole
 from compbench.base.errors import INTERRUPTED_EXIT
 from compbench.cli.matrix import Job, check_jobs, run_jobs
 from compbench.race.report import load, write
-from compbench.race.suites import RACES, Race
+from compbench.race.suites import LINKS, RACES, Link, Race
 from compbench.race.targets import TARGETS
 
 MAX_SEEDS = 10  # a race of 3 links and 8 methods at 10 seeds is 240 runs already
@@ -39,7 +42,9 @@ def main(argv: list[str]) -> int:
                                                              "(~10 minutes; not evidence)")
     parser.add_argument("--out", default=None, help="output folder (default outputs/race-SUITE[-quick])")
     parser.add_argument("--only", default=None, help="comma-separated methods (default: all)")
-    parser.add_argument("--links", default=None, help="comma-separated links in Mbit/s (default 10,100,1000)")
+    parser.add_argument("--links", default=None,
+                        help="comma-separated links: Mbit/s, or Mbit/s:one-way delay in ms (default "
+                             f"{','.join(map(str, LINKS))})")
     parser.add_argument("--seeds", type=whole, default=None,
                         help=f"seeds per run, 1 to {MAX_SEEDS} (default 2, 3 for methods the race names; "
                              "--quick 1)")
@@ -47,19 +52,19 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     race = RACES[args.suite]
     methods = _select(args.only, race)
-    links = _links(args.links) if args.links is not None else race.links_mbps
+    links = _links(args.links) if args.links is not None else race.links
     if args.seeds is not None and not 1 <= args.seeds <= MAX_SEEDS:
         raise ValueError(f"--seeds {args.seeds} must be within 1 to {MAX_SEEDS} (each seed is one run per "
                          "method and link); e.g. --seeds 3")
     out = Path(args.out or f"outputs/race-{race.name}{'-quick' if args.quick else ''}")
     target = race.quick_target if args.quick else race.target
     budget = race.quick_budget_s if args.quick else race.budget_s
-    entries = [(m, mbps, seed, out / "runs" / f"{m}-{mbps:g}mbps-s{seed}") for m in methods for mbps in links
+    entries = [(m, link, seed, out / "runs" / f"{m}-{link.folder}-s{seed}") for m in methods for link in links
                for seed in range(race.seeds_of(m, args.seeds, args.quick))]
     race_keys = [target, "stop_at_target=true", f"max_train_s={budget:g}"]
-    jobs: list[Job] = [(run_dir, [*race.base, *race.methods[m], f"net.emulate_gbps={mbps / 1e3:g}",
-                                  *race_keys, *args.overrides, f"seed={seed}"])
-                       for m, mbps, seed, run_dir in entries]
+    jobs: list[Job] = [(run_dir, [*race.base, *race.methods[m], *link.overrides, *race_keys, *args.overrides,
+                                  f"seed={seed}"])
+                       for m, link, seed, run_dir in entries]
     check_jobs(jobs, out / "runs" / "_check")
     code = run_jobs(jobs, "race")
     if code == INTERRUPTED_EXIT:
@@ -87,17 +92,19 @@ def _once(flag: str, text: str, items: list) -> None:
     replace the first's finished folder."""
     twice = next((x for i, x in enumerate(items) if x in items[:i]), None)
     if twice is not None:
-        raise ValueError(f"{flag} {text} names {twice:g} twice; give each once" if isinstance(twice, float)
-                         else f"{flag} {text} names {twice} twice; give each once")
+        raise ValueError(f"{flag} {text} names {twice} twice; give each once")
 
 
-def _links(text: str) -> tuple[float, ...]:
+def _links(text: str) -> tuple[Link, ...]:
+    links: list[Link] = []
     try:
-        links = tuple(decimal(x.strip()) for x in text.split(",") if x.strip())
+        for item in (x.strip() for x in text.split(",") if x.strip()):
+            rate, _, delay = item.partition(":")
+            links.append(Link(decimal(rate), decimal(delay) if delay else 0.0))
     except argparse.ArgumentTypeError:
-        links = ()
-    if not links or not all(x > 0 for x in links):
-        raise ValueError(f"--links {text} must be a comma-separated list of link rates in Mbit/s > 0, e.g. "
-                         "--links 10,100,1000")
-    _once("--links", text, list(links))
-    return links
+        links = []
+    if not links or not all(x.mbps > 0 and x.delay_ms >= 0 for x in links):
+        raise ValueError(f"--links {text} must be a comma-separated list of links, each a rate in Mbit/s > "
+                         "0 and optionally a one-way delay in ms >= 0 after a colon, e.g. --links 10,200:25")
+    _once("--links", text, links)
+    return tuple(links)

@@ -20,7 +20,10 @@ of them: 1-bit Adam's warm-up). Then, at G Gbit/s with N workers and a latency L
 The alpha-beta coefficients are fitted (non-negative least squares on relative errors) on the race's
 own runs: each row's measured step time against its prediction with the row's own `fixed`.
 Assumptions: `fixed` and the payload per worker do not change with N or G; every worker is its own
-machine on a link of G each way (compbench's shaped loopback: 2 workers, 2 x G on one device).
+machine on a link of G each way (compbench's shaped loopback: 2 workers, 2 x G on one device; with a
+delay, a link each). The delay L is waited once per message round (`latency_factor` x L x rounds,
+the factor fitted where the race's runs had two delays or more: TCP's slow start and
+acknowledgements can cost more round trips than the collective's own).
 """
 
 from __future__ import annotations
@@ -80,11 +83,17 @@ class Profile:
         backward = BACKWARD_SHARE * self.compute_ms if self.overlaps_backward else 0.0
         return backward if dense else self.hidden_steps * self.fixed_ms + backward
 
+    def comm_ms(self, fit: Fit, gbps: float, workers: int | None = None, latency_ms: float = 0.0,
+                dense: bool = False) -> float:
+        """One exchange's communication, before what hides it: the collectives plus the delay once
+        per message round (times the fitted factor)."""
+        terms = self.terms(gbps, workers, dense)
+        return fit.comm_ms(terms) + fit.latency_factor * latency_ms * terms["rounds"]
+
     def step_ms(self, fit: Fit, gbps: float, workers: int | None = None, latency_ms: float = 0.0,
                 dense: bool = False) -> float:
         """A step's time; `dense`: a warm-up step's (every step exchanges, nothing hidden but backward)."""
-        terms = self.terms(gbps, workers, dense)
-        comm = fit.comm_ms(terms) + latency_ms * terms["rounds"]
+        comm = self.comm_ms(fit, gbps, workers, latency_ms, dense)
         return self.fixed_ms + max(0.0, comm - self.hidden_ms(dense)) / (1 if dense else self.every)
 
     def time_ms(self, steps: float, fit: Fit, gbps: float, workers: int | None = None,
@@ -99,31 +108,36 @@ class Profile:
         return self.compute_ms / self.step_ms(fit, gbps, workers, latency_ms)
 
 
-def fit_model(rows: list[tuple[Profile, float, float, bool]]) -> Fit:
-    """Fit the alpha-beta coefficients on (profile, Gbit/s, measured step ms, a warm-up step) rows:
-    non-negative least squares on relative errors of the exposed communication, iterated so that
-    only the rows whose exchange is not fully hidden (the max(0, .) is active) constrain it."""
+def fit_model(rows: list[tuple[Profile, float, float, float, bool]]) -> Fit:
+    """Fit the alpha-beta coefficients on (profile, Gbit/s, one-way delay ms, measured step ms, a
+    warm-up step) rows: non-negative least squares on relative errors of the exposed communication,
+    iterated so that only the rows whose exchange is not fully hidden (the max(0, .) is active)
+    constrain it. The delay's factor per message round is fitted where the rows had two delays or
+    more; otherwise it stays 1 (each round waits the delay once)."""
     from scipy.optimize import nnls
 
-    scale = np.array([1.0, 1.0, 1.0, 1e3, 1.0])
+    fit_latency = len({latency for _, _, latency, _, _ in rows}) >= 2
+    scale = np.array([1.0, 1.0, 1.0, 1e3, 1.0] + ([1.0] if fit_latency else []))
     active = list(rows)
     model = Fit(0.0, 0.0, 0.0, 1.0, math.inf)
     for _ in range(4):
         x, y, w = [], [], []
-        for p, gbps, step, dense in active:
+        for p, gbps, latency, step, dense in active:
             terms = p.terms(gbps, dense=dense)
             every, hidden = (1, p.hidden_ms(dense=True)) if dense else (p.every, p.hidden_ms())
+            delay = latency * terms["rounds"]
             # step = fixed + (comm - hidden) / every  =>  comm = (step - fixed) * every + hidden
-            x.append(np.array([terms[k] for k in TERMS]) * scale)
-            y.append((step - p.fixed_ms) * every + hidden)
+            x.append(np.array([terms[k] for k in TERMS] + ([delay] if fit_latency else [])) * scale)
+            y.append((step - p.fixed_ms) * every + hidden - (0.0 if fit_latency else delay))
             w.append(1.0 / max(step * every, 1e-3))
-        if len(x) < len(TERMS):
+        if len(x) < len(scale):
             break
         coef, _ = nnls(np.array(x) * np.array(w)[:, None], np.array(y) * np.array(w))
-        waited, queued, rounds, link, per_byte = (float(c) for c in coef)
-        model = Fit(waited, queued, rounds, link, math.inf if per_byte == 0 else 1e3 / per_byte / 1e9)
-        active = [(p, g, s, d) for p, g, s, d in rows
-                  if model.comm_ms(p.terms(g, dense=d)) > p.hidden_ms(dense=d)]
+        waited, queued, rounds, link, per_byte = (float(c) for c in coef[:5])
+        model = Fit(waited, queued, rounds, link, math.inf if per_byte == 0 else 1e3 / per_byte / 1e9,
+                    float(coef[5]) if fit_latency else 1.0)
+        active = [(p, g, lat, s, d) for p, g, lat, s, d in rows
+                  if p.comm_ms(model, g, latency_ms=lat, dense=d) > p.hidden_ms(dense=d)]
     return model
 
 
@@ -143,3 +157,21 @@ def crossover_gbps(method: Profile, steps: float, baseline: Profile, baseline_st
     if all(wins[: last + 1]):
         return float(grid[last]), "below"
     return float(grid[last]), "mixed"
+
+
+def crossover_rtt_ms(method: Profile, steps: float, baseline: Profile, baseline_steps: float, fit: Fit,
+                     gbps: float, workers: int | None = None) -> tuple[float | None, str]:
+    """The round trip (ms, twice the one-way delay) above which `method` reaches the target before
+    `baseline` at `gbps`, searched from 0.01 ms to 2 s; (None, why) where it beats it at every
+    round trip in that range or at none."""
+    grid = np.logspace(-2, np.log10(2000), 121)  # round trip, ms
+    wins = [method.time_ms(steps, fit, gbps, workers, rtt / 2)
+            < baseline.time_ms(baseline_steps, fit, gbps, workers, rtt / 2) for rtt in grid]
+    if all(wins):
+        return None, "everywhere"
+    if not any(wins):
+        return None, "nowhere"
+    first = min(i for i, w in enumerate(wins) if w)
+    if all(wins[first:]):
+        return float(grid[first]), "above"
+    return float(grid[first]), "mixed"

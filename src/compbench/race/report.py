@@ -32,8 +32,8 @@ from typing import Any
 from tabulate import tabulate
 
 from compbench.comm.cost_model import Fit
-from compbench.race.model import Profile, crossover_gbps, fit_model
-from compbench.race.suites import Race
+from compbench.race.model import Profile, crossover_gbps, crossover_rtt_ms, fit_model
+from compbench.race.suites import Link, Race
 from compbench.race.to_target import MIN_MEASURED_STEPS, ToTarget, step_times, to_target
 from compbench.records import provenance
 from compbench.records.results import WARMUP_STEPS
@@ -42,9 +42,13 @@ from compbench.records.results import WARMUP_STEPS
 @dataclass
 class Run:
     method: str
-    mbps: float
+    link: Link
     seed: int
     results: dict | None
+
+    @property
+    def mbps(self) -> float:
+        return self.link.mbps
 
     @property
     def measured(self) -> dict:
@@ -94,14 +98,14 @@ class Run:
         return max(0, int(self.summary.get("steps") or 0) - WARMUP_STEPS)
 
 
-def load(entries: Sequence[tuple[str, float, int, Path]]) -> list[Run]:
+def load(entries: Sequence[tuple[str, Link, int, Path]]) -> list[Run]:
     runs = []
-    for method, mbps, seed, run_dir in entries:
+    for method, link, seed, run_dir in entries:
         try:
             results = json.loads((run_dir / "results.json").read_text())
         except (OSError, ValueError):
             results = None
-        runs.append(Run(method, mbps, seed, results))
+        runs.append(Run(method, link, seed, results))
     return runs
 
 
@@ -205,10 +209,13 @@ def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None or not math.isfinite(v) else format(v, spec)
 
 
-def cells(runs: list[Run], race: Race) -> dict[tuple[str, float], Cell]:
-    out: dict[tuple[str, float], Cell] = {}
+Table = dict[tuple[str, Link], Cell]
+
+
+def cells(runs: list[Run], race: Race) -> Table:
+    out: Table = {}
     for r in runs:
-        out.setdefault((r.method, r.mbps), Cell([], race)).runs.append(r)
+        out.setdefault((r.method, r.link), Cell([], race)).runs.append(r)
     return out
 
 
@@ -218,7 +225,8 @@ def fitted(runs: list[Run]) -> tuple[Fit, list[tuple[Run, Profile]]] | None:
     rows = [(r, Profile.of(r.view)) for r in runs if r.ok and r.summary.get("step_ms")]
     if len(rows) < 5:
         return None
-    return fit_model([(p, r.mbps / 1e3, float(r.summary["step_ms"]), in_warmup(r, p)) for r, p in rows]), rows
+    return fit_model([(p, r.mbps / 1e3, r.link.delay_ms, float(r.summary["step_ms"]), in_warmup(r, p))
+                      for r, p in rows]), rows
 
 
 def in_warmup(run: Run, profile: Profile) -> bool:
@@ -227,13 +235,16 @@ def in_warmup(run: Run, profile: Profile) -> bool:
 
 
 def predictions(fit: Fit, rows: list[tuple[Run, Profile]]) -> list[tuple[Run, float, float]]:
-    """(run, step ms predicted from its own profile, from its method's fastest link's run)."""
-    fastest: dict[tuple[str, int], tuple[float, Profile]] = {}
+    """(run, step ms predicted from its own profile, from its method's run on the fastest link, the
+    one without delay where there is one)."""
+    fastest: dict[tuple[str, int], tuple[tuple[float, float], Profile]] = {}
     for r, p in rows:
-        if r.mbps > fastest.get((r.method, r.seed), (-1.0, p))[0]:
-            fastest[(r.method, r.seed)] = (r.mbps, p)
+        rank = (r.mbps, -r.link.delay_ms)
+        if (r.method, r.seed) not in fastest or rank > fastest[(r.method, r.seed)][0]:
+            fastest[(r.method, r.seed)] = (rank, p)
+
     def predict(r: Run, p: Profile) -> float:
-        return p.step_ms(fit, r.mbps / 1e3, dense=in_warmup(r, p))
+        return p.step_ms(fit, r.mbps / 1e3, latency_ms=r.link.delay_ms, dense=in_warmup(r, p))
 
     return [(r, predict(r, p), predict(r, fastest[(r.method, r.seed)][1])) for r, p in rows]
 
@@ -243,31 +254,33 @@ def predictions(fit: Fit, rows: list[tuple[Run, Profile]]) -> list[tuple[Run, fl
 
 def _header(race: Race) -> tuple[str, ...]:
     u = race.units[:-1]  # token, sample
-    return ("method", "link (Mbit/s)", "time to target (s)", "wall-clock to target (s)",
+    return ("method", "link (Mbit/s[:one-way ms])", "time to target (s)", "wall-clock to target (s)",
             f"{race.units} to target", f"{race.units}/s", "x baseline", "step ms (q1-q3)",
             "step ms predicted", "utilization", f"bytes per {u}", "peak kB/step", "exposed comm ms/exchange",
             "wire ms/exchange", "loaded runs")
 
 
-Checks = Callable[[dict[tuple[str, float], Cell]], list[tuple[str, bool | None, str]]]
+Checks = Callable[[Table], list[tuple[str, bool | None, str]]]
+Predicted = dict[tuple[str, Link, int], tuple[float, float]]  # (method, link, seed) -> (own, cross) ms
 
 
 def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | None) -> str:
     table = cells(runs, race)
     methods = list(dict.fromkeys(r.method for r in runs))
-    links = sorted({r.mbps for r in runs})
+    links = sorted({r.link for r in runs})
     model = fitted(runs)
-    predicted = {}
+    predicted: Predicted = {}
     if model is not None:
-        predicted = {(r.method, r.mbps, r.seed): (own, cross) for r, own, cross in predictions(*model)}
-    rows = [_row(race, table, c, method, mbps, predicted) for method in methods for mbps in links
-            if (c := table.get((method, mbps))) is not None]
+        predicted = {(r.method, r.link, r.seed): (own, cross) for r, own, cross in predictions(*model)}
+    rows = [_row(race, table, c, method, link, predicted) for method in methods for link in links
+            if (c := table.get((method, link))) is not None]
     config: dict = next(((r.results or {})["config"] for r in runs if r.ok), {})
     budget = config.get("max_train_s")
     target = f"{race.metric} {'>=' if race.higher_is_better else '<='} {race_target_value(race, runs):g}"
     lines = [f"# Race: {race.name}{' (quick: not evidence)' if quick else ''}", "",
              f"Target {target}, budget {budget} s of training per run, links "
-             f"{', '.join(f'{x:g}' for x in links)} Mbit/s, units: {race.units}. Time to target: the "
+             f"{'; '.join(x.label for x in links)} (rate each way, one-way delay), units: {race.units}. "
+             "Time to target: the "
              f"{race.units} each run took to reach it (interpolated between its evaluations) times its "
              "median step on the link (a run on a loaded machine: its estimate of that step on an unloaded "
              "one, from its CPU time), mean +- half the range over the seeds that reached it; beside it "
@@ -312,11 +325,11 @@ def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]])
                            for v in row] for row in rows])
 
 
-def _run_table(race: Race, runs: list[Run], predicted: dict[tuple[str, float, int], tuple[float, float]]
+def _run_table(race: Race, runs: list[Run], predicted: Predicted
                ) -> tuple[list[str], list[list[Any]]]:
     """race.csv: one row per run, each column one figure with its unit in the header."""
     u = race.units[:-1]
-    header = ["method", "link (Mbit/s)", "seed", "reached", f"{race.units} to target",
+    header = ["method", "link (Mbit/s)", "one-way delay (ms)", "seed", "reached", f"{race.units} to target",
               f"{race.units} to target resolution", "steps to target", "step ms", "step ms q1", "step ms q3",
               "step ms measured", "step ms unloaded estimate",
               "step ms predicted", "time to target (s)", "time to target predicted (s)",
@@ -326,12 +339,13 @@ def _run_table(race: Race, runs: list[Run], predicted: dict[tuple[str, float, in
     rows = []
     for r in runs:
         if not r.ok:
-            rows.append([r.method, r.mbps, r.seed, False, *[None] * (len(header) - 4)])
+            rows.append([r.method, r.mbps, r.link.delay_ms, r.seed, False, *[None] * (len(header) - 5)])
             continue
         one, t = Cell([r], race), r.to_target(race)
         target, env = r.summary.get("target") or {}, (r.results or {}).get("environment") or {}
-        pred = predicted.get((r.method, r.mbps, r.seed), (None, None))[1]
-        rows.append([r.method, r.mbps, r.seed, bool(target.get("reached")), _round(t.units if t else None),
+        pred = predicted.get((r.method, r.link, r.seed), (None, None))[1]
+        rows.append([r.method, r.mbps, r.link.delay_ms, r.seed, bool(target.get("reached")),
+                     _round(t.units if t else None),
                      _round(t.resolution if t else None), _round(t.steps if t else None),
                      _round(r.summary.get("step_ms")),
                      _round(r.summary.get("step_ms_q1")), _round(r.summary.get("step_ms_q3")),
@@ -352,10 +366,10 @@ def _curve_table(race: Race, runs: list[Run]) -> tuple[list[str], list[list[Any]
     """race_curves.csv: one row per evaluation of every run."""
     metrics = list(dict.fromkeys(k for r in runs for p in (r.results or {}).get("curve", [])
                                  for k in p if k.startswith("eval/")))
-    header = ["method", "link (Mbit/s)", "seed", "step", race.units, "training s", "wall s", "bytes sent",
-              *metrics]
-    rows = [[r.method, r.mbps, r.seed, p.get("step"), p.get(race.units), p.get("train_s"), p.get("wall_s"),
-             p.get("bytes_sent"), *(p.get(m) for m in metrics)]
+    header = ["method", "link (Mbit/s)", "one-way delay (ms)", "seed", "step", race.units, "training s",
+              "wall s", "bytes sent", *metrics]
+    rows = [[r.method, r.mbps, r.link.delay_ms, r.seed, p.get("step"), p.get(race.units), p.get("train_s"),
+             p.get("wall_s"), p.get("bytes_sent"), *(p.get(m) for m in metrics)]
             for r in runs for p in (r.results or {}).get("curve", [])]
     return header, rows
 
@@ -364,54 +378,64 @@ def _round(v: float | None) -> float | None:
     return None if v is None else round(float(v), 6)
 
 
-def _row(race: Race, table: dict[tuple[str, float], Cell], c: Cell, method: str, mbps: float,
-         predicted: dict[tuple[str, float, int], tuple[float, float]]) -> tuple[str, ...]:
-    base = table.get((race.baseline, mbps))
+def _row(race: Race, table: Table, c: Cell, method: str, link: Link, predicted: Predicted) -> tuple[str, ...]:
+    base = table.get((race.baseline, link))
     rate, base_rate = c.mean(_rate_key(race)), base.mean(_rate_key(race)) if base else None
-    preds = [predicted[(method, mbps, r.seed)][1] for r in c.done if (method, mbps, r.seed) in predicted]
+    preds = [predicted[(method, link, r.seed)][1] for r in c.done if (method, link, r.seed) in predicted]
     units = [t.units for t in c.decomposed]
     q1, q3 = c.mean("step_ms_q1"), c.mean("step_ms_q3")
     spread = f" ({q1:.1f}-{q3:.1f})" if q1 is not None and q3 is not None else ""
-    return (method, f"{mbps:g}", c.time_to_target(),
+    return (method, str(link), c.time_to_target(),
             _fmt(statistics.fmean(c.reached) if c.reached else None, ".1f"),
             _fmt(statistics.fmean(units) if units else None, ",.0f"), _fmt(rate, ",.0f"),
             _fmt(rate / base_rate if rate and base_rate else None, ".2f"),
             _fmt(c.mean("step_ms"), ".1f") + spread,
             _fmt(statistics.fmean(preds) if preds else None, ".1f"), _fmt(c.mean("utilization"), ".2f"),
             _fmt(c.per_unit_bytes(), ".3g"), _fmt((c.mean("peak_bytes_per_step") or 0) / 1e3, ".1f"),
-            _fmt(c.exposed_per_exchange_ms(), ".1f"), _fmt(c.wire_per_exchange_ms(mbps), ".1f"),
+            _fmt(c.exposed_per_exchange_ms(), ".1f"), _fmt(c.wire_per_exchange_ms(link.mbps), ".1f"),
             f"{c.loaded}/{len(c.done)}")
 
 
-def _model_lines(race: Race, table: dict[tuple[str, float], Cell], methods: list[str], links: list[float],
-                 model: tuple[Fit, list[tuple[Run, Profile]]] | None,
-                 predicted: dict[tuple[str, float, int], tuple[float, float]]) -> list[str]:
+RTT_RATE_MBPS = 200.0  # the rate of the round-trip crossover where the race has no link with delay
+
+
+def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link],
+                 model: tuple[Fit, list[tuple[Run, Profile]]] | None, predicted: Predicted) -> list[str]:
     if model is None:
         return ["The model needs at least 5 finished runs.", ""]
     fit, rows = model
-    measured = {(r.method, r.mbps, r.seed): float(r.summary["step_ms"]) for r, _ in rows}
+    measured = {(r.method, r.link, r.seed): float(r.summary["step_ms"]) for r, _ in rows}
     errors = [abs(cross / measured[k] - 1) for k, (_, cross) in predicted.items()]
+    delayed = [abs(cross / measured[k] - 1) for k, (_, cross) in predicted.items() if k[1].delay_ms]
     within = sum(e <= 0.15 for e in errors)
+    delays = sorted({r.link.delay_ms for r, _ in rows})
+    latency = (f"{fit.latency_factor:.2f} ms per ms of one-way delay per round (fitted on runs at "
+               f"{', '.join(f'{d:g}' for d in delays)} ms)" if len(delays) >= 2 else
+               "1 ms per ms of one-way delay per round (not fitted: the runs had one delay)")
     lines = ["## The model", "",
              f"Fitted on these runs (compbench.race.model): {fit.ms_per_queued:.3f} ms per queued and "
              f"{fit.ms_per_waited:.3f} ms per waited collective, {fit.ms_per_round:.3f} ms per message "
-             "round, "
-             f"link factor {fit.link_factor:.2f}. Each run's step time predicted from its method's run on "
-             f"the fastest link: {within} of {len(errors)} within 15% of the measured one "
-             f"(target: 80%).", ""]
-    profiles = {(r.method, r.mbps): p for r, p in rows}
-    fastest = {m: max((x for x in links if (m, x) in profiles), default=None) for m in methods}
+             f"round, link factor {fit.link_factor:.2f}, {latency}. Each run's step time predicted from its "
+             f"method's run on the fastest link without delay: {within} of {len(errors)} within 15% of the "
+             "measured one (target: 80%)"
+             + (f"; of the runs with delay, {sum(e <= 0.15 for e in delayed)} of {len(delayed)}" if delayed
+                else "") + ".", ""]
+    profiles = {(r.method, r.link): p for r, p in rows}
+    # each method's profile: its run on the fastest link, the one without delay where there is one
+    fastest = {m: max((x for x in links if (m, x) in profiles), key=lambda x: (x.mbps, -x.delay_ms),
+                      default=None) for m in methods}
     base_link = fastest.get(race.baseline)
     base_steps = table[(race.baseline, base_link)].steps_to_target if base_link is not None else None
+    rtt_rates = sorted({x.mbps for x in links if x.delay_ms}) or [RTT_RATE_MBPS]
     verdicts = []
     for m in methods:
         link = fastest.get(m)
         steps = _steps(table, m, links)
         if m == race.baseline:
-            verdicts.append((m, "- (the baseline)", "-"))
+            verdicts.append((m, "- (the baseline)", *["-"] * len(rtt_rates), "-"))
             continue
         if link is None or steps is None or base_steps is None or base_link is None:
-            verdicts.append((m, "- (the target was not reached)", "-"))
+            verdicts.append((m, "- (the target was not reached)", *["-"] * len(rtt_rates), "-"))
             continue
         p, base = profiles[(m, link)], profiles[(race.baseline, base_link)]
         gbps, where = crossover_gbps(p, steps, base, base_steps, fit)
@@ -419,22 +443,29 @@ def _model_lines(race: Race, table: dict[tuple[str, float], Cell], methods: list
                    "nowhere": "at no bandwidth from 0.1 Mbit/s to 100 Gbit/s",
                    "below": f"below {gbps * 1e3:.3g} Mbit/s" if gbps else "",
                    "mixed": f"up to {gbps * 1e3:.3g} Mbit/s, not everywhere below" if gbps else ""}[where]
+        rtts = []
+        for mbps in rtt_rates:
+            rtt, at = crossover_rtt_ms(p, steps, base, base_steps, fit, mbps / 1e3)
+            rtts.append({"everywhere": "at every round trip", "nowhere": "at no round trip up to 2 s",
+                         "above": f"above {rtt:.3g} ms" if rtt else "",
+                         "mixed": f"from {rtt:.3g} ms, not everywhere above" if rtt else ""}[at])
         whatif = " / ".join(f"{p.time_ms(steps, fit, g / 1e3, 8, 10.0) / 1e3:.0f} s" for g in (10, 100, 1000))
-        verdicts.append((m, verdict, whatif))
-    header = ("method", "reaches the target before the baseline", "time to target at 10 / 100 / 1000 Mbit/s, "
-              "8 workers, 10 ms per message round (model)")
+        verdicts.append((m, verdict, *rtts, whatif))
+    header = ("method", "reaches the target before the baseline (no delay)",
+              *(f"... at {x:g} Mbit/s, round trips" for x in rtt_rates),
+              "time to target at 10 / 100 / 1000 Mbit/s, 8 workers, 10 ms per message round (model)")
     return [*lines, tabulate(verdicts, headers=header, tablefmt="github", disable_numparse=True), ""]
 
 
-def _steps(table: dict[tuple[str, float], Cell], method: str, links: list[float]) -> float | None:
+def _steps(table: Table, method: str, links: list[Link]) -> float | None:
     """Steps to the target, over the links where the method reached it (the steps do not depend on
     the link; the time does)."""
     steps = [s for x in links if (c := table.get((method, x))) is not None and (s := c.steps_to_target)]
     return statistics.fmean(steps) if steps else None
 
 
-def _plots(folder: Path, race: Race, runs: list[Run], table: dict[tuple[str, float], Cell],
-           methods: list[str], links: list[float],
+def _plots(folder: Path, race: Race, runs: list[Run], table: Table,
+           methods: list[str], links: list[Link],
            model: tuple[Fit, list[tuple[Run, Profile]]] | None, quick: bool) -> None:
     import matplotlib
 
@@ -446,10 +477,10 @@ def _plots(folder: Path, race: Race, runs: list[Run], table: dict[tuple[str, flo
     unit = "nats/token" if race.metric == "eval/loss" else "%"
     note = " (quick: not evidence)" if quick else ""
     target = float(race_target_value(race, runs))
-    for mbps in links:  # the metric against training seconds: every evaluation a marker, every seed a line
+    for link in links:  # the metric against training seconds: every evaluation a marker, every seed a line
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for r in runs:
-            if r.mbps == mbps and r.ok:
+            if r.link == link and r.ok:
                 curve = [(p["train_s"], p[race.metric]) for p in (r.results or {}).get("curve", [])
                          if p.get(race.metric) is not None]
                 if curve:
@@ -460,20 +491,23 @@ def _plots(folder: Path, race: Race, runs: list[Run], table: dict[tuple[str, flo
         ax.set_xlim(left=0)
         ax.set_xlabel("training seconds")
         ax.set_ylabel(f"{race.metric} ({unit})")
-        ax.set_title(f"{race.name} race, {mbps:g} Mbit/s{note}", fontsize=10)
+        ax.set_title(f"{race.name} race, {link.label}{note}", fontsize=10)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(folder / f"curves_{mbps:g}mbps.png", dpi=100)
+        fig.savefig(folder / f"curves_{link.folder}.png", dpi=100)
         plt.close(fig)
     fig, ax = plt.subplots(figsize=(6.5, 4))  # utilization against bandwidth
     for m in methods:
-        xs = [(r.mbps, r.summary["utilization"]) for r in runs
-              if r.method == m and r.ok and r.summary.get("utilization")]
-        if xs:
-            ax.plot(*zip(*xs, strict=True), "o", color=colors[m], label=m)
+        for delayed in (False, True):  # a link with delay: a hollow marker
+            xs = [(r.mbps, r.summary["utilization"]) for r in runs if r.method == m and r.ok
+                  and r.summary.get("utilization") and bool(r.link.delay_ms) == delayed]
+            if xs:
+                ax.plot(*zip(*xs, strict=True), "o", color=colors[m], label=None if delayed else m,
+                        mfc="none" if delayed else colors[m])
         if model is not None:
             fit, rows = model
-            prof = next((p for r, p in sorted(rows, key=lambda rp: -rp[0].mbps) if r.method == m), None)
+            prof = next((p for r, p in sorted(rows, key=lambda rp: (-rp[0].mbps, rp[0].link.delay_ms))
+                         if r.method == m), None)
             if prof is not None:
                 grid = [10 ** (k / 10) for k in range(0, 41)]
                 ax.plot(grid, [prof.utilization(fit, g / 1e3) for g in grid], "-", color=colors[m], lw=1)
@@ -481,15 +515,16 @@ def _plots(folder: Path, race: Race, runs: list[Run], table: dict[tuple[str, flo
     ax.set_xlabel("link (Mbit/s)")
     ax.set_ylabel("compute utilization (compute / step)")
     ax.set_ylim(0, 1.05)
-    ax.set_title(f"{race.name} race: points measured, lines modelled{note}", fontsize=10)
+    hollow = " (hollow: with delay)" if any(x.delay_ms for x in links) else ""
+    ax.set_title(f"{race.name} race: points measured{hollow}, lines modelled without delay{note}", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "utilization.png", dpi=100)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(0.6 * len(methods) * len(links) + 3, 4))  # time to target
-    for i, mbps in enumerate(links):
+    for i, link in enumerate(links):
         for j, m in enumerate(methods):
-            c = table.get((m, mbps))
+            c = table.get((m, link))
             x = i * (len(methods) + 1) + j
             if c is None or not c.done:
                 continue
@@ -507,7 +542,7 @@ def _plots(folder: Path, race: Race, runs: list[Run], table: dict[tuple[str, flo
         ax.text(0.5, 0.5, "no method reached the target within the budget", transform=ax.transAxes,
                 ha="center", va="center")
     ax.set_xticks([i * (len(methods) + 1) + (len(methods) - 1) / 2 for i in range(len(links))],
-                  [f"{x:g} Mbit/s" for x in links])
+                  [x.label for x in links])
     ax.set_ylim(bottom=0)
     ax.set_ylabel(f"seconds to the target ({race.units} x step time)")
     ax.set_title(f"each seed a point, the mean a bar (dashed, k/n: k of n seeds reached it){note}",

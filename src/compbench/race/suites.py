@@ -1,5 +1,9 @@
-"""The races as data: a workload (BASE overrides), the methods (name -> overrides), the links
-(Mbit/s, shaped with net.emulate_gbps), the target and the training-time budget of every run.
+"""The races as data: a workload (BASE overrides), the methods (name -> overrides), the links (a rate
+in Mbit/s, shaped with net.emulate_gbps, and a one-way delay in ms, net.emulate_latency_us: netem or
+compbench's delay line), the target and the training-time budget of every run.
+
+The links of every race: 10, 100 and 1000 Mbit/s without delay (a data centre's), and 200 Mbit/s
+with 25 ms each way (a link between sites: a round trip of 50 ms).
 
 text (default): the text workload of `compbench claims --suite text` (model=gpt on Shakespeare, 2
 workers x batch 32 x 64 tokens, constant lr after a 5% warm-up), engine=torch, validation on 256
@@ -27,6 +31,35 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class Link(NamedTuple):
+    """A race's link: its rate each way (Mbit/s) and its one-way delay between two workers (ms)."""
+
+    mbps: float
+    delay_ms: float = 0.0
+
+    def __str__(self) -> str:
+        """As --links takes it: `100`, or `200:25` with a delay."""
+        return f"{self.mbps:g}:{self.delay_ms:g}" if self.delay_ms else f"{self.mbps:g}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.mbps:g} Mbit/s" + (f", {self.delay_ms:g} ms" if self.delay_ms else "")
+
+    @property
+    def folder(self) -> str:
+        """The link's part of a run's folder name (a link without delay keeps its older name)."""
+        return f"{self.mbps:g}mbps" + (f"-{self.delay_ms:g}ms" if self.delay_ms else "")
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        rate = (f"net.emulate_gbps={self.mbps / 1e3:g}",)
+        return (*rate, f"net.emulate_latency_us={self.delay_ms * 1e3:g}") if self.delay_ms else rate
+
+
+LINKS = (Link(10), Link(100), Link(1000), Link(200, 25))
 
 
 @dataclass(frozen=True)
@@ -35,7 +68,7 @@ class Race:
     base: tuple[str, ...]
     methods: Mapping[str, tuple[str, ...]]
     baseline: str              # the method every other is compared with (DDP)
-    links_mbps: tuple[float, ...]
+    links: tuple[Link, ...]
     target: str                # "target_loss=V" or "target_acc1=V"
     budget_s: float            # max_train_s of every run
     seeds: int
@@ -78,7 +111,7 @@ TEXT = Race(
         # would take most of a 90-second budget at 10 Mbit/s: every method races on one schedule
         "onebit-adam": ("optim=adamw", "sync=onebit_adam", "sync.freeze_step=40"),
     },
-    baseline="ddp-adamw", links_mbps=(10, 100, 1000), target="target_loss=2.3", budget_s=90, seeds=2,
+    baseline="ddp-adamw", links=LINKS, target="target_loss=2.3", budget_s=90, seeds=2,
     quick_target="target_loss=2.7", quick_budget_s=20, units="tokens",
     method_seeds={"onebit-adam": 3})  # it once stayed near 3 nats in one seed of two (docs/results.md)
 
@@ -94,7 +127,7 @@ FIELD = Race(
         "noloco": ("optim=adamw", "sync=noloco", f"sync.inner_steps={H}"),
         "sparta": ("optim=adamw", "sync=sparta"),
     },
-    baseline="ddp-adamw", links_mbps=TEXT.links_mbps, target=TEXT.target, budget_s=TEXT.budget_s,
+    baseline="ddp-adamw", links=LINKS, target=TEXT.target, budget_s=TEXT.budget_s,
     seeds=TEXT.seeds, quick_target=TEXT.quick_target, quick_budget_s=TEXT.quick_budget_s, units="tokens")
 
 CNN = Race(
@@ -109,7 +142,7 @@ CNN = Race(
         "qsgd": ("compressor=qsgd", "comm=allgather"),
         "powersgd": ("compressor=powersgd", "comm=allreduce"),
     },
-    baseline="fp32", links_mbps=(10, 100, 1000), target="target_acc1=85", budget_s=60, seeds=2,
+    baseline="fp32", links=LINKS, target="target_acc1=85", budget_s=60, seeds=2,
     quick_target="target_acc1=75", quick_budget_s=20, units="samples")
 
 RACES = {r.name: r for r in (TEXT, FIELD, CNN)}

@@ -1,0 +1,132 @@
+"""Where the race's exposed communication beyond the wire time comes from (run on an idle machine,
+root): `python scripts/exposed_comm.py [--out DIR]`.
+
+The text race's check "exposed communication per exchange <= its wire time + 2 ms" missed by 2-5 ms
+for DeMo, 1-bit Adam and SparseLoCo, whose exchanges are small (tens of kB: a few ms of wire). Two
+measurements tell the candidates apart:
+
+1. The same training (the text race's DeMo, 1-bit Adam after its warm-up) on the shaped 100 Mbit/s
+   link and on no shaped link at all: what the step waits for without a link is not the link's.
+2. A gloo allgather of DeMo's payload between two processes on the shaped link, after a compute
+   phase (a matmul loop of about the model's step, whose time varies as a real one does), each rank
+   stamping when it enters the collective (CLOCK_MONOTONIC, shared by the processes of one machine):
+   rank 0's wait split into the time it waited for rank 1 to arrive (skew) and the rest (gloo and
+   the wire), and the same allgather back to back after a barrier (no skew at all).
+
+Prints the tables and writes DIR/exposed_comm.json (default outputs/exposed-comm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from compbench.network.netem import ShapedNamespace
+
+PROBE = r"""
+import os, statistics, sys, time
+import torch, torch.distributed as dist
+rank, nbytes, steps = int(os.environ["RANK"]), int(sys.argv[1]), int(sys.argv[2])
+compute_ms = float(sys.argv[3])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29577", rank=rank, world_size=2)
+payload = torch.zeros(nbytes // 8, dtype=torch.float64)  # float64: the entry times to the microsecond
+a = torch.randn(256, 256)
+def compute():  # about compute_ms of matmuls: the same work each step, the machine's own variation
+    for _ in range(reps):
+        a @ a
+t = time.perf_counter()
+for _ in range(20):
+    a @ a
+reps = max(1, int(compute_ms / ((time.perf_counter() - t) * 1e3 / 20)))
+rows = []
+for step in range(steps):
+    compute()
+    enter = time.monotonic()
+    out = [torch.empty_like(payload) for _ in range(2)]
+    payload[0] = enter  # each rank's entry time travels in its payload
+    dist.all_gather(out, payload)
+    done = time.monotonic()
+    rows.append((done - enter, float(out[1][0]) - enter))
+back = []
+for step in range(steps):
+    dist.barrier()
+    t = time.monotonic()
+    dist.all_gather([torch.empty_like(payload) for _ in range(2)], payload)
+    back.append(time.monotonic() - t)
+if rank == 0:
+    waits = [w for w, _ in rows[5:]]
+    late = [max(0.0, s) for _, s in rows[5:]]  # how long after rank 0 rank 1 arrived
+    rest = [w - s for w, s in zip(waits, late)]
+    print(statistics.median(waits) * 1e3, statistics.mean(waits) * 1e3, statistics.mean(late) * 1e3,
+          statistics.median(rest) * 1e3, statistics.median(back[5:]) * 1e3)
+dist.destroy_process_group()
+"""
+
+
+def train(out: Path, overrides: list[str]) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "compbench", "train", *overrides, f"output_dir={out}"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip()[-1500:])
+    return json.loads((out / "results.json").read_text())["summary"]
+
+
+def trainings(tmp: Path) -> list[dict]:
+    from compbench.race.suites import TEXT
+
+    rows = []
+    for method, steps in (("demo", 60), ("onebit-adam", 120)):  # 1-bit Adam compresses after 40 steps
+        keys = [*TEXT.base, *TEXT.methods[method], f"max_steps={steps}", "eval=false"]
+        for link, extra in (("100 Mbit/s", ["net.emulate_gbps=0.1"]), ("none", [])):
+            s = train(tmp / f"{method}-{link.split()[0]}", [*keys, *extra])
+            exposed = max(0.0, s["comm_exposed_ms"] - (s.get("decompress_ms") or 0.0))
+            wire = s["bytes_sent_per_step"] * 8 / 1e8 * 1e3 if extra else 0.0
+            rows.append({"method": method, "link": link, "exposed ms": exposed, "wire ms": wire,
+                         "beyond the wire ms": exposed - wire, "compute ms": s["compute_ms"],
+                         "bytes/step": s["bytes_sent_per_step"]})
+    return rows
+
+
+def probe(nbytes: int, steps: int, compute_ms: float) -> dict:
+    with ShapedNamespace(0.1 * 2) as ns:  # the race's 100 Mbit/s per worker: 2 x on the loopback
+        procs = [subprocess.Popen([*ns.prefix, sys.executable, "-c", PROBE, str(nbytes), str(steps),
+                                   str(compute_ms)], env={**os.environ, "RANK": str(r)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+        outs = [p.communicate(timeout=600) for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(outs[0][1][-1500:] + outs[1][1][-1500:])
+    median, mean, late, rest, back = map(float, outs[0][0].split())
+    return {"payload bytes": nbytes, "compute ms": compute_ms, "wire ms": nbytes * 8 / 1e8 * 1e3,
+            "wait median ms": median, "wait mean ms": mean, "rank 1 later by (mean) ms": late,
+            "wait less skew ms": rest, "back to back ms": back}
+
+
+def main() -> int:
+    from tabulate import tabulate
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="outputs/exposed-comm")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="compbench-exposed-") as tmp:
+        runs = trainings(Path(tmp))
+    print(tabulate(runs, headers="keys", tablefmt="github", floatfmt=".2f"), "\n", flush=True)
+    probes = [probe(59904, 120, ms) for ms in (0.0, 250.0)]
+    print(tabulate(probes, headers="keys", tablefmt="github", floatfmt=".2f"), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "exposed_comm.json").write_text(json.dumps({"trainings": runs, "probes": probes}, indent=1))
+    print(f"exposed comm: {out / 'exposed_comm.json'}; median of the probe's rank-0 waits: "
+          f"{statistics.median(p['wait median ms'] for p in probes):.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
