@@ -7,8 +7,9 @@ measurements tell the candidates apart:
 
 1. The same training (the text race's DeMo, 1-bit Adam after its warm-up) on the shaped 100 Mbit/s
    link and on no shaped link at all: what the step waits for without a link is not the link's.
-2. A gloo allgather of DeMo's payload between two processes on the shaped link, after a compute
-   phase (a matmul loop of about the model's step, whose time varies as a real one does), each rank
+2. A gloo allgather of DeMo's payload between two processes on the shaped link and on an unshaped
+   loopback, after a compute phase (a matmul loop of about the model's compute, whose time varies as
+   a real one does) and back to back, each rank
    stamping when it enters the collective (CLOCK_MONOTONIC, shared by the processes of one machine):
    rank 0's wait split into the time it waited for rank 1 to arrive (skew) and the rest (gloo and
    the wire), and the same allgather back to back after a barrier (no skew at all).
@@ -94,8 +95,9 @@ def trainings(tmp: Path) -> list[dict]:
     return rows
 
 
-def probe(nbytes: int, steps: int, compute_ms: float) -> dict:
-    with ShapedNamespace(0.1 * 2) as ns:  # the race's 100 Mbit/s per worker: 2 x on the loopback
+def probe(nbytes: int, steps: int, compute_ms: float, mbps: float | None) -> dict:
+    # the race's 100 Mbit/s per worker is 2 x on the loopback; None: a loopback of its own, unshaped
+    with ShapedNamespace(mbps * 2 / 1e3 if mbps else None) as ns:
         procs = [subprocess.Popen([*ns.prefix, sys.executable, "-c", PROBE, str(nbytes), str(steps),
                                    str(compute_ms)], env={**os.environ, "RANK": str(r)},
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
@@ -103,7 +105,8 @@ def probe(nbytes: int, steps: int, compute_ms: float) -> dict:
     if any(p.returncode for p in procs):
         raise RuntimeError(outs[0][1][-1500:] + outs[1][1][-1500:])
     median, mean, late, rest, back = map(float, outs[0][0].split())
-    return {"payload bytes": nbytes, "compute ms": compute_ms, "wire ms": nbytes * 8 / 1e8 * 1e3,
+    return {"link": f"{mbps:g} Mbit/s" if mbps else "none", "payload bytes": nbytes, "compute ms": compute_ms,
+            "wire ms": nbytes * 8 / (mbps * 1e6) * 1e3 if mbps else 0.0,
             "wait median ms": median, "wait mean ms": mean, "rank 1 later by (mean) ms": late,
             "wait less skew ms": rest, "back to back ms": back}
 
@@ -118,7 +121,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="compbench-exposed-") as tmp:
         runs = trainings(Path(tmp))
     print(tabulate(runs, headers="keys", tablefmt="github", floatfmt=".2f"), "\n", flush=True)
-    probes = [probe(59904, 120, ms) for ms in (0.0, 250.0)]
+    probes = [probe(59904, 120, ms, mbps) for mbps in (100.0, None) for ms in (0.0, 150.0)]
     print(tabulate(probes, headers="keys", tablefmt="github", floatfmt=".2f"), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,8 @@ COMMON = [*TINY, "compressor=none", "eval=false", "max_steps=3", "epochs=1", "en
 NUMEL = 3 * 8 * 8 * 32 + 32 + 32 * 10 + 10  # the tiny MLP: 192 -> 32 -> 10
 
 
+# slow tier: ~15 s of external baselines (DDP, Horovod) training; the e2e bench's small matrix runs them
+@pytest.mark.slow
 @pytest.mark.dist
 def test_baselines_train_like_compbench_none(tmp_path):
     ref, _ = train(tmp_path, *COMMON, "engine=torch", "comm=allreduce", name="compbench")

@@ -42,6 +42,8 @@ def test_tensorboard_time_is_training_time(tmp_path):
         assert e.wall_time - first.wall_time == pytest.approx(train_s[e.step] - train_s[first.step], abs=1e-3)
 
 
+# slow tier: a resume's curve; resumes are exact in the default tier (test_resume, test_faults)
+@pytest.mark.slow
 def test_resume_keeps_the_curve(tmp_path):
     full, _ = train(tmp_path, *COMMON, name="full")
     half, _ = train(tmp_path, *COMMON, "max_steps=7", name="half")

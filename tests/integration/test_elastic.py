@@ -86,6 +86,8 @@ def test_an_elastic_run_goes_on_without_a_killed_worker_as_a_resume_with_the_sur
     assert record["curve"][-1]["bytes_sent"] == results(resumed)["curve"][-1]["bytes_sent"]
 
 
+# slow tier: ~30 s; the promise's main test (the survivors against a resume) stays in the default tier
+@pytest.mark.slow
 @needs_root
 def test_a_stopped_diloco_run_resumed_with_the_same_threads_ends_where_the_elastic_run_ends(tmp_path):
     """The promise on another model, data set and mode (DiLoCo rounds of 4 steps, a CNN on digits,

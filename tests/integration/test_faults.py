@@ -47,6 +47,8 @@ def test_resume_is_bit_exact(tmp_path, setup):
                 assert torch.equal(ma[kind][name], mb[kind][name]), (rank, kind, name)
 
 
+# slow tier: test_resume's cases resume mid-run in the default tier
+@pytest.mark.slow
 def test_resume_inside_an_epoch_is_bit_exact(tmp_path):
     common = [*TINY, "engine.np=2", "batch_size=16", "compressor=topk", "memory=residual", "comm=allgather",
               "epochs=1", "eval=false"]

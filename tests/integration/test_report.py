@@ -12,6 +12,8 @@ from tests.helpers import TINY, compbench
 pytestmark = pytest.mark.dist
 
 
+# slow tier: ~23 s multirun; sweeps run in the default tier (test_cli, test_loggers) and the report on records
+@pytest.mark.slow
 def test_sweep_then_report(tmp_path):
     proc = compbench("train", "-m", "compressor=topk,randk", "ratio=0.1,0.01", "comm=allgather",
                      "memory=residual", *TINY, "epochs=2", "engine.np=2", f"outputs_root={tmp_path}",

@@ -65,9 +65,10 @@ def _plan(tmp_path: Path) -> Path:
     return plan
 
 
-# Suite time: mergecomp with DGC in the slow tier (DGC's memory resumes in test_faults.py, MergeComp's
-# groups in mergecomp-auto).
-SLOW_CASES = ("mergecomp-allgather-dgc",)
+# Suite time: the slow tier takes the cases that repeat the resume path secopa-ring covers in the
+# default tier (~15-20 s each): MergeComp's groups, the ps server's memory (DGC's memory resumes in
+# test_faults.py).
+SLOW_CASES = ("mergecomp-allgather-dgc", "layerwise-ps", "mergecomp-auto")
 
 
 @pytest.mark.dist

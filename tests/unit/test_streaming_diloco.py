@@ -265,6 +265,8 @@ def test_every_compressor_and_comm_is_refused_or_trains_with_fragments(tmp_path)
            overlap=1, mix=0.5)
 
 
+# slow tier: ~15 s through the launcher; DiLoCo's mid-round resume stays in the default tier (test_diloco)
+@pytest.mark.slow
 @pytest.mark.dist
 def test_resume_with_an_exchange_in_flight_through_the_launcher_is_exact(tmp_path):
     """test_diloco's launcher resume with two fragments and one overlapping step: the checkpoint at

@@ -35,6 +35,8 @@ def test_settings_that_would_not_be_used_are_refused(overrides, message):
     assert str(e.value) == message
 
 
+# slow tier: 1-bit Adam's state survives a restart in place in the default tier (test_elastic)
+@pytest.mark.slow
 @pytest.mark.dist
 def test_onebit_adam_resumes_every_ranks_errors_exactly(tmp_path):
     """2 epochs == 1 epoch + resume after the freeze: each rank's worker and server errors."""
