@@ -89,7 +89,9 @@ def test_a_home_folder_is_written_out_for_hydra(monkeypatch, tmp_path):
     (["--seeds", "100"], "--seeds 100 must be within 1 to 10 (each seed is one run per method and link); "
                          "e.g. --seeds 3"),
     (["--seeds", "1_0"], "argument --seeds: '1_0' is not a whole number"),
-    (["--links", "1_0"], "--links 1_0 must be a comma-separated list of link rates in Mbit/s > 0"),
+    (["--links", "1_0"], "--links 1_0 must be a comma-separated list of links, each a rate in Mbit/s > 0"),
+    (["--links", "200:-5"], "--links 200:-5 must be a comma-separated list of links, each a rate in Mbit/s > "
+                            "0 and optionally a one-way delay in ms >= 0"),
 ])
 def test_a_race_queues_each_run_once_and_a_bounded_number_of_seeds(argv, message):
     with pytest.raises(ValueError) as e:
