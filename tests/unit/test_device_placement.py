@@ -202,6 +202,9 @@ def test_the_torch_engine_puts_its_rank_on_its_gpu_with_the_backend(fake_gpus, m
      "engine=horovod was built without CUDA (Gloo only) and device=cuda hands it CUDA tensors; rebuild it "
      "with `make setup` where CUDA and NCCL are present, or use engine=torch, or device=cpu"),
     (["device=gpu"], 0, "device=gpu is unknown; use auto, cpu or cuda"),
+    (["engine=torch", "budget_clock=unloaded", "max_train_s=60"], 2,
+     "budget_clock=unloaded estimates a CPU step from its CPU time and this run trains on a GPU (auto: 2 "
+     "worker(s) on 2 GPU(s), one each); use budget_clock=wall or device=cpu"),
 ])
 def test_device_settings_that_cannot_hold_are_refused(fake_gpus, overrides, gpus, message):
     import horovod.torch as hvd

@@ -69,6 +69,28 @@ def test_a_budget_ends_the_run_at_the_evaluation_after_it():
     assert progress.point(2, 0.0, {"eval/acc1": 20.0}, engine) and progress.stopped == "max_train_s"
 
 
+def test_the_unloaded_clock_counts_each_steps_estimate_for_the_budget_and_the_schedule():
+    # a loaded machine: the wall time of every step is 4x its estimate on an idle one
+    progress, engine = Progress(_settings(max_train_s=0.25, budget_clock="unloaded"), "samples", 10_000, 1), \
+        _Engine()
+    assert progress.every_s == pytest.approx(0.25 / 8)
+    for step in range(20):
+        progress.add_step(step, 40.0, 32, 10, engine, unloaded_ms=10.0)
+    assert progress.every == 3  # 31.25 ms of evaluation interval over the estimate's 10 ms a step
+    assert not progress.point(20, 0.0, {"eval/acc1": 10.0}, engine)  # 0.2 s on its clock, 0.8 s of wall
+    assert progress.curve[-1]["train_s"] == pytest.approx(0.8)
+    assert progress.curve[-1]["train_unloaded_s"] == pytest.approx(0.2)
+    for step in range(20, 25):
+        progress.add_step(step, 40.0, 32, 10, engine, unloaded_ms=10.0)
+    assert progress.point(25, 0.0, {"eval/acc1": 20.0}, engine) and progress.stopped == "max_train_s"
+    copy = Progress(_settings(max_train_s=0.25, budget_clock="unloaded"), "samples", 10_000, 1)
+    copy.load_state_dict(progress.state_dict())
+    assert copy.clock_s == pytest.approx(0.25) and copy.train_s == pytest.approx(1.0)
+    wall = Progress(_settings(max_train_s=0.25), "samples", 10_000, 1)  # the default clock: the wall's
+    wall.add_step(0, 300.0, 32, 10, engine, unloaded_ms=10.0)
+    assert wall.point(1, 0.0, {"eval/acc1": 10.0}, engine) and "train_unloaded_s" not in wall.curve[-1]
+
+
 def test_accuracy_targets_are_reached_from_below():
     target = Target.of(dataclasses.replace(_settings(), target_acc1=90.0))
     assert target is not None and target.met({"eval/acc1": 90.0}) and not target.met({"eval/acc1": 89.9})
@@ -86,6 +108,9 @@ def test_accuracy_targets_are_reached_from_below():
     (["stop_at_target=yes"], "stop_at_target=yes must be true or false"),
     (["max_train_s=0"], "max_train_s=0 must be a finite number > 0"),
     (["max_train_s=10", "eval=false"], "max_train_s is checked at evaluations and eval=false runs none"),
+    (["budget_clock=cpu"], "budget_clock=cpu is unknown; use wall or unloaded"),
+    (["budget_clock=unloaded"], "budget_clock=unloaded is the clock of max_train_s and eval_every_s, and "
+                                "neither is set; set max_train_s=SECONDS or drop budget_clock"),
     (["target_loss=1", "eval=false"], "target_loss is checked at evaluations and eval=false runs none; drop "
                                       "target_loss or pass eval=true"),
     (["model=gpt", "dataset=shakespeare", "target_acc1=50"],

@@ -22,6 +22,9 @@ ON_NONFINITE = ("raise", "skip", "ignore")
 DEVICES = ("auto", "cpu", "cuda")  # compbench.engines.device: where a run trains
 PRECISIONS = ("fp32", "bf16")  # bf16: autocast for forward and backward; gradients and pipeline in fp32
 TIMINGS = ("events", "sync")  # on a GPU: phases timed by CUDA events, or synchronized at each edge
+# what max_train_s and eval_every_s count: each step's wall time, or (a CPU's steps) its estimate on a
+# machine nobody else loads (compbench.records.stats.StepStats.unloaded_ms)
+BUDGET_CLOCKS = ("wall", "unloaded")
 
 
 def _int(low: int, fix: str = "", nullable: bool = False) -> Any:
@@ -81,6 +84,7 @@ class RunSettings:
     stop_at_target: bool = _flag()
     max_train_s: float | None = _number(0, strict=True, nullable=True,
                                         fix="seconds of training, e.g. max_train_s=90")
+    budget_clock: str = _choice(BUDGET_CLOCKS)
 
     @classmethod
     def path_keys(cls) -> tuple[str, ...]:

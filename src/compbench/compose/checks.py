@@ -173,6 +173,9 @@ def _check_run_settings(cfg: DictConfig) -> None:
     if s.max_train_s is not None and not s.eval:
         raise ValueError("max_train_s is checked at evaluations and eval=false runs none; drop max_train_s "
                          "or pass eval=true")
+    if s.budget_clock == "unloaded" and s.max_train_s is None and not s.eval_every_s:
+        raise ValueError("budget_clock=unloaded is the clock of max_train_s and eval_every_s, and neither is "
+                         "set; set max_train_s=SECONDS or drop budget_clock")
     if s.stop_at_target and target is None:
         raise ValueError("stop_at_target=true needs a target; pass target_loss=VALUE or target_acc1=VALUE")
     if s.target_acc1 is not None and "vocab_size" in cfg.model:
@@ -200,8 +203,11 @@ def _check_device(cfg: DictConfig) -> None:
     """device, precision and the engine's backend on this machine (compbench.engines.device)."""
     from compbench.engines import device
 
-    device.check(cfg.device, cfg.precision, device.local_workers(cfg.engine.get("np", 1)),
-                 cfg.choices["engine"], cfg.engine.get("backend"))
+    placement = device.check(cfg.device, cfg.precision, device.local_workers(cfg.engine.get("np", 1)),
+                             cfg.choices["engine"], cfg.engine.get("backend"))
+    if cfg.budget_clock == "unloaded" and placement.kind != "cpu":
+        raise ValueError(f"budget_clock=unloaded estimates a CPU step from its CPU time and this run trains "
+                         f"on a GPU ({placement.why}); use budget_clock=wall or device=cpu")
 
 
 def _check_groups(cfg: DictConfig, np: int) -> None:

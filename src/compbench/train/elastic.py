@@ -65,6 +65,7 @@ def restore_commit(trainer: Trainer, shared: dict[str, Any], mine: dict[str, Any
     batch = batch * before // engine.size  # the samples consumed stay consumed
     trainer.start_at = (epoch, batch)
     trainer.progress.train_s += lost_s
+    trainer.progress.clock_s += lost_s  # the budget's clock loses them too
     trainer.progress.wall_base += lost_s
     trainer.resumed_s = trainer.progress.wall_s()
     kills = [e for e in fault_events.read_events(trainer.run_dir) if e["event"] == "kill"]

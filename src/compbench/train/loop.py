@@ -215,8 +215,9 @@ class Trainer:
                 loss_value = loss.item()  # the step's last wait on a GPU: inside its time
             stats.end_step()
             units = self.task.count(y) * engine.size
-            self.progress.add_step(self.step, stats.ms["step"], units, stats.bytes_sent, engine)
-            self.record_step(loss_value, units)
+            unloaded = stats.unloaded_ms(torch.get_num_threads())  # None on a GPU
+            self.progress.add_step(self.step, stats.ms["step"], units, stats.bytes_sent, engine, unloaded)
+            self.record_step(loss_value, units, unloaded)
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}")
             self.step += 1
@@ -269,7 +270,7 @@ class Trainer:
                   f"non-finite gradient ({', '.join(bad[:3]) or 'another rank'})", flush=True)
         return False
 
-    def record_step(self, loss: float, global_count: int) -> None:
+    def record_step(self, loss: float, global_count: int, unloaded_ms: float | None) -> None:
         if self.recorder is None:
             return
         r, s, st = self.recorder, self.stats, self.step
@@ -280,9 +281,8 @@ class Trainer:
         for phase in PHASES:
             r.scalar(f"time/{phase}_ms", s.ms[phase], st)
         r.scalar("time/other_ms", s.ms["step"] - sum(s.ms[p] for p in SPLIT), st)
-        unloaded = s.unloaded_ms(torch.get_num_threads())
-        if unloaded is not None:  # the CPU's steps: what a machine nobody else loads would take
-            r.scalar("time/step_unloaded_ms", unloaded, st)
+        if unloaded_ms is not None:  # the CPU's steps: what a machine nobody else loads would take
+            r.scalar("time/step_unloaded_ms", unloaded_ms, st)
         r.scalar("comm/bytes_sent", s.bytes_sent, st)
         r.scalar("comm/bytes_dense", s.bytes_dense, st)
         self.dense_since += s.bytes_dense

@@ -17,6 +17,11 @@ the first point that reaches it (`summary.target`, and the time to it in the run
 `stop_at_target` ends the run there. A budget (`max_train_s`) ends the run at the first evaluation
 after that many seconds of training (rank 0's clock decides, for every rank); with a budget and no
 schedule of steps or seconds, the `eval_points` evaluations are spread over the budget's seconds.
+
+`budget_clock` says what the budget and `eval_every_s` count: `wall`, the steps' wall times (the
+curve's `train_s`), or `unloaded`, each CPU step's estimate on a machine nobody else loads
+(compbench.records.stats.StepStats.unloaded_ms; the curve's `train_unloaded_s`), so that a run on a
+shared machine trains as far and evaluates at the same steps as on an idle one (compbench race).
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class Progress:
         self.target = Target.of(settings)
         self.stop_at_target = settings.stop_at_target
         self.train_s = 0.0
+        self.unloaded = settings.budget_clock == "unloaded"
+        self.clock_s = 0.0  # training seconds on the budget's clock (budget_clock)
         self.eval_s = 0.0  # evaluation seconds (rank 0's), beside the training ones
         self.units = 0
         self.bytes_sent = 0
@@ -91,9 +98,15 @@ class Progress:
         """`steps` rounded up to a whole number of rounds."""
         return -(-steps // self.period) * self.period
 
-    def add_step(self, step: int, step_ms: float, units: int, bytes_sent: int, engine: Engine) -> None:
-        """Count a finished step (`step` is its index); turns eval_every_s into steps once measured."""
+    def add_step(self, step: int, step_ms: float, units: int, bytes_sent: int, engine: Engine,
+                 unloaded_ms: float | None = None) -> None:
+        """Count a finished step (`step` is its index; `unloaded_ms`: its estimate on a machine nobody
+        else loads, which budget_clock=unloaded counts); turns eval_every_s into steps once measured."""
         self.train_s += step_ms / 1e3
+        if self.unloaded:
+            assert unloaded_ms is not None, "budget_clock=unloaded needs each step's estimate (a CPU step)"
+            step_ms = unloaded_ms
+        self.clock_s += step_ms / 1e3
         self.units += units
         self.bytes_sent += bytes_sent
         if self.every_s and not self.every:
@@ -111,6 +124,7 @@ class Progress:
         """Record an evaluation; returns whether the run stops here: its target reached, or its
         budget spent (rank 0's clock, broadcast: every rank stops together)."""
         point = {"step": steps_taken, "epoch": round(epoch, 4), "train_s": round(self.train_s, 3),
+                 **({"train_unloaded_s": round(self.clock_s, 3)} if self.unloaded else {}),
                  "wall_s": round(self.wall_s(), 3), self.units_key: self.units,
                  "bytes_sent": self.bytes_sent, **metrics}
         self.curve.append(point)
@@ -120,7 +134,7 @@ class Progress:
                 self.stopped = "target"
                 return True
         if self.budget_s is not None:
-            spent = engine.broadcast_object(self.train_s >= self.budget_s if engine.rank == 0 else None, 0)
+            spent = engine.broadcast_object(self.clock_s >= self.budget_s if engine.rank == 0 else None, 0)
             if spent:
                 self.stopped = "max_train_s"
                 return True
@@ -138,14 +152,15 @@ class Progress:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"train_s": self.train_s, "eval_s": self.eval_s, "wall_s": self.wall_s(), "units": self.units,
-                "bytes_sent": self.bytes_sent, "curve": [dict(p) for p in self.curve],
-                "reached": self.reached, "every": self.every}
+        return {"train_s": self.train_s, "clock_s": self.clock_s, "eval_s": self.eval_s,
+                "wall_s": self.wall_s(), "units": self.units, "bytes_sent": self.bytes_sent,
+                "curve": [dict(p) for p in self.curve], "reached": self.reached, "every": self.every}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.started, self.wall_base = time.perf_counter(), float(state["wall_s"])
         self.train_s, self.units = float(state["train_s"]), int(state["units"])
         self.eval_s = float(state.get("eval_s", 0.0))  # older checkpoints: not recorded
+        self.clock_s = float(state.get("clock_s", self.train_s))  # older checkpoints: the wall clock's
         self.bytes_sent, self.every = int(state["bytes_sent"]), int(state["every"])
         self.curve = [dict(p) for p in state["curve"]]
         self.reached = state["reached"]
