@@ -11,8 +11,9 @@ an idle machine, `python scripts/delay_line_fidelity.py [--out FILE.json] [--qui
    the binomial's 99.9% two-sided bound (3.29 standard deviations).
 4. A training step through the line at its smallest delay (1 us) against the same links (one per
    worker, 1 Gbit/s) bridged without it: the text race's DDP-AdamW (one allreduce of 3.2 MB a
-   step), runs alternating, the median step of each: <= 3% apart. The shaped loopback (a job
-   without delay: one namespace) runs beside them: a delay also changes the topology.
+   step), runs alternating, the median of the runs' median steps: the line's at most 3% longer.
+   The shaped loopback (a job without delay: one namespace) runs beside them: a delay also changes
+   the topology.
 
 Prints a table per part and writes them as JSON (default outputs/delay_line_fidelity.json).
 """
@@ -43,12 +44,12 @@ def links(one_way_us: float = 0.0, gbps: float = 1.0, loss: float = 0.0) -> Rank
 
 def round_trips(quick: bool) -> list[dict]:
     with links() as bridged:
-        base = statistics.median(probes.round_trips(bridged, 50))
+        base = statistics.median(probes.round_trips(bridged, 200))
     rows = []
     for one_way_ms in (0.1, 1.0, 10.0, 50.0, 200.0):
         if quick and one_way_ms > 10:
             continue
-        n = 10 if one_way_ms >= 50 else 40
+        n = 10 if one_way_ms >= 50 else 40 if one_way_ms >= 10 else 200  # the short ones: noise of ~20 us
         with links(one_way_ms * 1e3) as line:
             rtt = statistics.median(probes.round_trips(line, n))
         want = 2 * one_way_ms / 1e3
@@ -99,9 +100,9 @@ def step_effect(quick: bool) -> dict:
                                               "net.delay_line=line"]}
     steps: dict[str, list[float]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory(prefix="compbench-fidelity-") as tmp:
-        for i in range(2 if quick else 3):
+        for i in range(2 if quick else 5):  # runs of one setting differ by up to 10% here
             for arm, extra in arms.items():
-                out = Path(tmp) / f"{arm.replace(' ', '-')}-{i}"
+                out = Path(tmp) / f"{''.join(c if c.isalnum() else '-' for c in arm)}-{i}"  # Hydra parses it
                 proc = subprocess.run([sys.executable, "-m", "compbench", "train", *keys, *extra,
                                        f"output_dir={out}"], capture_output=True, text=True)
                 if proc.returncode != 0:
@@ -113,7 +114,7 @@ def step_effect(quick: bool) -> dict:
     return {**{f"step ms {arm}": v for arm, v in steps.items()},
             **{f"median {arm}": m for arm, m in median.items()},
             "line against bridged links": effect, "links against loopback": topology,
-            "ok": abs(effect) <= 0.03}
+            "ok": effect <= 0.03}
 
 
 def _table(rows: list[dict]) -> str:

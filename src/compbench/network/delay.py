@@ -7,6 +7,10 @@ through it (`iif vK lookup 100`, table 100: `default dev dl0`), while what the l
 the main table to the receiver's port (`iif dl0 lookup main`). Each host's link carries half of the
 one-way delay, so that a packet between two workers is held for `net.emulate_latency_us` in all, as
 netem on the sender's link holds it. Only the job's own namespaces are touched.
+
+The line attaches to its TUN device through python-pytun; the namespaces, links, qdiscs, routes and
+rules are made with iproute2 (`ip`, `tc`), as every shaped link of compbench is: one tool for the
+whole of a link's plumbing, each step a command one can run by hand to look at a job's network.
 """
 
 from __future__ import annotations

@@ -12,38 +12,42 @@ order holds, as on a link: a packet behind a late one waits for it. Loss: each p
 probability P, independently (a seeded generator). Packets other than IPv4 are passed on at once.
 
 Written in Python: with the switch's MTU at 64 KiB a link at 1 Gbit/s carries ~2,000 packets a second
-(plus TCP's acknowledgements), a few percent of a core here (docs/results.md); the timer slack is set
-to 1 ns so that a wake-up is not rounded up by 50 us. It prints "ready" once the device is open, and
-exits when its standard input closes (the parent is gone; `--detached`: never, a cluster's line is
-killed with the cluster's namespaces), on SIGTERM, or on an error, with one line.
+(plus TCP's acknowledgements), which costs the line a quarter of a core per Gbit/s here
+(docs/results.md, measured by scripts/delay_line_fidelity.py); a line in C would cost less, and is
+not needed while the job's links carry a few hundred Mbit/s. The timer slack is set to 1 ns so that
+a wake-up is not rounded up by 50 us, and the line measures how late it wakes (on a virtual machine,
+tens of microseconds): a packet that woke it has waited that long already, so its hold is shorter
+by as much (without that, a round trip at 0.1 ms each way came out 60-95 us long). It prints "ready"
+once the device is open, and exits when its standard input closes (the parent is gone;
+`--detached`: never, a cluster's line is killed with the cluster's namespaces), on SIGTERM, or on an
+error, with one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import fcntl
 import heapq
 import os
 import random
 import select
 import signal
-import struct
 import sys
 import time
 
-_TUNSETIFF = 0x400454CA
-_IFF_TUN, _IFF_NO_PI = 0x0001, 0x1000
+import pytun
+
 _PR_SET_TIMERSLACK = 29
 _BATCH = 64  # packets read per wake-up at most (then the due ones are written)
 _SPIN_S = 100e-6  # the line sleeps until this long before a release, then spins
 
 
-def open_tun(name: str) -> int:
-    """The file descriptor of the existing TUN device `name` (made by `ip tuntap add`), non-blocking."""
-    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
-    fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH", name.encode(), _IFF_TUN | _IFF_NO_PI))
-    return fd
+def open_tun(name: str) -> pytun.TunTapDevice:
+    """The existing TUN device `name` (made by `ip tuntap add`, with the switch's routes through it),
+    attached without packet information and made non-blocking: the line reads until it is empty."""
+    device = pytun.TunTapDevice(name=name, flags=pytun.IFF_TUN | pytun.IFF_NO_PI)
+    os.set_blocking(device.fileno(), False)
+    return device
 
 
 def parse_delays(items: list[str]) -> dict[bytes, float]:
@@ -92,8 +96,21 @@ class Line:
         return self.held[0][0] if self.held else None
 
 
-def run(fd: int, line: Line, stop_fd: int | None) -> None:
-    """Move packets until `stop_fd` (standard input) reaches its end (None: until killed)."""
+def wake_latency_s(samples: int = 50, sleep_s: float = 200e-6) -> float:
+    """How late this process wakes from a short sleep (median of `samples` timed sleeps): on a virtual
+    machine tens of microseconds, which a packet that wakes the line has waited already."""
+    late = []
+    for _ in range(samples):
+        t = time.monotonic()
+        select.select([], [], [], sleep_s)
+        late.append(time.monotonic() - t - sleep_s)
+    return max(0.0, sorted(late)[len(late) // 2])
+
+
+def run(fd: int, line: Line, stop_fd: int | None, wake_s: float = 0.0) -> None:
+    """Move packets until `stop_fd` (standard input) reaches its end (None: until killed). The line
+    sleeps until _SPIN_S before the next release, then spins; packets read on waking from a sleep
+    arrived about `wake_s` earlier (its wake-up latency), and are held from then."""
     watched = [fd] if stop_fd is None else [fd, stop_fd]
     while True:
         now = time.monotonic()
@@ -105,14 +122,16 @@ def run(fd: int, line: Line, stop_fd: int | None) -> None:
                 pass
         if stop_fd is not None and stop_fd in ready and not os.read(stop_fd, 1):
             return
-        now = time.monotonic()
+        woke = time.monotonic()
         if fd in ready:
+            # a packet that woke the line (it slept more than its wake-up cost) came in before
+            arrived = woke - wake_s if woke - now > wake_s else woke
             for _ in range(_BATCH):
                 try:
                     packet = os.read(fd, 65536)
                 except BlockingIOError:
                     break
-                line.hold(packet, now)
+                line.hold(packet, arrived)
         for packet in line.due(time.monotonic()):
             try:
                 os.write(fd, packet)
@@ -135,14 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     ctypes.CDLL(None).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
     try:
-        fd = open_tun(args.tun)
-    except OSError as e:
-        print(f"error: delay line: cannot open TUN device {args.tun}: {e.strerror}", file=sys.stderr,
-              flush=True)
+        device = open_tun(args.tun)
+    except (OSError, pytun.Error) as e:
+        print(f"error: delay line: cannot open TUN device {args.tun}: {e}", file=sys.stderr, flush=True)
         return 1
+    wake_s = wake_latency_s()
     print("ready", flush=True)
     line = Line(parse_delays(args.delay), args.jitter_us / 1e6, args.loss, args.seed)
-    run(fd, line, None if args.detached else sys.stdin.fileno())
+    run(device.fileno(), line, None if args.detached else sys.stdin.fileno(), wake_s)
     return 0
 
 
