@@ -56,3 +56,31 @@ def test_a_groups_booleans_take_only_booleans(overrides, message):
     with pytest.raises(ValueError) as e:
         config.check(config.compose([*TINY, *overrides]))
     assert str(e.value) == message
+
+
+@pytest.mark.parametrize("nice, euid, message", [
+    (20, 0, "nice=20 must be an integer within [-20, 19] (the workers' CPU priority, -20 first)"),
+    (-21, 0, "nice=-21 must be an integer >= -20; or nice=null to keep this process's priority"),
+    (-5, 1000, "nice=-5 raises the workers' CPU priority, which needs root; run as root or pass nice=0 or "
+               "higher"),
+])
+def test_a_priority_out_of_range_or_above_this_users_is_refused(monkeypatch, nice, euid, message):
+    import os
+
+    from tests.helpers import TINY
+
+    monkeypatch.setattr(os, "geteuid", lambda: euid)
+    with pytest.raises(ValueError) as e:
+        config.check(config.compose([*TINY, f"nice={nice}"]))
+    assert str(e.value) == message
+
+
+def test_the_workers_run_at_the_priority_set(tmp_path):
+    import json
+
+    from tests.helpers import TINY, compbench
+
+    proc = compbench("train", *TINY, "engine=torch", "engine.np=1", "max_steps=2", "nice=7",
+                     "checkpoint=false", f"output_dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["environment"]["nice"] == 7

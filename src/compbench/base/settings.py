@@ -63,6 +63,7 @@ class RunSettings:
     seed: int = _int(0)
     num_workers: int = _int(0)
     threads: int | None = _int(1, "or threads=null for cores / workers", nullable=True)
+    nice: int | None = _int(-20, "or nice=null to keep this process's priority", nullable=True)
     eval: bool = _flag()
     checkpoint: bool = _flag()
     progress: bool = _flag()

@@ -31,6 +31,7 @@ from compbench.train import loggers
 MAX_WORKERS_PER_CORE = 4
 _LR_SCHEDULES = ("constant", "cosine", "step")
 _BACKENDS = ("auto", "gloo", "nccl")
+NICE_LOWEST = 19  # the lowest CPU priority (nice=-20 is the highest)
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -173,6 +174,12 @@ def _check_run_settings(cfg: DictConfig) -> None:
     if s.max_train_s is not None and not s.eval:
         raise ValueError("max_train_s is checked at evaluations and eval=false runs none; drop max_train_s "
                          "or pass eval=true")
+    if s.nice is not None and s.nice > NICE_LOWEST:
+        raise ValueError(f"nice={s.nice} must be an integer within [-20, {NICE_LOWEST}] (the workers' CPU "
+                         "priority, -20 first)")
+    if s.nice is not None and s.nice < 0 and os.geteuid() != 0:
+        raise ValueError(f"nice={s.nice} raises the workers' CPU priority, which needs root; run as root or "
+                         "pass nice=0 or higher")
     if s.budget_clock == "unloaded" and s.max_train_s is None and not s.eval_every_s:
         raise ValueError("budget_clock=unloaded is the clock of max_train_s and eval_every_s, and neither is "
                          "set; set max_train_s=SECONDS or drop budget_clock")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import platform
 import sys
 import time
@@ -455,6 +456,7 @@ def environment(engine, precision: str = "fp32", load_before: float | None = Non
         "device": str(engine.device), "precision": precision, "backend": engine.backend,
         "device_name": torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu",
         "threads_per_rank": torch.get_num_threads(),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),  # rank 0's CPU priority (the nice setting)
         "engine": engine.name, "world_size": engine.size,
         "versions": {p: version(p) for p in ("torch", "torchvision", "timm", "horovod", "hydra-core", "numpy",
                                              "compbench")},

@@ -22,12 +22,15 @@ def main(argv: list[str] | None = None) -> int:
         # The heavy imports after the handler: Ctrl-C often lands while torch is being imported.
         from omegaconf import DictConfig, OmegaConf
 
+        run_dir = Path((argv or sys.argv[1:])[0])
+        cfg = cast(DictConfig, OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
+        if cfg.get("nice") is not None:  # checked at compose time; before torch starts any thread,
+            os.setpriority(os.PRIO_PROCESS, 0, int(cfg.nice))  # which inherit it (a thread's on Linux)
+
         from compbench.train.start import run_worker
 
-        run_dir = Path((argv or sys.argv[1:])[0])
-        cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
         with report_user_error():
-            run_worker(cast(DictConfig, cfg), run_dir)
+            run_worker(cfg, run_dir)
     except KeyboardInterrupt:  # only before the handler is in place (a worker started by hand)
         return INTERRUPTED_EXIT
     except PeerLost as e:  # another worker failed first; the launcher reports that one
