@@ -6,7 +6,8 @@ for DeMo, 1-bit Adam and SparseLoCo, whose exchanges are small (tens of kB: a fe
 measurements tell the candidates apart:
 
 1. The same training (the text race's DeMo, 1-bit Adam after its warm-up) on the shaped 100 Mbit/s
-   link and on no shaped link at all: what the step waits for without a link is not the link's.
+   link and on no shaped link at all: what the step waits for without a link is not the link's;
+   and of it, the wait for the last rank to get to the exchange (summary `comm_skew_ms`).
 2. A gloo allgather of DeMo's payload between two processes on the shaped link and on an unshaped
    loopback, after a compute phase (a matmul loop of about the model's compute, whose time varies as
    a real one does) and back to back, each rank
@@ -45,7 +46,9 @@ def compute():  # about compute_ms of matmuls: the same work each step, the mach
 t = time.perf_counter()
 for _ in range(20):
     a @ a
-reps = max(1, int(compute_ms / ((time.perf_counter() - t) * 1e3 / 20)))
+reps = torch.tensor([max(1, int(compute_ms / ((time.perf_counter() - t) * 1e3 / 20)))])
+dist.broadcast(reps, 0)  # the same work on both ranks (each rank's own timing would differ)
+reps = int(reps)
 rows = []
 for step in range(steps):
     compute()
@@ -89,9 +92,11 @@ def trainings(tmp: Path) -> list[dict]:
             s = train(tmp / f"{method}-{link.split()[0]}", [*keys, *extra])
             exposed = max(0.0, s["comm_exposed_ms"] - (s.get("decompress_ms") or 0.0))
             wire = s["bytes_sent_per_step"] * 8 / 1e8 * 1e3 if extra else 0.0
+            waiting = s.get("comm_skew_ms") or 0.0
             rows.append({"method": method, "link": link, "exposed ms": exposed, "wire ms": wire,
-                         "beyond the wire ms": exposed - wire, "compute ms": s["compute_ms"],
-                         "bytes/step": s["bytes_sent_per_step"]})
+                         "beyond the wire ms": exposed - wire, "waiting for the last rank ms": waiting,
+                         "beyond the wire and the wait ms": exposed - wire - waiting,
+                         "compute ms": s["compute_ms"], "bytes/step": s["bytes_sent_per_step"]})
     return rows
 
 

@@ -177,6 +177,11 @@ class Cell:
         exposed, decode = self.mean("comm_exposed_ms"), self.mean("decompress_ms") or 0.0
         return None if exposed is None else max(0.0, exposed - decode) * self.every
 
+    def skew_per_exchange_ms(self) -> float | None:
+        """The part of it rank 0 waited for the last rank to get to the exchange (compbench.train.skew)."""
+        skew = self.mean("comm_skew_ms")
+        return None if skew is None else skew * self.every
+
     def wire_per_exchange_ms(self, mbps: float) -> float | None:
         """One worker's bytes of an exchange at the link's rate (each way)."""
         sent = self.mean("bytes_sent_per_step")
@@ -257,7 +262,7 @@ def _header(race: Race) -> tuple[str, ...]:
     return ("method", "link (Mbit/s[:one-way ms])", "time to target (s)", "wall-clock to target (s)",
             f"{race.units} to target", f"{race.units}/s", "x baseline", "step ms (q1-q3)",
             "step ms predicted", "utilization", f"bytes per {u}", "peak kB/step", "exposed comm ms/exchange",
-            "wire ms/exchange", "loaded runs")
+            "of it waiting for the last rank", "wire ms/exchange", "loaded runs")
 
 
 Checks = Callable[[Table], list[tuple[str, bool | None, str]]]
@@ -334,7 +339,8 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted
               "step ms measured", "step ms unloaded estimate",
               "step ms predicted", "time to target (s)", "time to target predicted (s)",
               "wall-clock to target (s)", f"{race.units}/s", "utilization", f"bytes per {u}",
-              "peak bytes/step", "exposed comm ms/exchange", "wire ms/exchange", "steps", "loaded",
+              "peak bytes/step", "exposed comm ms/exchange", "waiting for the last rank ms/exchange",
+              "wire ms/exchange", "steps", "loaded",
               "load before", "load after", "commit"]
     rows = []
     for r in runs:
@@ -356,7 +362,8 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted
                      _round(r.summary.get(_rate_key(race))),
                      _round(r.summary.get("utilization")), _round(one.per_unit_bytes()),
                      r.summary.get("peak_bytes_per_step"), _round(one.exposed_per_exchange_ms()),
-                     _round(one.wire_per_exchange_ms(r.mbps)), r.summary.get("steps"),
+                     _round(one.skew_per_exchange_ms()), _round(one.wire_per_exchange_ms(r.mbps)),
+                     r.summary.get("steps"),
                      r.loaded, env.get("load_before"), env.get("load_after"),
                      env.get("commit")])
     return header, rows
@@ -392,7 +399,8 @@ def _row(race: Race, table: Table, c: Cell, method: str, link: Link, predicted: 
             _fmt(c.mean("step_ms"), ".1f") + spread,
             _fmt(statistics.fmean(preds) if preds else None, ".1f"), _fmt(c.mean("utilization"), ".2f"),
             _fmt(c.per_unit_bytes(), ".3g"), _fmt((c.mean("peak_bytes_per_step") or 0) / 1e3, ".1f"),
-            _fmt(c.exposed_per_exchange_ms(), ".1f"), _fmt(c.wire_per_exchange_ms(link.mbps), ".1f"),
+            _fmt(c.exposed_per_exchange_ms(), ".1f"), _fmt(c.skew_per_exchange_ms(), ".1f"),
+            _fmt(c.wire_per_exchange_ms(link.mbps), ".1f"),
             f"{c.loaded}/{len(c.done)}")
 
 

@@ -36,6 +36,9 @@ TAGS: dict[str, tuple[str, str]] = {
     "time/compress_ms": ("ms", "error-feedback memory and encoding of the compressed tensors"),
     "time/comm_ms": ("ms", "starting and waiting for collectives, less encoding and decoding inside them"),
     "time/comm_exposed_ms": ("ms", "communication and decoding waited for after backward (not hidden)"),
+    "time/comm_skew_ms": ("ms", "a part of comm_exposed: rank 0's wait at the step's exchange for the last "
+                                "rank to get there (the ranks' different speeds, not the wire; ranks on one "
+                                "machine, compared on its shared clock at the end of training)"),
     "time/decompress_ms": ("ms", "decoding received payloads into the averaged dense gradient"),
     "time/optimizer_ms": ("ms", "optimizer step and learning-rate schedule"),
     "time/other_ms": ("ms", "step - (compute + compress + comm + decompress + optimizer): time/check_ms, "
@@ -123,6 +126,9 @@ SUMMARY: dict[str, str] = {
     "final_loss": "train/loss at the last step (nats)",
     "throughput": _MEDIAN.format(tag="train/throughput", unit="samples/s"),
     **{f"{p}_ms": _MEDIAN.format(tag=f"time/{p}_ms", unit="ms") for p in PHASES},
+    "comm_skew_ms": _MEDIAN.format(tag="time/comm_skew_ms", unit="ms") + ": the part of comm_exposed_ms "
+                    "rank 0 waited for the last rank to get to the exchange (null: ranks on machines of "
+                    "their own, or an elastic run)",
     "step_ms_q1": "first quartile of time/step_ms after the warm-up steps (a round's mean for a periodic "
                   "mode) (ms): with step_ms_q3, the step time's spread",
     "step_ms_q3": "third quartile of time/step_ms after the warm-up steps (ms)",

@@ -125,6 +125,9 @@ class StepStats:
         self._ms: defaultdict[str, float] | None = None
         self._cpu_step: list[float] = []  # process CPU seconds at begin_step (and end_step)
         self._cpu_comm = 0.0  # process CPU seconds while communication was the running phase
+        # when the step first waited on an exchange (CLOCK_MONOTONIC, which every process of one
+        # machine shares: the ranks' arrivals compared tell the wait for the last one, host clock only)
+        self.arrived: float | None = None
 
     def add_dense_allreduce(self, nbytes: int, calls: int) -> None:
         """Book gradient bytes that travelled uncompressed through an allreduce."""
@@ -144,6 +147,8 @@ class StepStats:
     def begin(self, phase: str, exposed: bool = False) -> None:
         """Start timing `phase` (for spans a `with` cannot hold: between two autograd callbacks)."""
         now, cpu = self.clock.mark(), self._cpu()
+        if exposed and self.arrived is None and self.cpu_time is not None:
+            self.arrived = time.monotonic()
         if self._open:  # the enclosing phase pauses: book what it has run so far
             self._book(self._open[-1][0], self._open[-1][1], now, cpu - self._open[-1][3])
         self._open.append([phase, now, exposed, cpu])

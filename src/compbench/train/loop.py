@@ -48,6 +48,7 @@ from compbench.train.checkpoint import (
 from compbench.train.metrics import Recorder, run_hparams
 from compbench.train.progress import Progress
 from compbench.train.replicas import diagnose
+from compbench.train.skew import waits_for_last_rank_ms
 from compbench.train.task import task_of
 
 
@@ -113,6 +114,7 @@ class Trainer:
         self.progress = Progress(s, self.task.units, min(total, s.max_steps or total), self.period())
         self.final: dict[str, float] = {}  # the metrics of the last evaluation
         self.dense_since = 0  # dense bytes of the steps since the last one that sent anything
+        self.arrivals: list[float] = []  # per finished step, when it first waited on an exchange (every rank)
 
     def fit(self) -> dict[str, Any] | None:
         s = self.settings
@@ -130,7 +132,25 @@ class Trainer:
             epoch, batch = epoch + 1, 0
             self.checkpoint(epoch, batch)
         self.sync.drain()  # an exchange still in flight (diloco's overlap) ends before the engine does
+        self.record_waits_for_last_rank()
         return self.finish(self.final, time.perf_counter() - self.t_start)
+
+    def record_waits_for_last_rank(self) -> None:
+        """`time/comm_skew_ms` per step (compbench.train.skew): on the host clock, where the ranks share
+        it, and not across an elastic run's changes of world (its steps' ranks differ). A collective."""
+        if self.elastic or self.stats.cpu_time is None or not self.arrivals:
+            return
+        r = self.recorder
+        exposed = r.history.get("time/comm_exposed_ms", []) if r is not None else None
+        waits = waits_for_last_rank_ms(self.engine, self.arrivals, exposed)
+        if r is None or waits is None:
+            return
+        step_ms = r.history["time/step_ms"][-len(waits):]
+        r.train_s = self.progress.train_s - sum(step_ms) / 1e3  # each at its step's training time
+        first = self.step - len(waits)
+        for i, (wait, ms) in enumerate(zip(waits, step_ms, strict=True)):
+            r.train_s += ms / 1e3
+            r.scalar("time/comm_skew_ms", wait, first + i)
 
     def evaluate_once(self, epoch: float) -> bool:
         """Evaluate now unless this step was already evaluated (or eval=false); True when the run
@@ -215,6 +235,7 @@ class Trainer:
             with stats.time("loss_read"):
                 loss_value = loss.item()  # the step's last wait on a GPU: inside its time
             stats.end_step()
+            self.arrivals.append(math.nan if stats.arrived is None else stats.arrived)
             units = self.task.count(y) * engine.size
             unloaded = stats.unloaded_ms(torch.get_num_threads())  # None on a GPU
             self.progress.add_step(self.step, stats.ms["step"], units, stats.bytes_sent, engine, unloaded)
@@ -373,6 +394,7 @@ class Trainer:
             "peak_bytes_per_step": max(r.history["comm/bytes_sent"], default=None),
             "step_ms_q1": spread[0] if spread else None,
             "step_ms_q3": spread[1] if spread else None,
+            "comm_skew_ms": per_step("time/comm_skew_ms") if r.history.get("time/comm_skew_ms") else None,
             "step_unloaded_ms": per_step("time/step_unloaded_ms") if cpu_estimated else None,
             "step_unloaded_ms_q1": unloaded[0] if unloaded else None,
             "step_unloaded_ms_q3": unloaded[1] if unloaded else None,
