@@ -110,14 +110,15 @@ def test_the_line_drops_datagrams_at_its_rate_within_a_binomial_bound():
     assert abs(lost - n * rate) <= 3.29 * math.sqrt(n * rate * (1 - rate)), lost
 
 
-@pytest.mark.dist
-@needs_line
 def _train_through_the_line(out, *settings: str):
     """A short TINY job of 2 torch workers on a shaped 1 Gbit/s link with `settings` (its delay)."""
     return compbench("train", *TINY, "eval_points=1", "checkpoint=false", "engine.np=2", "engine=torch",
-                     "net.emulate_gbps=1", *settings, f"output_dir={out}")
+                     *(["net.emulate_gbps=1"] if not any("rank_gbps" in s for s in settings) else []),
+                     *settings, f"output_dir={out}")
 
 
+@pytest.mark.dist
+@needs_line
 def test_a_job_trains_through_the_line_and_each_step_waits_a_round_trip(tmp_path):
     out = tmp_path / "run"
     proc = _train_through_the_line(out, "max_steps=6", "net.emulate_latency_us=5000", "net.delay_line=line")
@@ -179,7 +180,46 @@ def test_ctrl_c_leaves_no_namespace_line_or_worker_behind(tmp_path):
 
 
 @needs_line
+def test_each_workers_link_delays_by_its_own_amount():
+    """Workers 1 ms and 4 ms away from the switch: a round trip between them crosses both links twice."""
+    with RankLinks([1.0, 1.0], line=Impairment(rank_latency_us=(1000.0, 4000.0)),
+                   rank_latency_us=[1000.0, 4000.0]) as links:
+        rtts = probes.round_trips(links, 10)
+    assert 0.010 <= min(rtts) and statistics.median(rtts) <= 0.0105, rtts
+    assert _left_behind() == ([], "")
+
+
+@pytest.mark.dist
+@needs_line
+def test_a_job_runs_on_links_of_their_own_delays(tmp_path):
+    out = tmp_path / "run"
+    proc = _train_through_the_line(out, "max_steps=3", "net.emulate_rank_gbps=[1,1]",
+                                   "net.emulate_rank_latency_us=[500,2500]")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = "one-way delays of rank 0 500, rank 1 2500 us per link through compbench's delay line"
+    assert said in proc.stdout
+    assert json.loads((out / "results.json").read_text())["summary"]["comm_exposed_ms"] >= 6.0  # 2 x 3 ms
+
+
+RANK_LINKS = ["net.emulate_gbps=null", "net.emulate_rank_gbps=[1,1]"]
+
+
+@needs_line
 @pytest.mark.parametrize(("settings", "message"), [
+    (["net.emulate_rank_latency_us=[10,10]"],
+     "net.emulate_rank_latency_us is the delay of each worker's own link; set net.emulate_rank_gbps=[1,1] "
+     "too (a link per worker)"),
+    ([*RANK_LINKS, "net.emulate_rank_latency_us=[10]"],
+     "net.emulate_rank_latency_us=[10] must be a list of 2 one-way delays in microseconds, one per worker "
+     "of engine.np=2"),
+    ([*RANK_LINKS, "net.emulate_rank_latency_us=[10,-1]"],
+     "net.emulate_rank_latency_us[1]=-1 must be >= 0 microseconds"),
+    ([*RANK_LINKS, "net.emulate_rank_latency_us=[10,10]", "net.emulate_latency_us=5"],
+     "net.emulate_latency_us (one delay between any two workers) and net.emulate_rank_latency_us (a delay "
+     "per worker's link) are two ways to delay the links; set one of them"),
+    ([*RANK_LINKS, "net.emulate_rank_latency_us=[10,20]", "net.emulate_jitter_us=40"],
+     "net.emulate_jitter_us=40 must be within [0, the shortest delay between two workers, 30 us]"),
+
     (["net.emulate_latency_us=1000", "net.delay_line=fast"],
      "net.delay_line=fast must be one of auto, netem, line (auto: netem where the kernel has it, else "
      "compbench's delay line)"),

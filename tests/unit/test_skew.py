@@ -22,7 +22,8 @@ def test_rank_0_waits_for_the_latest_arrival_at_most_its_exposed_time():
     assert waits[1] is None and waits[2] is None  # rank 0's record only
     # step 0: rank 1 came 4 ms later; 1: rank 2 2 ms later; 2: rank 0 was the last; 3: no exchange
     assert waits[0] == pytest.approx([4.0, 2.0, 0.0, 0.0], abs=1e-6)
-    capped = ThreadWorld(2).run(lambda e: skew.waits_for_last_rank_ms(e, arrivals[e.rank], [1.5, 5.0, 1.0, 0.0]))
+    short = [1.5, 5.0, 1.0, 0.0]
+    capped = ThreadWorld(2).run(lambda e: skew.waits_for_last_rank_ms(e, arrivals[e.rank], short))
     assert capped[0][0] == pytest.approx(1.5)  # never more than the wait itself
 
 

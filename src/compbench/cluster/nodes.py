@@ -7,10 +7,10 @@ Layout (nothing outside these namespaces is touched but the files named here):
   per command, see `exec_prefix`) that every node's /etc/hosts resolves to its address.
 - the link of node i carries `gbps` Gbit/s each way (or a rate of its own: `--gbps 1,0.1`): HTB on
   the node's eth0 (egress) and on the switch side of its veth (the node's ingress), plus `latency_us`
-  one-way delay between two nodes: netem on the node side (compbench.network.netem.join_switch) where
-  the kernel has it, else compbench's delay line in the switch namespace (compbench.network.delay:
-  the switch routes between its ports instead of bridging them, through a TUN device, and the line
-  process runs until the cluster is removed).
+  one-way delay between two nodes: netem where the kernel has it, each node's link delaying both
+  ways by half of it (compbench.network.netem.join_switch), else compbench's delay line in the
+  switch namespace (compbench.network.delay: the switch routes between its ports instead of bridging
+  them, through a TUN device, and the line process runs until the cluster is removed).
 - per-node configuration in /etc/netns/cbcl-n<i>/ (`ip netns exec` bind-mounts it over /etc): `hosts`
   and an `ssh/` folder with the sshd and ssh client settings, the cluster's host key and client key,
   so `ssh n2` and `horovodrun -H n1:2,n2:2` work inside a node without flags, as on a real cluster.
@@ -167,7 +167,7 @@ def _node(cluster: Cluster, i: int) -> None:
     ns = cluster.namespace(i)
     _run("ip", "netns", "add", ns)
     join_switch(SWITCH, ns, f"v{i}", cluster.address(i), cluster.rate(i),
-                0.0 if cluster.line else cluster.latency_us, latency_key="--latency-us",
+                0.0 if cluster.line else cluster.latency_us / 2, latency_key="--latency-us",
                 routed=cluster.line, rtt_us=2 * cluster.latency_us)
     _node_etc(cluster, i)
 

@@ -260,12 +260,14 @@ def check(cfg: DictConfig) -> DictConfig:
     np = cfg.engine.get("np", 1)  # an integer >= 1 (compbench.compose.checks)
     net = cfg.net
     # `is not None`: a falsy value (0, false, [], '') is a setting to refuse, not an absent one
-    if any(net.get(k) is not None for k in ("emulate_gbps", "emulate_rank_gbps", "emulate_latency_us")):
+    keys = ("emulate_gbps", "emulate_rank_gbps", "emulate_latency_us", "emulate_rank_latency_us")
+    if any(net.get(k) is not None for k in keys):
         from compbench.network.netem import check as check_shaped_link
 
-        rank_gbps = net.get("emulate_rank_gbps")
+        rank_gbps = _plain(net.get("emulate_rank_gbps"))
+        rank_latency = _plain(net.get("emulate_rank_latency_us"))
         check_shaped_link(net.get("emulate_gbps"), net.get("emulate_latency_us"),  # root, ip, tc
-                          OmegaConf.to_object(rank_gbps) if OmegaConf.is_config(rank_gbps) else rank_gbps, np)
+                          rank_gbps, np, rank_latency)
         if rank_gbps is not None and cfg.engine.get("elastic"):
             raise ValueError("net.emulate_rank_gbps with engine.elastic=true: an elastic job's workers share "
                              "one namespace (a host address each), not a link each; use net.emulate_gbps, or "
@@ -416,6 +418,11 @@ def _check_dataset(cfg: DictConfig) -> None:
     kwargs: dict[str, Any] = {k: cfg.dataset.get(k) for k in inspect.signature(check_root).parameters
                               if k in cfg.dataset or k == "root"}
     check_root(**kwargs)
+
+
+def _plain(value: Any) -> Any:
+    """A list setting as Python (a ListConfig as a list); anything else as it is, for its check."""
+    return OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -219,8 +219,8 @@ def _describe(code: int) -> str:
 
 def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = None) -> tuple[int, str]:
     """Run `np` workers on RUN_DIR's config; returns (exit code, one-line failure message or '').
-    The config's `net.emulate_gbps` (or `net.emulate_rank_gbps`) and `net.emulate_latency_us` put
-    them on a shaped link (or a link each)."""
+    The config's `net.emulate_gbps` (or `net.emulate_rank_gbps`) and `net.emulate_latency_us` (or
+    `net.emulate_rank_latency_us`) put them on a shaped link (or a link each)."""
     from omegaconf import DictConfig, OmegaConf
 
     from compbench.network.delay import from_config
@@ -236,12 +236,17 @@ def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = Non
     if rank_gbps is None and impairment.line:
         rank_gbps = [gbps] * np
     if rank_gbps is not None:
-        with RankLinks(list(rank_gbps), latency_us, line=impairment) as links:
+        rank_latency = list(impairment.rank_latency_us) or None
+        with RankLinks(list(rank_gbps), latency_us, line=impairment, rank_latency_us=rank_latency) as links:
             rates = ", ".join(f"rank {k} {g:g}" for k, g in enumerate(links.gbps))
             how = " through compbench's delay line" if impairment.line else ""
             extra = "".join([f" +- {impairment.jitter_us:g} us" if impairment.jitter_us else "",
                              f", {impairment.loss:g} loss" if impairment.loss else ""])
-            delay = f", {latency_us:g} us one-way delay{extra}{how}" if latency_us or impairment.loss else ""
+            one_way = (f"{latency_us:g} us one-way delay" if not rank_latency else
+                       "one-way delays of " + ", ".join(f"rank {k} {d:g}" for k, d in enumerate(rank_latency))
+                       + " us per link")
+            delayed = latency_us or rank_latency or impairment.loss
+            delay = f", {one_way}{extra}{how}" if delayed else ""
             print(f"compbench: a link per worker ({rates} Gbit/s each way{delay}; network namespaces "
                   f"{links.switch} and its ranks')", flush=True)
             return run_processes(argv, engine, np, threads, netns=links, hold_sigint=True)

@@ -55,21 +55,31 @@ def has_tun() -> bool:
 
 @dataclass(frozen=True)
 class Impairment:
-    """What a job's links add to their rate: a one-way delay between two workers, its jitter (each
-    packet's delay uniform in [D - J, D + J], order kept), a loss rate, and what makes them
-    (`mode`: net.delay_line; `seed`: the line's draws)."""
+    """What a job's links add to their rate: a one-way delay between two workers (or, `rank_latency_us`,
+    one per worker's link: a packet between workers i and j waits Di + Dj), its jitter (each packet's
+    delay uniform in [D - J, D + J], order kept), a loss rate, and what makes them (`mode`:
+    net.delay_line; `seed`: the line's draws)."""
 
     latency_us: float = 0.0
     jitter_us: float = 0.0
     loss: float = 0.0
     mode: str = "auto"
     seed: int = 0
+    rank_latency_us: tuple[float, ...] = ()
+
+    @property
+    def shortest_us(self) -> float:
+        """The shortest one-way delay between two workers."""
+        if self.rank_latency_us:
+            two = sorted(self.rank_latency_us)[:2]
+            return float(sum(two)) if len(two) == 2 else 0.0
+        return self.latency_us
 
     @property
     def line(self) -> bool:
         """Whether compbench's delay line makes it: forced, or (auto) where the kernel has no netem, and
         for jitter and loss always (netem's jitter reorders packets)."""
-        if not (self.latency_us or self.loss):
+        if not (self.latency_us or any(self.rank_latency_us) or self.loss):
             return False
         return self.mode == "line" or (self.mode == "auto" and (bool(self.jitter_us or self.loss)
                                                                   or not has_netem()))
@@ -83,13 +93,15 @@ def check(impairment: Impairment) -> None:
         raise ValueError(f"net.delay_line={show(i.mode)} must be one of {', '.join(MODES)} (auto: netem "
                          "where the kernel has it, else compbench's delay line)")
     jitter = i.jitter_us
-    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter <= i.latency_us:
-        raise ValueError(f"net.emulate_jitter_us={show(jitter)} must be within [0, net.emulate_latency_us="
-                         f"{i.latency_us:g}]: packets keep their order, so a delay varies by at most itself")
+    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter <= i.shortest_us:
+        within = (f"the shortest delay between two workers, {i.shortest_us:g} us" if i.rank_latency_us
+                  else f"net.emulate_latency_us={i.latency_us:g}")
+        raise ValueError(f"net.emulate_jitter_us={show(jitter)} must be within [0, {within}]: packets keep "
+                         "their order, so a delay varies by at most itself")
     if isinstance(i.loss, bool) or not isinstance(i.loss, int | float) or not 0 <= i.loss < 1:
         raise ValueError(f"net.emulate_loss={show(i.loss)} must be a rate in [0, 1), e.g. "
                          "net.emulate_loss=0.01")
-    if not (i.latency_us or i.loss):
+    if not (i.latency_us or any(i.rank_latency_us) or i.loss):
         return
     if i.mode == "netem" and (jitter or i.loss):
         raise ValueError("net.emulate_jitter_us and net.emulate_loss come from compbench's delay line "
@@ -108,8 +120,9 @@ def from_config(net: Any, seed: int = 0) -> Impairment:
         value = net.get(key)
         return 0 if value is None else value
 
+    rank = net.get("emulate_rank_latency_us")
     return Impairment(float(given("emulate_latency_us")), given("emulate_jitter_us"), given("emulate_loss"),
-                      net.get("delay_line", "auto"), seed)
+                      net.get("delay_line", "auto"), seed, tuple(float(d) for d in rank or ()))
 
 
 def _run(*argv: str) -> None:

@@ -10,7 +10,9 @@ network with one G link per worker. A job that funnels into one rank (a paramete
 
 `net.emulate_rank_gbps=[G0, G1, ...]` gives each worker a link of its own instead (heterogeneous
 bandwidth, `RankLinks`): a namespace per worker, each joined to a switch by a veth shaped to its
-rate both ways, as `compbench cluster` joins its nodes.
+rate both ways, as `compbench cluster` joins its nodes; with `net.emulate_rank_latency_us=[D0, D1,
+...]` each link delays its packets too, so that a packet between workers i and j waits Di + Dj (a
+worker far away from the others).
 
 Only the private namespaces are touched: the machine's own loopback and interfaces never are. The
 namespaces (`compbench-<pid>-<hex>[-sw|-rK]`) are deleted when the job ends, also on failure or Ctrl-C;
@@ -77,18 +79,27 @@ def check_delay(key: str, latency_us: object) -> float:
     return float(value)
 
 
-def check(gbps: float | None, latency_us: float | None = 0, rank_gbps: object = None, np: int = 1) -> None:
-    """Config-time check of `net.emulate_gbps`, `net.emulate_rank_gbps` and `net.emulate_latency_us`
-    (ValueError naming the fix)."""
+def check(gbps: float | None, latency_us: float | None = 0, rank_gbps: object = None, np: int = 1,
+          rank_latency_us: object = None) -> None:
+    """Config-time check of `net.emulate_gbps`, `net.emulate_rank_gbps`, `net.emulate_latency_us` and
+    `net.emulate_rank_latency_us` (ValueError naming the fix)."""
+    if rank_latency_us is not None:
+        if rank_gbps is None:
+            raise ValueError("net.emulate_rank_latency_us is the delay of each worker's own link; set "
+                             f"net.emulate_rank_gbps=[{','.join(['1'] * np)}] too (a link per worker)")
+        for rank, delay in enumerate(_per_worker("net.emulate_rank_latency_us", rank_latency_us, np,
+                                                 "one-way delays in microseconds", "500")):
+            check_delay(f"net.emulate_rank_latency_us[{rank}]", delay)
+        if latency_us:
+            raise ValueError("net.emulate_latency_us (one delay between any two workers) and "
+                             "net.emulate_rank_latency_us (a delay per worker's link) are two ways to delay "
+                             "the links; set one of them")
     if gbps is not None and rank_gbps is not None:
         raise ValueError("net.emulate_gbps (one link rate for every worker) and net.emulate_rank_gbps (a "
                          "rate per worker) are two ways to shape the links; set one of them")
     if rank_gbps is not None:
-        if not isinstance(rank_gbps, list | tuple) or len(rank_gbps) != np:
-            raise ValueError(f"net.emulate_rank_gbps={show(rank_gbps)} must be a list of {np} rates in "
-                             f"Gbit/s, one per worker of engine.np={np}, e.g. "
-                             f"net.emulate_rank_gbps=[{','.join(['1'] * np)}]")
-        for rank, rate in enumerate(rank_gbps):
+        rates = _per_worker("net.emulate_rank_gbps", rank_gbps, np, "rates in Gbit/s", "1")
+        for rank, rate in enumerate(rates):
             check_rate(f"net.emulate_rank_gbps[{rank}]", rate)
     elif gbps is None:
         if latency_us:
@@ -101,6 +112,14 @@ def check(gbps: float | None, latency_us: float | None = 0, rank_gbps: object = 
     if not can_shape():
         key = "net.emulate_gbps" if gbps is not None else "net.emulate_rank_gbps"
         raise ValueError(f"{key} needs root (run as root or drop {key})")
+
+
+def _per_worker(key: str, values: object, np: int, what: str, example: str) -> list | tuple:
+    """`values` as a list of one value per worker, or ValueError naming `key` and an example."""
+    if not isinstance(values, list | tuple) or len(values) != np:
+        raise ValueError(f"{key}={show(values)} must be a list of {np} {what}, one per worker of "
+                         f"engine.np={np}, e.g. {key}=[{','.join([example] * np)}]")
+    return values
 
 
 def can_shape() -> bool:
@@ -269,8 +288,9 @@ class RankLinks(_Built):
     """A link of its own for each worker (net.emulate_rank_gbps: heterogeneous bandwidth): worker k
     runs in namespace `<base>-rk`, reached at RANK_SUBNET.(k+1) over its `eth0`, a veth to a bridge in
     namespace `<base>-sw` shaped to `gbps[k]` Gbit/s both ways (the worker's egress, and the switch's
-    port towards it), plus the one-way delay. Traffic between two workers crosses the sender's link
-    and the receiver's, as on a switched network. A context manager, with ShapedNamespace's placement
+    port towards it), plus its share of the delay (`latency_us` between any two workers: half on each
+    link; or `rank_latency_us`, each link's own). Traffic between two workers crosses the sender's
+    link and the receiver's, as on a switched network. A context manager, with ShapedNamespace's placement
     interface (`prefix_for`, `call`, `iface`, `host`: the rendezvous goes in rank 0's namespace).
 
     Each worker also has a host name of its own (`rk`, in a UTS namespace of its own) that its
@@ -280,8 +300,12 @@ class RankLinks(_Built):
 
     iface = "eth0"
 
-    def __init__(self, gbps: list[float], latency_us: float = 0.0, line: Impairment | None = None) -> None:
+    def __init__(self, gbps: list[float], latency_us: float = 0.0, line: Impairment | None = None,
+                 rank_latency_us: list[float] | None = None) -> None:
         self.gbps, self.latency_us = [float(g) for g in gbps], float(latency_us or 0)
+        # each link's one-way delay: a packet between two workers crosses two links
+        self.link_us = ([float(d) for d in rank_latency_us] if rank_latency_us is not None
+                        else [self.latency_us / 2] * len(gbps))
         base = f"{_PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
         self.switch, self.names = f"{base}-sw", [f"{base}-r{k}" for k in range(len(gbps))]
         self.host = self.address(0)
@@ -291,9 +315,8 @@ class RankLinks(_Built):
         # switch routes between its ports instead of bridging them, through the line.
         self.line: DelayLine | None = None
         if line is not None and line.line:
-            half = line.latency_us / 2  # each host's link: a packet between two crosses two
             self.line = DelayLine(self.switch, [f"v{k}" for k in range(len(gbps))],
-                                  {self.address(k): half for k in range(len(gbps))},
+                                  {self.address(k): self.link_us[k] for k in range(len(gbps))},
                                   line.jitter_us, line.loss, line.seed)
 
     def address(self, rank: int) -> str:
@@ -316,12 +339,13 @@ class RankLinks(_Built):
             _run("ip", "netns", "exec", self.switch, "sysctl", "-qw", "net.ipv4.ip_forward=1")
             # up: the switch asks for its hosts' addresses from its loopback's (no port has one of its own)
             _run("ip", "-n", self.switch, "link", "set", "lo", "up")
+        farthest = max(self.link_us)
         for k, (name, gbps) in enumerate(zip(self.names, self.gbps, strict=True)):
-            # the round trip between two hosts: twice the one-way delay (and its jitter), line or netem
+            # the longest round trip to a peer: twice the two links' delays (and the jitter), line or netem
             jitter = self.line.jitter_us if self.line else 0.0
             join_switch(self.switch, name, f"v{k}", self.address(k), gbps,
-                        0.0 if self.line else self.latency_us, routed=self.line is not None,
-                        rtt_us=2 * (self.latency_us + jitter))
+                        0.0 if self.line else self.link_us[k], routed=self.line is not None,
+                        rtt_us=2 * (self.link_us[k] + farthest + jitter))
             (NETNS_ETC / name).mkdir(parents=True)
             (NETNS_ETC / name / "hosts").write_text(f"127.0.0.1\tlocalhost\n{self.address(k)}\tr{k}\n")
         if self.line is not None:
@@ -343,12 +367,13 @@ def join_switch(switch: str, namespace: str, side: str, address: str, gbps: floa
                 latency_key: str = "net.emulate_latency_us", routed: bool = False,
                 rtt_us: float | None = None) -> None:
     """Join `namespace` to the bridge br0 of namespace `switch`: a veth (`eth0` in `namespace` with
-    `address`/24, `side` on the bridge) shaped to `gbps` both ways, plus a one-way delay on the
-    namespace's end. The pair is made inside `namespace` and one end moved to the switch: the
-    machine's own namespace never holds either end. `routed`: the switch routes to `side` instead
-    (a /32 route, proxy ARP answering for the other hosts at once), for the delay line; both ends
-    then take the line's large MTU. `rtt_us`: the round trip to a peer (default twice the delay),
-    which sizes the namespace's TCP buffers (size_socket_buffers)."""
+    `address`/24, `side` on the bridge) shaped to `gbps` both ways, and delaying both ways by
+    `latency_us` (netem on either end: a packet between two namespaces waits for both links). The
+    pair is made inside `namespace` and one end moved to the switch: the machine's own namespace
+    never holds either end. `routed`: the switch routes to `side` instead (a /32 route, proxy ARP
+    answering for the other hosts at once), for the delay line; both ends then take the line's
+    large MTU. `rtt_us`: the round trip to a peer (default that of a peer with the same delay: four
+    times `latency_us`), which sizes the namespace's TCP buffers (size_socket_buffers)."""
     mtu = ["mtu", str(LINE_MTU)] if routed else []
     _run("ip", "-n", namespace, "link", "add", "eth0", *mtu, "type", "veth", "peer", "name", side, *mtu)
     _run("ip", "-n", namespace, "link", "set", side, "netns", switch)
@@ -364,8 +389,8 @@ def join_switch(switch: str, namespace: str, side: str, address: str, gbps: floa
     _run("ip", "-n", namespace, "link", "set", "eth0", "up")
     _run("ip", "-n", namespace, "link", "set", "lo", "up")
     shape_link(namespace, "eth0", gbps, latency_us, latency_key=latency_key)
-    shape_link(switch, side, gbps)
-    size_socket_buffers(namespace, gbps, 2 * latency_us if rtt_us is None else rtt_us)
+    shape_link(switch, side, gbps, latency_us, latency_key=latency_key)
+    size_socket_buffers(namespace, gbps, 4 * latency_us if rtt_us is None else rtt_us)
 
 
 def exec_as_host(namespace: str, hostname: str) -> list[str]:

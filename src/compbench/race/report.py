@@ -299,10 +299,12 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
     if loaded:
         lines += [f"**{loaded} of {sum(len(c.done) for c in table.values())} runs ran on a loaded machine** "
                   "(the load at their end, less their own threads, above the cores those leave free by half "
-                  "a core: the `loaded runs` column): their wall-clock figures are the machine's as much as "
-                  "the method's, so their step times, rates and times to target are the estimates of an "
-                  "unloaded step (communication's wall time plus the rest's CPU time over the compute "
-                  "threads; race.csv: `step ms measured` beside `step ms unloaded estimate`).", ""]
+                  "a core: the `loaded runs` column). Their workers ran first on the cores (nice -20) and "
+                  "their budget counted the unloaded clock (budget_clock=unloaded), but their wall-clock "
+                  "figures are the machine's as much as the method's, so their step times, rates and times "
+                  "to target are the estimates of an unloaded step (communication's wall time plus the "
+                  "rest's CPU time over the compute threads; race.csv: `step ms measured` beside `step ms "
+                  "unloaded estimate`).", ""]
     lines += [tabulate(rows, headers=_header(race), tablefmt="github", disable_numparse=True), ""]
     lines += _model_lines(race, table, methods, links, model, predicted)
     if checks is not None:
