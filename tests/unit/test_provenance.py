@@ -5,6 +5,8 @@ flagged in its summary and its one-screen summary says so."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from compbench.compose import config
 from compbench.records import provenance
@@ -25,17 +27,30 @@ def test_the_load_less_the_runs_own_threads_decides():
     assert provenance.loaded(load_before=0.0, load_after=2.6, own_threads=1, cores=2)
 
 
+def test_other_works_cores_decide_where_they_are_known():
+    assert provenance.loaded(load_before=0.0, load_after=0.0, own_threads=2, cores=2, others_cores=0.8)
+    # a job's own communication threads raise the load average, not other work's cores
+    assert not provenance.loaded(load_before=0.0, load_after=4.0, own_threads=2, cores=2, others_cores=0.1)
+
+
 def test_a_run_records_its_machine_and_a_loaded_one_is_flagged(monkeypatch, tmp_path):
-    cfg = config.check(config.compose([*TINY, "max_steps=3", "eval_points=1", "checkpoint=false"]))
-    busy = 4.0 * (os.cpu_count() or 1)  # other jobs keep the cores busy
-    monkeypatch.setattr(provenance, "load_average", lambda: busy)
+    cfg = config.check(config.compose([*TINY, "max_steps=300", "eval_points=1", "checkpoint=false"]))
+    busy = 4.0 * (os.cpu_count() or 1)
+    monkeypatch.setattr(provenance, "load_average", lambda: busy)  # recorded as it is
 
     def rank(engine):
         return Trainer(cfg, engine, tmp_path).fit()
 
-    results = ThreadWorld(2).run(rank)[0]
+    cores = os.cpu_count() or 1
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        results = ThreadWorld(2).run(rank)[0]  # other work keeps the cores busy meanwhile
+    finally:
+        for spinner in spinners:
+            spinner.kill()
     env = results["environment"]
     assert env["cores"] == os.cpu_count() and env["load_before"] == env["load_after"] == busy
     assert env["commit"] and isinstance(env["dirty"], bool)  # this checkout is a git tree
+    assert env["others_cores"] > provenance.OTHER_LOAD
     assert results["summary"]["loaded"] is env["loaded"] is True
     assert f"LOADED       load {busy} before, {busy} after" in format_summary(results, tmp_path)

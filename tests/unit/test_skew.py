@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from compbench.train import skew
+from compbench.train import machine, skew
 from tests.helpers import TINY, compbench
 from tests.threaded_engine import ThreadWorld
 
@@ -36,7 +36,7 @@ def test_ranks_without_a_shared_clock_record_nothing(monkeypatch):
 
         return ids.setdefault(threading.get_ident(), next(boots))
 
-    monkeypatch.setattr(skew, "_boot_id", boot_id)
+    monkeypatch.setattr(machine, "_boot_id", boot_id)
     waits = ThreadWorld(2).run(lambda e: skew.waits_for_last_rank_ms(e, [1.0, 2.0], [1.0, 1.0]))
     assert waits == [None, None]
 

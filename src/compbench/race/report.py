@@ -90,7 +90,8 @@ class Run:
         env = (self.results or {}).get("environment") or {}
         if any(env.get(k) is None for k in ("load_before", "load_after", "own_threads", "cores")):
             return bool(self.measured.get("loaded"))
-        return provenance.loaded(env["load_before"], env["load_after"], env["own_threads"], env["cores"])
+        return provenance.loaded(env["load_before"], env["load_after"], env["own_threads"], env["cores"],
+                                 env.get("others_cores"))
 
     @property
     def measured_steps(self) -> int:

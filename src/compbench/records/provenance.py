@@ -1,8 +1,11 @@
 """Where a run's figures come from: compbench's commit (and whether its tree had changes), the CPU,
 its cores, and how loaded the machine was around the run. A time measured in wall-clock seconds on a
-shared machine measures the machine too: results.json records the load before and after, and a run
-whose load at its end, less its own compute threads, exceeded the cores they leave free (by half a
-core) is flagged `loaded` (in its summary, the race's report and CSV)."""
+shared machine measures the machine too: results.json records the load average before and after,
+and the cores other work used while the run trained (`others_cores`: the machine's busy CPU time
+less the job's own, compbench.train.machine); a run where other work took more than half a core on
+average is flagged `loaded` (in its summary, the race's report and CSV). Where that is not known (ranks
+on machines of their own, an elastic run), the load average at the end decides: less the run's own
+compute threads, above the cores they leave free by half a core."""
 
 from __future__ import annotations
 
@@ -16,6 +19,19 @@ from typing import Any
 def load_average() -> float:
     """The machine's 1-minute load average (runnable processes, ours included)."""
     return os.getloadavg()[0]
+
+
+_STAT = Path("/proc/stat")
+
+
+def busy_seconds() -> float | None:
+    """CPU seconds every core of the machine has been busy since boot (user, nice, system, interrupts
+    and the time a hypervisor gave the cores to others, `steal`; /proc/stat), None without it."""
+    if not _STAT.exists():
+        return None
+    fields = [int(x) for x in _STAT.read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 @cache
@@ -36,25 +52,32 @@ def source() -> dict[str, Any]:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
-# Other work's load above the cores the run leaves free that flags a run: a busy loop of half a core
-# on average; a shell, an editor or a short command stays below it.
+# Other work that flags a run: half a core on average (a busy loop half the time); a shell, an
+# editor or a short command stays below it.
 OTHER_LOAD = 0.5
 
 
-def loaded(load_before: float, load_after: float, own_threads: int, cores: int) -> bool:
-    """Whether other work competed for the cores: the 1-minute load average at the run's end less the
-    run's own compute threads, above the cores those leave free by OTHER_LOAD. The load before is
-    recorded, not judged: in a matrix of runs one after another it is the previous run's own workers
-    (the average lags by a minute), which flagged every run but the first of an idle race."""
+def loaded(load_before: float, load_after: float, own_threads: int, cores: int,
+           others_cores: float | None = None) -> bool:
+    """Whether other work competed for the cores: where known, the cores it used on the average while
+    the run trained above OTHER_LOAD; else the 1-minute load average at the run's end less the run's
+    own compute threads, above the cores those leave free by OTHER_LOAD. That average counts a job's
+    own communication threads too (it flagged 3 of 32 runs of an idle race: Streaming DiLoCo's), and
+    the load before is not judged: in a matrix of runs one after another it is the previous run's
+    own workers (the average lags by a minute)."""
     del load_before
+    if others_cores is not None:
+        return others_cores > OTHER_LOAD
     return load_after - own_threads > max(0, cores - own_threads) + OTHER_LOAD
 
 
-def machine(load_before: float, load_after: float, own_threads: int) -> dict[str, Any]:
+def machine(load_before: float, load_after: float, own_threads: int,
+            others_cores: float | None = None) -> dict[str, Any]:
     """The record of the machine around a run (results.json's `environment` takes it)."""
     from compbench.kernels.cpu import cpu_model
 
     cores = os.cpu_count() or 1
     return {"cpu": cpu_model(), "cores": cores, **source(), "load_before": round(load_before, 2),
             "load_after": round(load_after, 2), "own_threads": own_threads,
-            "loaded": loaded(load_before, load_after, own_threads, cores)}
+            "others_cores": None if others_cores is None else round(others_cores, 3),
+            "loaded": loaded(load_before, load_after, own_threads, cores, others_cores)}

@@ -36,7 +36,7 @@ from compbench.records.results import (
 from compbench.records.stats import StepStats, clock_for
 from compbench.seam.build import build_datasets, build_model
 from compbench.sync.build import build_synchronizer
-from compbench.train import faults, loggers
+from compbench.train import faults, loggers, machine
 from compbench.train.checkpoint import (
     CheckpointPlace,
     TrainingState,
@@ -115,10 +115,12 @@ class Trainer:
         self.final: dict[str, float] = {}  # the metrics of the last evaluation
         self.dense_since = 0  # dense bytes of the steps since the last one that sent anything
         self.arrivals: list[float] = []  # per finished step, when it first waited on an exchange (every rank)
+        self.others_cores: float | None = None  # cores other work used while this trainer trained (rank 0)
 
     def fit(self) -> dict[str, Any] | None:
         s = self.settings
         self.t_start = time.perf_counter() - self.resumed_s
+        self.machine_mark = machine.Mark.now()  # what the machine's cores did while this trainer trained
         max_steps = s.max_steps or math.inf
         epoch, batch = self.resume_position()
         while epoch < self.epochs and self.step < max_steps:
@@ -133,6 +135,8 @@ class Trainer:
             self.checkpoint(epoch, batch)
         self.sync.drain()  # an exchange still in flight (diloco's overlap) ends before the engine does
         self.record_waits_for_last_rank()
+        # other work on the machine meanwhile (a collective; an elastic run's world changed: not known)
+        self.others_cores = None if self.elastic else machine.others_cores(self.engine, self.machine_mark)
         return self.finish(self.final, time.perf_counter() - self.t_start)
 
     def record_waits_for_last_rank(self) -> None:
@@ -414,7 +418,7 @@ class Trainer:
                 summary[key] = final[tag]
         split = split_ms(summary)
         summary["other_ms"] = split["other"] if split else None
-        env = environment(self.engine, self.settings.precision, self.load_before)
+        env = environment(self.engine, self.settings.precision, self.load_before, self.others_cores)
         summary["loaded"] = env["loaded"]  # other work competed for the cores: the timings are the machine's
         results = {"config": OmegaConf.to_container(self.cfg, resolve=True),
                    "environment": env,
@@ -462,7 +466,8 @@ def _slowest_link(net: DictConfig) -> float | None:
     return net.get("emulate_gbps")
 
 
-def environment(engine, precision: str = "fp32", load_before: float | None = None) -> dict[str, Any]:
+def environment(engine, precision: str = "fp32", load_before: float | None = None,
+                others_cores: float | None = None) -> dict[str, Any]:
     """results.json's `environment`: versions, the device, the engine, and the machine around the run
     (compbench.records.provenance: commit, CPU, cores, load before and after, loaded or not)."""
     import importlib.metadata as md
@@ -483,5 +488,6 @@ def environment(engine, precision: str = "fp32", load_before: float | None = Non
         "versions": {p: version(p) for p in ("torch", "torchvision", "timm", "horovod", "hydra-core", "numpy",
                                              "compbench")},
         **provenance.machine(provenance.load_average() if load_before is None else load_before,
-                             provenance.load_average(), engine.local_size * torch.get_num_threads()),
+                             provenance.load_average(), engine.local_size * torch.get_num_threads(),
+                             others_cores),
     }

@@ -13,17 +13,11 @@ nodes run on one machine.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 
 from compbench.engines.base import Engine
-
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # the same for every process of one running kernel
-
-
-def _boot_id() -> str:
-    return _BOOT_ID.read_text().strip() if _BOOT_ID.exists() else ""
+from compbench.train.machine import same_machine
 
 
 def waits_for_last_rank_ms(engine: Engine, arrivals: list[float], exposed_ms: list[float] | None
@@ -32,11 +26,7 @@ def waits_for_last_rank_ms(engine: Engine, arrivals: list[float], exposed_ms: li
     on rank 0; None on the other ranks and where the ranks share no clock. A collective: every rank
     calls it with its arrivals (NaN: the step did not wait on an exchange), as many as its steps;
     `exposed_ms`: rank 0's exposed communication per step."""
-    boot = _boot_id()
-    first = engine.broadcast_object(boot if engine.rank == 0 else None, 0)
-    same = torch.tensor([float(bool(boot) and boot == first)])
-    shared = engine.allreduce(same, "skew.clock", average=False)
-    if shared.item() < engine.size:
+    if not same_machine(engine):
         return None
     gathered = engine.allgather([torch.tensor(arrivals, dtype=torch.float64)], "skew.arrivals")
     if engine.rank != 0 or exposed_ms is None:
