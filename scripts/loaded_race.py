@@ -107,8 +107,12 @@ def main() -> int:
     idle, loaded = args.out / "idle", args.out / "loaded"
     if args.idle is not None:
         for run in (args.idle / "runs").iterdir():
-            if run.is_dir() and not (idle / "runs" / run.name).exists():
-                shutil.copytree(run, idle / "runs" / run.name)
+            copy = idle / "runs" / run.name
+            if run.is_dir() and not copy.exists():
+                shutil.copytree(run, copy)
+                # the race knows a finished run by its overrides, its folder among them
+                overrides = copy / ".hydra" / "overrides.yaml"
+                overrides.write_text(overrides.read_text().replace(f"output_dir={run}", f"output_dir={copy}"))
     race(idle, race_args)  # with --idle: every run is there, only the report is written
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.loops)]
     try:
