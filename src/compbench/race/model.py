@@ -61,10 +61,13 @@ class Profile:
                    "compressed_calls_per_step", "dense_calls_per_step")}}
         if plan.get("pattern") == "group_allreduce":  # NoLoCo: the allreduce runs inside groups
             row["group"] = float(plan.get("group", 0))
+        # one group (a bucket of the whole model) goes as backward ends: nothing overlaps (runs
+        # recorded before the plan said so name their groups in the scheduler's summary)
+        groups = (results.get("scheduler") or {}).get("groups")
         return cls(fixed_ms=float(s["step_ms"]) - float(s.get("comm_ms") or 0.0),
                    compute_ms=float(s.get("compute_ms") or 0.0), row=row, every=every,
                    hidden_steps=int(plan.get("hidden_steps", 0)),
-                   overlaps_backward=bool(plan.get("overlaps_backward", False)),
+                   overlaps_backward=bool(plan.get("overlaps_backward", False)) and groups != 1,
                    workers=int(results["environment"]["world_size"]),
                    warmup_steps=int(plan.get("warmup_steps", 0)))
 

@@ -36,6 +36,9 @@ TAGS: dict[str, tuple[str, str]] = {
     "time/compress_ms": ("ms", "error-feedback memory and encoding of the compressed tensors"),
     "time/comm_ms": ("ms", "starting and waiting for collectives, less encoding and decoding inside them"),
     "time/comm_exposed_ms": ("ms", "communication and decoding waited for after backward (not hidden)"),
+    "time/comm_cpu_ms": ("ms", "on a CPU: the process's CPU time (all its threads) while communication was "
+                               "the running phase: the part of comm that was work on this machine's cores "
+                               "(packing, copies, the collectives' threads) rather than waiting"),
     "time/comm_skew_ms": ("ms", "a part of comm_exposed: rank 0's wait at the step's exchange for the last "
                                 "rank to get there (the ranks' different speeds, not the wire; ranks on one "
                                 "machine, compared on its shared clock at the end of training)"),
@@ -126,6 +129,7 @@ SUMMARY: dict[str, str] = {
     "final_loss": "train/loss at the last step (nats)",
     "throughput": _MEDIAN.format(tag="train/throughput", unit="samples/s"),
     **{f"{p}_ms": _MEDIAN.format(tag=f"time/{p}_ms", unit="ms") for p in PHASES},
+    "comm_cpu_ms": _MEDIAN.format(tag="time/comm_cpu_ms", unit="ms") + ": CPU work inside comm_ms",
     "comm_skew_ms": _MEDIAN.format(tag="time/comm_skew_ms", unit="ms") + ": the part of comm_exposed_ms "
                     "rank 0 waited for the last rank to get to the exchange (null: ranks on machines of "
                     "their own, or an elastic run)",

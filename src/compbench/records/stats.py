@@ -184,6 +184,13 @@ class StepStats:
         self._cpu_step = [self._cpu_step[0], self._cpu()]
         self._ms = None
 
+    @property
+    def comm_cpu_ms(self) -> float | None:
+        """The process's CPU time (every thread's) while communication was the running phase: what of
+        the communication's wall time was work on this machine's cores (packing payloads, copies,
+        the collectives' own threads) rather than waiting (host clock only)."""
+        return None if self.cpu_time is None else self._cpu_comm * 1e3
+
     def unloaded_ms(self, threads: int) -> float | None:
         """The step's time on a machine nobody else loads, estimated (host clock only): its
         communication's wall time (the wire and the peers, which CPU time cannot tell) plus the

@@ -309,6 +309,7 @@ class Trainer:
         r.scalar("time/other_ms", s.ms["step"] - sum(s.ms[p] for p in SPLIT), st)
         if unloaded_ms is not None:  # the CPU's steps: what a machine nobody else loads would take
             r.scalar("time/step_unloaded_ms", unloaded_ms, st)
+            r.scalar("time/comm_cpu_ms", s.comm_cpu_ms or 0.0, st)
         r.scalar("comm/bytes_sent", s.bytes_sent, st)
         r.scalar("comm/bytes_dense", s.bytes_dense, st)
         self.dense_since += s.bytes_dense
@@ -399,6 +400,7 @@ class Trainer:
             "step_ms_q1": spread[0] if spread else None,
             "step_ms_q3": spread[1] if spread else None,
             "comm_skew_ms": per_step("time/comm_skew_ms") if r.history.get("time/comm_skew_ms") else None,
+            "comm_cpu_ms": per_step("time/comm_cpu_ms") if cpu_estimated else None,
             "step_unloaded_ms": per_step("time/step_unloaded_ms") if cpu_estimated else None,
             "step_unloaded_ms_q1": unloaded[0] if unloaded else None,
             "step_unloaded_ms_q3": unloaded[1] if unloaded else None,
