@@ -27,10 +27,12 @@ def test_the_load_less_the_runs_own_threads_decides():
     assert provenance.loaded(load_before=0.0, load_after=2.6, own_threads=1, cores=2)
 
 
-def test_other_works_cores_decide_where_they_are_known():
-    assert provenance.loaded(load_before=0.0, load_after=0.0, own_threads=2, cores=2, others_cores=0.8)
-    # a job's own communication threads raise the load average, not other work's cores
-    assert not provenance.loaded(load_before=0.0, load_after=4.0, own_threads=2, cores=2, others_cores=0.1)
+def test_other_works_runnable_tasks_decide_where_they_are_known():
+    assert provenance.loaded(load_before=0.0, load_after=0.0, own_threads=2, cores=2, others_runnable=0.8)
+    # a job's own communication threads raise the load average, not other work's runnable tasks
+    assert not provenance.loaded(load_before=0.0, load_after=4.0, own_threads=2, cores=2, others_runnable=0.1)
+    # a run of one thread on 2 cores leaves one free to other work
+    assert not provenance.loaded(load_before=0.0, load_after=0.0, own_threads=1, cores=2, others_runnable=1.2)
 
 
 def test_a_run_records_its_machine_and_a_loaded_one_is_flagged(monkeypatch, tmp_path):
@@ -51,6 +53,6 @@ def test_a_run_records_its_machine_and_a_loaded_one_is_flagged(monkeypatch, tmp_
     env = results["environment"]
     assert env["cores"] == os.cpu_count() and env["load_before"] == env["load_after"] == busy
     assert env["commit"] and isinstance(env["dirty"], bool)  # this checkout is a git tree
-    assert env["others_cores"] > provenance.OTHER_LOAD
+    assert env["others_runnable"] > provenance.OTHER_LOAD and env["others_cores"] > 0
     assert results["summary"]["loaded"] is env["loaded"] is True
     assert f"LOADED       load {busy} before, {busy} after" in format_summary(results, tmp_path)

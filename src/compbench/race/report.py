@@ -91,7 +91,7 @@ class Run:
         if any(env.get(k) is None for k in ("load_before", "load_after", "own_threads", "cores")):
             return bool(self.measured.get("loaded"))
         return provenance.loaded(env["load_before"], env["load_after"], env["own_threads"], env["cores"],
-                                 env.get("others_cores"))
+                                 env.get("others_runnable"))
 
     @property
     def measured_steps(self) -> int:

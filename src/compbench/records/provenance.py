@@ -1,11 +1,11 @@
 """Where a run's figures come from: compbench's commit (and whether its tree had changes), the CPU,
 its cores, and how loaded the machine was around the run. A time measured in wall-clock seconds on a
 shared machine measures the machine too: results.json records the load average before and after,
-and the cores other work used while the run trained (`others_cores`: the machine's busy CPU time
-less the job's own, compbench.train.machine); a run where other work took more than half a core on
-average is flagged `loaded` (in its summary, the race's report and CSV). Where that is not known (ranks
-on machines of their own, an elastic run), the load average at the end decides: less the run's own
-compute threads, above the cores they leave free by half a core."""
+and what other work did while the run trained (compbench.train.machine): its runnable tasks on the
+average (`others_runnable`: its demand for the cores) and the cores it used (`others_cores`). A run
+where other work's demand exceeded the cores the run leaves free by half a core is flagged `loaded`
+(in its summary, the race's report and CSV). Where that is not known (ranks on machines of their own,
+an elastic run), the load average at the end less the run's own compute threads stands for it."""
 
 from __future__ import annotations
 
@@ -58,20 +58,44 @@ OTHER_LOAD = 0.5
 
 
 def loaded(load_before: float, load_after: float, own_threads: int, cores: int,
-           others_cores: float | None = None) -> bool:
-    """Whether other work competed for the cores: where known, the cores it used on the average while
-    the run trained above OTHER_LOAD; else the 1-minute load average at the run's end less the run's
-    own compute threads, above the cores those leave free by OTHER_LOAD. That average counts a job's
-    own communication threads too (it flagged 3 of 32 runs of an idle race: Streaming DiLoCo's), and
-    the load before is not judged: in a matrix of runs one after another it is the previous run's
-    own workers (the average lags by a minute)."""
+           others_runnable: float | None = None) -> bool:
+    """Whether other work competed for the cores: other processes' runnable tasks while the run
+    trained (compbench.train.machine, where known) on the average, or else the 1-minute load average
+    at the run's end less the run's own compute threads, above the cores the run leaves free by
+    OTHER_LOAD. The load average counts a job's own communication threads too (it flagged 3 of 32
+    runs of an idle race: Streaming DiLoCo's), and the load before is not judged: in a matrix of runs
+    one after another it is the previous run's own workers (the average lags by a minute)."""
     del load_before
-    if others_cores is not None:
-        return others_cores > OTHER_LOAD
-    return load_after - own_threads > max(0, cores - own_threads) + OTHER_LOAD
+    others = load_after - own_threads if others_runnable is None else others_runnable
+    return others > max(0, cores - own_threads) + OTHER_LOAD
 
 
-def machine(load_before: float, load_after: float, own_threads: int,
+def runnable_tasks() -> int | None:
+    """Tasks runnable on the machine now, running ones included (/proc/stat), None without it."""
+    if not _STAT.exists():
+        return None
+    for line in _STAT.read_text().splitlines():
+        if line.startswith("procs_running "):
+            return int(line.split()[1])
+    return None
+
+
+def running_threads(pid: int) -> int:
+    """How many threads of process `pid` are runnable now (state R; 0 once it is gone)."""
+    count = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            count += (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+    return count
+
+
+def machine(load_before: float, load_after: float, own_threads: int, others_runnable: float | None = None,
             others_cores: float | None = None) -> dict[str, Any]:
     """The record of the machine around a run (results.json's `environment` takes it)."""
     from compbench.kernels.cpu import cpu_model
@@ -79,5 +103,6 @@ def machine(load_before: float, load_after: float, own_threads: int,
     cores = os.cpu_count() or 1
     return {"cpu": cpu_model(), "cores": cores, **source(), "load_before": round(load_before, 2),
             "load_after": round(load_after, 2), "own_threads": own_threads,
+            "others_runnable": None if others_runnable is None else round(others_runnable, 3),
             "others_cores": None if others_cores is None else round(others_cores, 3),
-            "loaded": loaded(load_before, load_after, own_threads, cores, others_cores)}
+            "loaded": loaded(load_before, load_after, own_threads, cores, others_runnable)}

@@ -115,12 +115,14 @@ class Trainer:
         self.final: dict[str, float] = {}  # the metrics of the last evaluation
         self.dense_since = 0  # dense bytes of the steps since the last one that sent anything
         self.arrivals: list[float] = []  # per finished step, when it first waited on an exchange (every rank)
-        self.others_cores: float | None = None  # cores other work used while this trainer trained (rank 0)
+        self.others = machine.Others(None, None)  # other work on the machine while this trainer trained
 
     def fit(self) -> dict[str, Any] | None:
         s = self.settings
         self.t_start = time.perf_counter() - self.resumed_s
-        self.machine_mark = machine.Mark.now()  # what the machine's cores did while this trainer trained
+        # what other work did on the machine while this trainer trained (collectives; not across an
+        # elastic run's changes of world)
+        watch = None if self.elastic else machine.Watch(self.engine)
         max_steps = s.max_steps or math.inf
         epoch, batch = self.resume_position()
         while epoch < self.epochs and self.step < max_steps:
@@ -135,8 +137,7 @@ class Trainer:
             self.checkpoint(epoch, batch)
         self.sync.drain()  # an exchange still in flight (diloco's overlap) ends before the engine does
         self.record_waits_for_last_rank()
-        # other work on the machine meanwhile (a collective; an elastic run's world changed: not known)
-        self.others_cores = None if self.elastic else machine.others_cores(self.engine, self.machine_mark)
+        self.others = machine.Others(None, None) if watch is None else watch.finish(self.engine)
         return self.finish(self.final, time.perf_counter() - self.t_start)
 
     def record_waits_for_last_rank(self) -> None:
@@ -420,7 +421,7 @@ class Trainer:
                 summary[key] = final[tag]
         split = split_ms(summary)
         summary["other_ms"] = split["other"] if split else None
-        env = environment(self.engine, self.settings.precision, self.load_before, self.others_cores)
+        env = environment(self.engine, self.settings.precision, self.load_before, self.others)
         summary["loaded"] = env["loaded"]  # other work competed for the cores: the timings are the machine's
         results = {"config": OmegaConf.to_container(self.cfg, resolve=True),
                    "environment": env,
@@ -469,7 +470,7 @@ def _slowest_link(net: DictConfig) -> float | None:
 
 
 def environment(engine, precision: str = "fp32", load_before: float | None = None,
-                others_cores: float | None = None) -> dict[str, Any]:
+                others: machine.Others | None = None) -> dict[str, Any]:
     """results.json's `environment`: versions, the device, the engine, and the machine around the run
     (compbench.records.provenance: commit, CPU, cores, load before and after, loaded or not)."""
     import importlib.metadata as md
@@ -491,5 +492,5 @@ def environment(engine, precision: str = "fp32", load_before: float | None = Non
                                              "compbench")},
         **provenance.machine(provenance.load_average() if load_before is None else load_before,
                              provenance.load_average(), engine.local_size * torch.get_num_threads(),
-                             others_cores),
+                             *((others.runnable, others.cores) if others is not None else ())),
     }
