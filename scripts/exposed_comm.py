@@ -6,8 +6,9 @@ for DeMo, 1-bit Adam and SparseLoCo, whose exchanges are small (tens of kB: a fe
 measurements tell the candidates apart:
 
 1. The same training (the text race's DeMo, 1-bit Adam after its warm-up) on the shaped 100 Mbit/s
-   link and on no shaped link at all: what the step waits for without a link is not the link's;
-   and of it, the wait for the last rank to get to the exchange (summary `comm_skew_ms`).
+   link, at 1 Gbit/s and on no shaped link at all: what the step waits for without a link is not the
+   link's; of it, the wait for the last rank to get to the exchange (summary `comm_skew_ms`); and of
+   the communication phase, the CPU work on this machine's cores (`comm_cpu_ms`).
 2. A gloo allgather of DeMo's payload between two processes on the shaped link and on an unshaped
    loopback, after a compute phase (a matmul loop of about the model's compute, whose time varies as
    a real one does) and back to back, each rank
@@ -88,14 +89,17 @@ def trainings(tmp: Path) -> list[dict]:
     rows = []
     for method, steps in (("demo", 60), ("onebit-adam", 120)):  # 1-bit Adam compresses after 40 steps
         keys = [*TEXT.base, *TEXT.methods[method], f"max_steps={steps}", "eval=false"]
-        for link, extra in (("100 Mbit/s", ["net.emulate_gbps=0.1"]), ("none", [])):
+        for link, extra in (("1 Gbit/s", ["net.emulate_gbps=1"]), ("100 Mbit/s", ["net.emulate_gbps=0.1"]),
+                            ("none", [])):
             s = train(tmp / f"{method}-{link.split()[0]}", [*keys, *extra])
             exposed = max(0.0, s["comm_exposed_ms"] - (s.get("decompress_ms") or 0.0))
-            wire = s["bytes_sent_per_step"] * 8 / 1e8 * 1e3 if extra else 0.0
+            gbps = float(extra[0].split("=")[1]) if extra else None
+            wire = s["bytes_sent_per_step"] * 8 / (gbps * 1e9) * 1e3 if gbps else 0.0
             waiting = s.get("comm_skew_ms") or 0.0
             rows.append({"method": method, "link": link, "exposed ms": exposed, "wire ms": wire,
                          "beyond the wire ms": exposed - wire, "waiting for the last rank ms": waiting,
                          "beyond the wire and the wait ms": exposed - wire - waiting,
+                         "comm ms": s["comm_ms"], "of it CPU work ms": s.get("comm_cpu_ms"),
                          "compute ms": s["compute_ms"], "bytes/step": s["bytes_sent_per_step"]})
     return rows
 

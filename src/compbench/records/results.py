@@ -221,9 +221,13 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
         lines.append(f"  utilization  {100 * s['utilization']:.1f}% of the step computing")
     if s.get("loaded"):
         env = results.get("environment") or {}
+        others = ""
+        if env.get("others_runnable") is not None and env.get("others_cores") is not None:
+            others = (f"; other work: {env['others_runnable']:g} runnable tasks, {env['others_cores']:g} "
+                      "cores used")
         lines.append(f"  LOADED       load {env.get('load_before')} before, {env.get('load_after')} after on "
-                     f"{env.get('cores')} cores ({env.get('own_threads')} compute threads of this run): "
-                     "other work competed, the times are the machine's as much as the method's")
+                     f"{env.get('cores')} cores ({env.get('own_threads')} compute threads of this run"
+                     f"{others}): other work competed, the times are the machine's as much as the method's")
     if s.get("target"):
         lines.append(f"  target       {_target_line(s['target'])}")
     if s.get("faults"):
