@@ -92,3 +92,30 @@ class ThreadEngine(EngineBase):
 
     def shutdown(self) -> None:
         pass
+
+
+def count_collectives_per_step(engine: ThreadEngine, trainer) -> list[int]:
+    """Counts every collective of `engine` (one exchange each) into the step it belongs to, from the
+    first step's start to the end of the training loop (the machine watch and the skew record,
+    collectives before the first step and after the last, are not a step's); returns the list the
+    counts go into while `trainer.fit()` runs."""
+    per_step: list[int] = []
+    counting = [True]
+    exchange, begin_step = engine._all, trainer.sync.begin_step
+    after_loop = trainer.record_waits_for_last_rank
+
+    def counted(obj):
+        if per_step and counting[0]:
+            per_step[-1] += 1
+        return exchange(obj)
+
+    def begin(step, epoch):
+        per_step.append(0)
+        begin_step(step, epoch)
+
+    def stop():
+        counting[0] = False
+        after_loop()
+
+    engine._all, trainer.sync.begin_step, trainer.record_waits_for_last_rank = counted, begin, stop
+    return per_step

@@ -11,7 +11,7 @@ import torch
 from compbench.compose import config
 from compbench.seam.build import build_model
 from compbench.train.loop import Trainer
-from tests.threaded_engine import ThreadWorld
+from tests.threaded_engine import ThreadWorld, count_collectives_per_step
 from tests.unit.test_combinations import SMALL as WITH_SECOPA
 
 SMALL = WITH_SECOPA[:-1]  # without secopa's setting
@@ -42,19 +42,7 @@ def _fit(tmp_path, compressor: str, comm: str, scheduler: list[str]):
 def _rank(cfg, engine, run_dir, start):
     trainer = Trainer(cfg, engine, run_dir)
     trainer.model.load_state_dict(start)
-    per_step: list[int] = []
-    exchange, begin_step = engine._all, trainer.sync.begin_step
-
-    def counted_exchange(obj):  # every collective of the threaded engine is one exchange
-        per_step[-1] += 1
-        return exchange(obj)
-
-    def counted_begin_step(step, epoch):  # a step's collectives are its exchanges (no eval, no checkpoint)
-        per_step.append(0)
-        begin_step(step, epoch)
-
-    engine._all = counted_exchange
-    trainer.sync.begin_step = counted_begin_step
+    per_step = count_collectives_per_step(engine, trainer)
     trainer.fit()
     params = [p.detach().clone() for p in trainer.model.parameters()]
     return params, per_step, trainer.stats.bytes_sent, len(trainer.scheduler.runs)

@@ -12,7 +12,7 @@ import pytest
 from compbench.compose import config
 from compbench.train.loop import Trainer
 from tests.helpers import TINY
-from tests.threaded_engine import ThreadWorld
+from tests.threaded_engine import ThreadWorld, count_collectives_per_step
 
 STEPS = 8
 RUN = [*TINY, "batch_size=16", f"max_steps={STEPS}", "eval=false", "checkpoint=false"]
@@ -23,19 +23,7 @@ def _collectives_per_step(tmp_path, overrides: list[str]) -> list[int]:
 
     def rank(engine):
         trainer = Trainer(cfg, engine, tmp_path)
-        per_step: list[int] = []
-        exchange, begin_step = engine._all, trainer.sync.begin_step
-
-        def counted(obj):
-            if per_step:
-                per_step[-1] += 1
-            return exchange(obj)
-
-        def begin(step, epoch):
-            per_step.append(0)
-            begin_step(step, epoch)
-
-        engine._all, trainer.sync.begin_step = counted, begin
+        per_step = count_collectives_per_step(engine, trainer)
         trainer.fit()
         return per_step
 

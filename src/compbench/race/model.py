@@ -61,8 +61,8 @@ class Profile:
                    "compressed_calls_per_step", "dense_calls_per_step")}}
         if plan.get("pattern") == "group_allreduce":  # NoLoCo: the allreduce runs inside groups
             row["group"] = float(plan.get("group", 0))
-        # one group (a bucket of the whole model) goes as backward ends: nothing overlaps (runs
-        # recorded before the plan said so name their groups in the scheduler's summary)
+        # one group (a bucket of the whole model) goes as backward ends: nothing overlaps, though
+        # the scheduler overlaps (the scheduler's summary names its groups)
         groups = (results.get("scheduler") or {}).get("groups")
         return cls(fixed_ms=float(s["step_ms"]) - float(s.get("comm_ms") or 0.0),
                    compute_ms=float(s.get("compute_ms") or 0.0), row=row, every=every,

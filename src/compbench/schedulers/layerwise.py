@@ -170,6 +170,5 @@ class Layerwise:
 
     @property
     def overlapping(self) -> bool:
-        """Whether groups are submitted during back-propagation (not with a blocking communicator, nor
-        with one group: the whole model's goes when its last gradient is ready, as backward ends)."""
-        return self.overlap and len(self.runs) != 1 and (self.pipeline is None or self.pipeline.can_overlap)
+        """Whether groups are submitted during back-propagation (not with a blocking communicator)."""
+        return self.overlap and (self.pipeline is None or self.pipeline.can_overlap)
