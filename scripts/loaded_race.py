@@ -8,9 +8,10 @@ methods, links and seeds, copied: the race then only writes its report); DIR/loa
 while N processes (default: one per core) spin at the default priority. Then DIR/compare.md: per
 method and link, the decomposed time to target (tokens to the target x the step time; a loaded
 run's step is its estimate of an unloaded one) in both, mean +- half the range over the seeds, and
-whether the two intervals overlap; the wall-clock time to target beside it; how many loaded runs
-the race flagged; and the verdict per link (the methods in the order they reached the target) in
-both. Exit 1 when a verdict differs.
+whether the two intervals overlap, and whether the times at the step's first and third quartiles
+(the spread the race states for a step) overlap; the wall-clock time to target beside it; how many
+loaded runs the race flagged; and the verdict per link (the methods in the order they reached the
+target) in both. Exit 1 when a verdict differs.
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ def spread(rows: list[dict[str, str]], column: str) -> tuple[float, float] | Non
     return (statistics.fmean(values), (max(values) - min(values)) / 2) if values else None
 
 
+def quartiles(rows: list[dict[str, str]]) -> tuple[float, float] | None:
+    """The decomposed time to target at the runs' first and third quartiles of the step time (its
+    tokens to the target are the curve's, which the load does not change), over the runs that
+    reached the target: the spread the race states for a step."""
+    done = [r for r in rows if r["reached"] == "True" and r["time to target (s)"]]
+    if not done:
+        return None
+    at = [[float(r["time to target (s)"]) * float(r[q]) / float(r["step ms"]) for r in done]
+          for q in ("step ms q1", "step ms q3")]
+    return statistics.fmean(at[0]), statistics.fmean(at[1])
+
+
 def verdicts(by: dict[Key, list[dict[str, str]]]) -> dict[str, list[str]]:
     """Per link, the methods that reached the target in every seed, fastest first."""
     times: dict[str, list[tuple[float, str]]] = defaultdict(list)
@@ -66,27 +79,35 @@ def _fmt(s: tuple[float, float] | None) -> str:
 
 def compare(idle: Path, loaded: Path) -> tuple[str, bool]:
     a, b = runs(idle), runs(loaded)
-    rows, overlap = [], 0
+    rows, overlap, overlap_steps = [], 0, 0
     for key in sorted(a):
         ta, tb = spread(a[key], "time to target (s)"), spread(b.get(key, []), "time to target (s)")
-        ratio, within = "-", "-"
-        if ta is not None and tb is not None:
+        ratio, within, within_steps = "-", "-", "-"
+        qa, qb = quartiles(a[key]), quartiles(b.get(key, []))
+        if ta is not None and tb is not None and qa is not None and qb is not None:
             inside = abs(ta[0] - tb[0]) <= ta[1] + tb[1]
+            inside_steps = qa[0] <= qb[1] and qb[0] <= qa[1]
             overlap += inside
+            overlap_steps += inside_steps
             ratio, within = f"{tb[0] / ta[0]:.2f}", "yes" if inside else "NO"
+            within_steps = "yes" if inside_steps else "NO"
         wall = "wall-clock to target (s)"
         wa, wb = spread(a[key], wall), spread(b.get(key, []), wall)
         flagged = sum(r["loaded"] == "True" for r in b.get(key, []))
-        rows.append((*key, _fmt(ta), _fmt(tb), ratio, within, _fmt(wa), _fmt(wb),
+        rows.append((*key, _fmt(ta), _fmt(tb), ratio, within, within_steps, _fmt(wa), _fmt(wb),
                      f"{flagged}/{len(b.get(key, []))}"))
     va, vb = verdicts(a), verdicts(b)
     same = va == vb
     lines = ["# A loaded race against the same race on the idle machine", "",
              tabulate(rows, headers=("method", "link", "time to target idle (s)", "loaded (s)",
-                                     "loaded / idle", "within the spread", "wall-clock idle (s)",
+                                     "loaded / idle", "within the seeds' spread",
+                                     "within the steps' q1-q3", "wall-clock idle (s)",
                                      "wall-clock loaded (s)", "loaded runs flagged"),
                       tablefmt="github", disable_numparse=True), "",
-             f"{overlap} of {len(rows)} decomposed times to target within the two races' spread.", "",
+             f"{overlap} of {len(rows)} decomposed times to target within the two races' spread over the "
+             f"seeds (mean +- half the range); {overlap_steps} of {len(rows)} where the times at the step's "
+             "first and third quartiles overlap.",
+             "",
              tabulate([(link, " < ".join(va.get(link, [])) or "-", " < ".join(vb.get(link, [])) or "-",
                         "same" if va.get(link) == vb.get(link) else "DIFFERENT")
                        for link in sorted(set(va) | set(vb))],
