@@ -1,7 +1,7 @@
 """Every compressor x memory x comm x scheduler x engine either is refused by the config check (one
 line that names a valid alternative) or trains 3 steps: finite loss, every parameter updated, and
-every chosen component used. Ranks are threads of this process (tests/threaded_engine.py), so the
-whole matrix runs in the fast tier; the real engines run the same pipeline in tests/dist.
+every chosen component used. Ranks are threads of this process (tests/threaded_engine.py); the real
+engines run the same pipeline in tests/dist.
 
 Composing with Hydra costs ~0.4 s, so each compressor x comm is composed once (with its recipe) and
 the memory, scheduler and engine nodes are swapped in by hand, as Hydra would compose them."""
@@ -99,7 +99,15 @@ def _count(obj, method: str, calls: dict, key: str | None = None) -> None:
     setattr(obj, method, counted)
 
 
-@pytest.mark.parametrize("compressor", registry.options("compressor"))
+# Suite time: the default tier runs a compressor of each kind (identity, cast, sparse, sparse with its
+# own memory, stochastic quantizer, sign with a scale, low rank in two rounds, sampled SVD, DeMo's
+# transform) over every memory, comm, scheduler and engine; the others' matrices are in the slow tier
+# (their wire formats and contracts are in test_compressor_contract.py's default tier).
+DEFAULT_TIER = {"none", "fp16", "topk", "dgc", "qsgd", "onebit", "powersgd", "atomo", "chunk_dct"}
+
+
+@pytest.mark.parametrize("compressor", [c if c in DEFAULT_TIER else pytest.param(c, marks=pytest.mark.slow)
+                                        for c in registry.options("compressor")])
 def test_every_combination_is_refused_or_trains(compressor, tmp_path):
     ran = refused = 0
     for comm in registry.options("comm"):

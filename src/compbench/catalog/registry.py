@@ -60,13 +60,29 @@ def option_paths(group: str) -> dict[str, tuple[str, Path]]:
     option of compbench or of another plugin: ValueError naming both files."""
     found: dict[str, tuple[str, Path]] = {}
     for origin, root in conf_sources():
-        for path in sorted((root / group).glob("*.yaml")):
+        for path in _yaml_files(root / group):
             if path.stem in found:
                 first, where = found[path.stem]
                 raise ValueError(f"{group}={path.stem} is defined twice: by {first} ({where}) and by "
                                  f"{origin} ({path}); options may not shadow one another: rename {origin}'s")
             found[path.stem] = (origin, path)
     return found
+
+
+def _yaml_files(folder: Path) -> tuple[Path, ...]:
+    """The folder's NAME.yaml files, sorted; read again only when the folder changes (a file added,
+    removed or renamed changes its mtime), so that the config check, which asks for every group's
+    options many times, lists each folder once."""
+    try:
+        stamp = folder.stat().st_mtime_ns
+    except FileNotFoundError:
+        return ()
+    return _listing(folder, stamp)
+
+
+@cache
+def _listing(folder: Path, stamp: int) -> tuple[Path, ...]:  # noqa: ARG001 - the stamp keys the cache
+    return tuple(sorted(folder.glob("*.yaml")))
 
 
 def options(group: str) -> list[str]:
@@ -91,6 +107,12 @@ def option_origin(group: str, name: str) -> str:
 def option_config(group: str, name: str) -> dict[str, Any]:
     """The option's YAML as a plain dict (read once per file; shared: do not modify it)."""
     return _load(option_path(group, name))
+
+
+def train_config() -> dict[str, Any]:
+    """conf/train.yaml as a plain dict, its `defaults` list included (read once; shared: do not
+    modify it)."""
+    return _load(conf_dir() / "train.yaml")
 
 
 @cache  # by file, not by name: a plugin installed or removed later in the process is seen

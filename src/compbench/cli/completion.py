@@ -11,8 +11,6 @@ Hydra's own completion (`-sc install=bash`) belongs to its app runner, which com
 
 from __future__ import annotations
 
-from typing import cast
-
 from compbench.catalog import registry
 
 BASH = """# compbench completion (bash; zsh: autoload -U +X bashcompinit && bashcompinit first)
@@ -59,15 +57,9 @@ def _train(before: list[str], current: str) -> list[str]:
         option = _picked(group, before)
         return [] if option is None else [f"{group}.{k}=" for k in registry.option_config(group, option)
                                           if k != "_target_"]
-    top = [k for k in _train_yaml() if k != "defaults"]
+    top = [k for k in registry.train_config() if k != "defaults"]
     return [*(f"{g}=" for g in PLUGIN_GROUPS), *(f"{g}." for g in PLUGIN_GROUPS),
             *(f"{k}=" for k in top), *FLAGS["train"]]
-
-
-def _train_yaml() -> dict:
-    from omegaconf import OmegaConf
-
-    return cast(dict, OmegaConf.to_container(OmegaConf.load(registry.conf_dir() / "train.yaml")))
 
 
 def _picked(group: str, before: list[str]) -> str | None:
@@ -76,7 +68,7 @@ def _picked(group: str, before: list[str]) -> str | None:
         key, eq, value = word.partition("=")
         if eq and key.lstrip("+~") == group:
             return value if value in registry.options(group) else None
-    defaults = _train_yaml().get("defaults", [])
+    defaults = registry.train_config().get("defaults", [])
     for entry in defaults:
         if isinstance(entry, dict) and group in entry:
             return entry[group]

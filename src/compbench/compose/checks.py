@@ -150,7 +150,7 @@ def _check_declared_keys(cfg: DictConfig) -> None:
     `_target_` are checked against what it takes (compbench.compose.config.check)."""
     from compbench.catalog import registry
 
-    top = OmegaConf.load(registry.conf_dir() / "train.yaml")
+    top = registry.train_config()
     known = {str(k) for k in top if k != "defaults"} | set(cfg.choices) | {"choices", "recipe"}
     for key in map(str, cfg):
         if key not in known:

@@ -11,7 +11,7 @@ import inspect
 import os
 import re
 import warnings
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -96,9 +96,8 @@ def _not_a_setting(hydra_message: str, overrides: list[str]) -> str | None:
 
 def _default_option(group: str) -> str:
     """The option conf/train.yaml's defaults list picks for `group`."""
-    top = cast(DictConfig, OmegaConf.load(registry.conf_dir() / "train.yaml"))  # a mapping
-    for entry in top.get("defaults", []):
-        if isinstance(entry, DictConfig) and group in entry:
+    for entry in registry.train_config().get("defaults", []):
+        if isinstance(entry, dict) and group in entry:
             return str(entry[group])
     return "null"
 
