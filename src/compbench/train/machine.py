@@ -66,14 +66,19 @@ class Watch:
 
     def _sample(self) -> None:
         while not self._stop.wait(SAMPLE_S):
-            runnable = provenance.runnable_tasks() or 0
-            self.samples.append(max(0, runnable - sum(provenance.running_threads(p) for p in self.pids)))
+            self._count()
+
+    def _count(self) -> None:
+        runnable = provenance.runnable_tasks() or 0
+        self.samples.append(max(0, runnable - sum(provenance.running_threads(p) for p in self.pids)))
 
     def finish(self, engine: Engine) -> Others:
         """What other work did meanwhile (rank 0's; empty on the others and across machines)."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
+            if not self.samples:  # trained for less than a sample's interval: one count now
+                self._count()
         if not self.shared:
             return Others(None, None)
         mine = torch.tensor([os.getpid(), time.process_time() - self.own_s], dtype=torch.float64)
