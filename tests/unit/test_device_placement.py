@@ -29,7 +29,7 @@ from compbench.train.loop import Trainer
 from tests.helpers import TINY, compbench
 from tests.threaded_engine import ThreadWorld
 
-SRC = str(Path(config.__file__).parent) + "/"
+SRC = str(Path(registry.__file__).parents[1]) + "/"  # the package: every module of the training path
 TORCH = str(Path(torch.__file__).parent) + "/"
 FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.tensor, torch.rand,
              torch.randn, torch.randint, torch.randperm, torch.linspace, torch.eye, torch.as_tensor,

@@ -33,7 +33,7 @@ def same_machine(engine: Engine) -> bool:
     """Whether every rank runs on rank 0's machine (a collective: every rank calls it)."""
     boot = _boot_id()
     first = engine.broadcast_object(boot if engine.rank == 0 else None, 0)
-    mine = torch.tensor([float(bool(boot) and boot == first)])
+    mine = torch.tensor([float(bool(boot) and boot == first)], device=engine.device)
     return engine.allreduce(mine, "machine.same", average=False).item() == engine.size
 
 
@@ -58,7 +58,8 @@ class Watch:
         self._thread: threading.Thread | None = None
         if not self.shared:
             return
-        pids = engine.allgather([torch.tensor([os.getpid()], dtype=torch.int64)], "machine.pids")
+        pids = engine.allgather([torch.tensor([os.getpid()], dtype=torch.int64, device=engine.device)],
+                                 "machine.pids")
         if engine.rank == 0 and provenance.runnable_tasks() is not None:
             self.pids = sorted({int(row[0].item()) for row in pids})  # ranks that are threads share one
             self._thread = threading.Thread(target=self._sample, name="compbench-machine-watch", daemon=True)
@@ -81,7 +82,8 @@ class Watch:
                 self._count()
         if not self.shared:
             return Others(None, None)
-        mine = torch.tensor([os.getpid(), time.process_time() - self.own_s], dtype=torch.float64)
+        mine = torch.tensor([os.getpid(), time.process_time() - self.own_s], dtype=torch.float64,
+                            device=engine.device)
         gathered = engine.allgather([mine], "machine.cpu")
         if engine.rank != 0:
             return Others(None, None)

@@ -28,7 +28,8 @@ def waits_for_last_rank_ms(engine: Engine, arrivals: list[float], exposed_ms: li
     `exposed_ms`: rank 0's exposed communication per step."""
     if not same_machine(engine):
         return None
-    gathered = engine.allgather([torch.tensor(arrivals, dtype=torch.float64)], "skew.arrivals")
+    gathered = engine.allgather([torch.tensor(arrivals, dtype=torch.float64, device=engine.device)],
+                                "skew.arrivals")
     if engine.rank != 0 or exposed_ms is None:
         return None
     mine, others = gathered[0][0].tolist(), [row[0].tolist() for row in gathered]
