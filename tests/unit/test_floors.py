@@ -100,6 +100,23 @@ def test_frames_round_trip_views_at_any_offset(header):
         assert wire.frame_length(both[length:], payload) == length
 
 
+def test_a_bucket_frame_is_cut_into_views_without_copies():
+    # a bucket's payload: values and indices of odd lengths in turn (a payload-ordered body would put
+    # every int64 after an odd number of float32s at an offset it cannot be viewed at)
+    payload = [t for k in (3, 5, 8, 1) for t in (torch.randn(k), torch.arange(k, dtype=torch.int64))]
+    payload += [torch.randn(2, 3).half(), torch.ones((), dtype=torch.float16)]  # 10: a header of 40 bytes
+    blob = wire.frame(payload, header=True)
+    got, length = wire.unframe(blob, payload, header=True)
+    assert length == blob.numel()
+    start, end = blob.data_ptr(), blob.data_ptr() + blob.numel()
+    for a, b in zip(got, payload, strict=True):
+        assert torch.equal(a, b) and a.shape == b.shape
+        assert start <= a.data_ptr() < end  # a view of the received bytes, not a copy
+    # after a header of 4 x 9 bytes the int64s cannot be viewed: their group is copied, once
+    odd = payload[:-1]
+    assert all(torch.equal(a, b) for a, b in zip(wire.unframe(wire.frame(odd, True), odd, True)[0], odd))
+
+
 def test_a_sparse_hand_over_reads_what_it_received_instead_of_writing_a_dense_gradient():
     kw = dict(world_size=2, read_gbps=10.0, link_gbps=1.0, memory_passes=2,
               optim={"name": "sgd", "momentum": 0.9}, pattern="allgather")

@@ -67,8 +67,13 @@ def from_bytes(blob: Tensor, specs: list[Spec]) -> list[Tensor]:
 # Every rank's payload has the same number of tensors, the same dtypes and the same trailing
 # dimensions (they follow from the rank-independent Ctx); only first dimensions may differ, and only
 # for compressors whose bytes depend on the data. Their frames start with a header of one int32 per
-# tensor (its first dimension): 4 bytes per tensor, booked as sent. A payload whose layout is the
-# same on every rank (the compressor declares exact `wire_bytes`) travels without a header.
+# tensor (its first dimension, in payload order): 4 bytes per tensor, booked as sent. A payload whose
+# layout is the same on every rank (the compressor declares exact `wire_bytes`) travels without a
+# header. The body holds the tensors grouped by dtype, wider dtypes first (`_groups`): every group
+# then starts at a multiple of its element size wherever the body does, so a received frame is cut
+# back into its tensors by one view and one split per dtype instead of a few calls (and a copy at an
+# odd offset) per tensor; a bucket's payload has a hundred tensors or more, and cutting them one by
+# one was most of the CPU work of a small exchange (docs/results.md, the exposed communication).
 FRAME_DIM_BYTES = 4
 
 
@@ -77,12 +82,17 @@ def frame_header_bytes(payload: list[Tensor]) -> int:
 
 
 def frame(payload: list[Tensor], header: bool) -> Tensor:
-    """The payload's bytes in order, after a header of first dimensions when `header`."""
+    """The payload's bytes grouped by dtype (`_groups`), after a header of first dimensions when
+    `header`."""
     device = payload[0].device if payload else torch.device("cpu")
-    parts = [t.contiguous().view(-1).view(torch.uint8) for t in payload if t.numel()]
+    parts = []
     if header:
         dims = torch.tensor([t.shape[0] if t.dim() else 1 for t in payload], dtype=torch.int32)
-        parts.insert(0, dims.to(device).view(torch.uint8))
+        parts.append(dims.to(device).view(torch.uint8))
+    for _, members in _groups(payload):
+        # cat takes 1-D tensors of any strides; only other shapes need flattening first
+        flat = [payload[i] if payload[i].dim() == 1 else payload[i].reshape(-1) for i in members]
+        parts.append((torch.cat(flat) if len(flat) > 1 else flat[0].contiguous()).view(torch.uint8))
     if not parts:
         return torch.empty(0, dtype=torch.uint8, device=device)
     return torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -90,27 +100,44 @@ def frame(payload: list[Tensor], header: bool) -> Tensor:
 
 def frame_length(blob: Tensor, like: list[Tensor]) -> int:
     """Bytes of the framed payload (with header) that starts at `blob[0]`."""
-    dims = blob[: frame_header_bytes(like)].clone().view(torch.int32).tolist()
+    dims = _read_dims(blob, like)
     return frame_header_bytes(like) + sum(d * _row_bytes(t) for d, t in zip(dims, like, strict=True))
 
 
 def unframe(blob: Tensor, like: list[Tensor], header: bool) -> tuple[list[Tensor], int]:
     """The payload a `frame` of a peer made (`like`: this rank's payload, for dtypes and trailing
     dimensions) and the frame's length in bytes; `blob` may be longer (padding, the next rank's
-    frame). The tensors are views of `blob` where the byte offset allows it (copies otherwise)."""
+    frame). The tensors are views of `blob` where its byte offset allows it (a group at an odd
+    offset is copied once)."""
     pos, dims = 0, [t.shape[0] if t.dim() else 1 for t in like]
     if header:
-        pos = frame_header_bytes(like)
-        dims = blob[:pos].clone().view(torch.int32).tolist()
-    out = []
-    for d, t in zip(dims, like, strict=True):
-        size = d * _row_bytes(t)
-        piece = blob[pos : pos + size]
-        if piece.storage_offset() % t.element_size():
-            piece = piece.clone()  # an odd byte offset cannot be reinterpreted as a wider dtype
-        out.append(piece.view(t.dtype).view(d, *t.shape[1:]) if t.dim() else piece.view(t.dtype).view(()))
+        pos, dims = frame_header_bytes(like), _read_dims(blob, like)
+    out: list[Tensor | None] = [None] * len(like)
+    for dtype, members in _groups(like):
+        numels = [dims[i] * math.prod(like[i].shape[1:]) for i in members]
+        size = sum(numels) * dtype.itemsize
+        region = blob[pos : pos + size]
+        if region.storage_offset() % dtype.itemsize:
+            region = region.clone()  # an odd byte offset cannot be reinterpreted as a wider dtype
+        pieces = region.view(dtype).split(numels) if len(members) > 1 else (region.view(dtype),)
+        for i, piece in zip(members, pieces, strict=True):
+            t = like[i]
+            out[i] = piece if t.dim() == 1 else piece.view(dims[i], *t.shape[1:]) if t.dim() else piece.view(())
         pos += size
-    return out, pos
+    return out, pos  # type: ignore[return-value]  # every slot is filled: _groups covers the payload
+
+
+def _groups(payload: list[Tensor]) -> list[tuple[torch.dtype, list[int]]]:
+    """The payload's positions grouped by dtype, wider dtypes first (then by `DTYPES` order), each
+    group in payload order: the frame's body layout."""
+    groups: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(payload):
+        groups.setdefault(t.dtype, []).append(i)
+    return sorted(groups.items(), key=lambda g: (-g[0].itemsize, DTYPES.index(g[0])))
+
+
+def _read_dims(blob: Tensor, like: list[Tensor]) -> list[int]:
+    return blob[: frame_header_bytes(like)].clone().view(torch.int32).tolist()
 
 
 def _row_bytes(t: Tensor) -> int:
