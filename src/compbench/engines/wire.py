@@ -8,6 +8,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int16,
           torch.int8, torch.uint8, torch.bool)
@@ -90,9 +91,8 @@ def frame(payload: list[Tensor], header: bool) -> Tensor:
         dims = torch.tensor([t.shape[0] if t.dim() else 1 for t in payload], dtype=torch.int32)
         parts.append(dims.to(device).view(torch.uint8))
     for _, members in _groups(payload):
-        # cat takes 1-D tensors of any strides; only other shapes need flattening first
-        flat = [payload[i] if payload[i].dim() == 1 else payload[i].reshape(-1) for i in members]
-        parts.append((torch.cat(flat) if len(flat) > 1 else flat[0].contiguous()).view(torch.uint8))
+        # one C++ call flattens the group (torch's own helper for bucketing, as DDP's)
+        parts.append(_flatten_dense_tensors([payload[i] for i in members]).view(torch.uint8))
     if not parts:
         return torch.empty(0, dtype=torch.uint8, device=device)
     return torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -114,15 +114,22 @@ def unframe(blob: Tensor, like: list[Tensor], header: bool) -> tuple[list[Tensor
         pos, dims = frame_header_bytes(like), _read_dims(blob, like)
     out: list[Tensor | None] = [None] * len(like)
     for dtype, members in _groups(like):
-        numels = [dims[i] * math.prod(like[i].shape[1:]) for i in members]
+        if header:  # first dimensions as the peer sent them
+            numels = [dims[i] * math.prod(like[i].shape[1:]) for i in members]
+        else:  # the shapes are this rank's
+            numels = [like[i].numel() for i in members]
         size = sum(numels) * dtype.itemsize
         region = blob[pos : pos + size]
         if region.storage_offset() % dtype.itemsize:
             region = region.clone()  # an odd byte offset cannot be reinterpreted as a wider dtype
-        pieces = region.view(dtype).split(numels) if len(members) > 1 else (region.view(dtype),)
-        for i, piece in zip(members, pieces, strict=True):
-            t = like[i]
-            out[i] = piece if t.dim() == 1 else piece.view(dims[i], *t.shape[1:]) if t.dim() else piece.view(())
+        typed = region.view(dtype)
+        if header:
+            for i, piece in zip(members, typed.split(numels), strict=True):
+                t = like[i]
+                out[i] = piece if t.dim() == 1 else piece.view(dims[i], *t.shape[1:]) if t.dim() else piece.view(())
+        else:  # one C++ call cuts the group into views of this rank's shapes
+            for i, piece in zip(members, _unflatten_dense_tensors(typed, [like[i] for i in members]), strict=True):
+                out[i] = piece
         pos += size
     return out, pos  # type: ignore[return-value]  # every slot is filled: _groups covers the payload
 
