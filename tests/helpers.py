@@ -11,13 +11,20 @@ from pathlib import Path
 
 import torch
 
+from tests import warm_cli
+
 # Small, fast, BatchNorm-free runs: an MLP on synthetic 3x8x8 data.
 TINY = ["model=mlp", "model.hidden=[32]", "dataset=synthetic", "dataset.image_size=8",
         "dataset.train_size=256", "dataset.test_size=64", "progress=false", "optim.lr_schedule=constant"]
 
 
 def compbench(*args: str, cwd: Path | None = None, timeout: float = 300,
-              env: dict | None = None) -> subprocess.CompletedProcess:
+              env: dict | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
+    """`compbench ARGS` as a process of its own: a child of the warm CLI server (tests.warm_cli), or a
+    fresh interpreter where the test sets environment variables (`env`) or watches the start-up
+    (`fresh`)."""
+    if env is None and not fresh:
+        return warm_cli.run(list(args), cwd, timeout)
     return subprocess.run([sys.executable, "-m", "compbench", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
 
