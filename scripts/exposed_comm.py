@@ -15,6 +15,11 @@ measurements tell the candidates apart:
    stamping when it enters the collective (CLOCK_MONOTONIC, shared by the processes of one machine):
    rank 0's wait split into the time it waited for rank 1 to arrive (skew) and the rest (gloo and
    the wire), and the same allgather back to back after a barrier (no skew at all).
+3. DeMo's exchange part by part, between two processes on an unshaped loopback after the compute
+   phase: its real payload (the text race's GPT through chunk_dct: 104 tensors, 59,904 bytes) framed,
+   the gloo all_gather started and waited for, both ranks' frames cut back into tensors, as
+   TorchEngine's same-layout gather does them (engines.wire), each part's wall time and the
+   process's CPU time (every thread's: gloo's own are in the wait's).
 
 Prints the tables and writes DIR/exposed_comm.json (default outputs/exposed-comm).
 """
@@ -75,6 +80,50 @@ dist.destroy_process_group()
 """
 
 
+PARTS = r"""
+import os, statistics, sys, time
+import torch, torch.distributed as dist
+from compbench.compose import config
+from compbench.engines import wire
+from compbench.race.suites import TEXT
+from compbench.seam.build import build_compressor_and_selection, build_model
+rank, steps, compute_ms = int(os.environ["RANK"]), int(sys.argv[1]), float(sys.argv[2])
+torch.set_num_threads(1)
+torch.manual_seed(rank)
+cfg = config.check(config.compose([*TEXT.base, *TEXT.methods["demo"], f"output_dir={sys.argv[3]}"]))
+model, (comp, selection) = build_model(cfg), build_compressor_and_selection(cfg)
+payload = [t for name, p in model.named_parameters() if selection.compresses(p, 1)
+           for t in comp.compress(torch.randn_like(p), name)[0]]
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29578", rank=rank, world_size=2)
+a = torch.randn(256, 256)
+t = time.perf_counter()
+for _ in range(20):
+    a @ a
+reps = torch.tensor([max(1, int(compute_ms / ((time.perf_counter() - t) * 1e3 / 20)))])
+dist.broadcast(reps, 0)
+parts = {"frame": [], "all_gather started": [], "waited for": [], "both frames cut": []}
+def timed(part, fn):
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    parts[part].append(((time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3))
+    return out
+for step in range(steps):
+    for _ in range(int(reps)):
+        a @ a
+    blob = timed("frame", lambda: wire.frame(payload, header=False))
+    out = blob.new_empty(2 * blob.numel())
+    rows = [out[r * blob.numel() : (r + 1) * blob.numel()] for r in range(2)]
+    work = timed("all_gather started", lambda: dist.all_gather(rows, blob, async_op=True))
+    timed("waited for", work.wait)
+    timed("both frames cut", lambda: [wire.unframe(row, payload, False) for row in rows])
+if rank == 0:
+    print(len(payload), blob.numel())
+    for part, rows in parts.items():
+        print(part, statistics.median(w for w, _ in rows[5:]), statistics.median(c for _, c in rows[5:]))
+dist.destroy_process_group()
+"""
+
+
 def train(out: Path, overrides: list[str]) -> dict:
     proc = subprocess.run([sys.executable, "-m", "compbench", "train", *overrides, f"output_dir={out}"],
                           capture_output=True, text=True)
@@ -120,21 +169,49 @@ def probe(nbytes: int, steps: int, compute_ms: float, mbps: float | None) -> dic
             "wait less skew ms": rest, "back to back ms": back}
 
 
+def exchange_parts(steps: int, compute_ms: float, tmp: Path, src: str | None = None) -> list[dict]:
+    """The part-by-part probe (PARTS) with this checkout's compbench, or another's `src` folder."""
+    env = {**os.environ, **({"PYTHONPATH": src} if src else {})}
+    with ShapedNamespace(None) as ns:
+        procs = [subprocess.Popen([*ns.prefix, sys.executable, "-c", PARTS, str(steps), str(compute_ms),
+                                   str(tmp / "parts")], env={**env, "RANK": str(r)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+        outs = [p.communicate(timeout=600) for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(outs[0][1][-1500:] + outs[1][1][-1500:])
+    lines = outs[0][0].splitlines()
+    tensors, nbytes = map(int, lines[0].split())
+    rows = []
+    for line in lines[1:]:
+        part, wall, cpu = line.rsplit(" ", 2)
+        rows.append({"compbench": src or "this checkout", "part": part, "tensors": tensors, "bytes": nbytes,
+                     "wall ms (median)": float(wall),
+                     "process CPU ms (median)": float(cpu)})
+    return rows
+
+
 def main() -> int:
     from tabulate import tabulate
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/exposed-comm")
+    parser.add_argument("--compare-src", metavar="DIR",
+                        help="another checkout's src/ (an earlier commit's worktree): the part-by-part "
+                             "probe runs with it too, alternating with this checkout's, twice each")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="compbench-exposed-") as tmp:
         runs = trainings(Path(tmp))
+        sources = [None, args.compare_src] * 2 if args.compare_src else [None]
+        parts = [row for src in sources for row in exchange_parts(120, 150.0, Path(tmp), src)]
     print(tabulate(runs, headers="keys", tablefmt="github", floatfmt=".2f"), "\n", flush=True)
+    print(tabulate(parts, headers="keys", tablefmt="github", floatfmt=".3f"), "\n", flush=True)
     probes = [probe(59904, 120, ms, mbps) for mbps in (100.0, None) for ms in (0.0, 150.0)]
     print(tabulate(probes, headers="keys", tablefmt="github", floatfmt=".2f"), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "exposed_comm.json").write_text(json.dumps({"trainings": runs, "probes": probes}, indent=1))
+    record = {"trainings": runs, "parts": parts, "probes": probes}
+    (out / "exposed_comm.json").write_text(json.dumps(record, indent=1))
     print(f"exposed comm: {out / 'exposed_comm.json'}; median of the probe's rank-0 waits: "
           f"{statistics.median(p['wait median ms'] for p in probes):.2f} ms")
     return 0
