@@ -71,10 +71,11 @@ def run(args: list[str], cwd: Path | None, timeout: float) -> subprocess.Complet
         pid = _reply(server, 120)["pid"]  # the first waits for the server's imports
         try:
             code = _reply(server, timeout)["returncode"]
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as late:
             os.kill(pid, signal.SIGKILL)
             _reply(server, 30)
-            raise subprocess.TimeoutExpired(["compbench", *args], timeout, out.read_text(), err.read_text())
+            raise subprocess.TimeoutExpired(["compbench", *args], timeout, out.read_text(),
+                                            err.read_text()) from late
         return subprocess.CompletedProcess(["compbench", *args], code, out.read_text(), err.read_text())
 
 

@@ -23,9 +23,11 @@ def _sweep(tmp_path, *launcher: str):
 
 
 # submitit_local in the slow tier: the same path through a second plugin (joblib's covers it)
+SUBMITIT = ("hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10")
+
+
 @pytest.mark.parametrize("launcher", [("hydra/launcher=joblib", "hydra.launcher.n_jobs=2"),
-                                      pytest.param(("hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"),
-                                                   marks=pytest.mark.slow)],
+                                      pytest.param(SUBMITIT, marks=pytest.mark.slow)],
                          ids=["joblib", "submitit_local"])
 def test_a_sweep_runs_through_a_hydra_launcher_plugin(tmp_path, launcher):
     pytest.importorskip(launcher[0].partition("=")[2].partition("_")[0])  # joblib, submitit

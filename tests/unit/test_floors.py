@@ -114,7 +114,8 @@ def test_a_bucket_frame_is_cut_into_views_without_copies():
         assert start <= a.data_ptr() < end  # a view of the received bytes, not a copy
     # after a header of 4 x 9 bytes the int64s cannot be viewed: their group is copied, once
     odd = payload[:-1]
-    assert all(torch.equal(a, b) for a, b in zip(wire.unframe(wire.frame(odd, True), odd, True)[0], odd))
+    assert all(torch.equal(a, b) for a, b in zip(wire.unframe(wire.frame(odd, True), odd, True)[0], odd,
+                                                 strict=True))
 
 
 def test_a_sparse_hand_over_reads_what_it_received_instead_of_writing_a_dense_gradient():

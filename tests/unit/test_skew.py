@@ -50,3 +50,5 @@ def test_a_stragglers_job_waits_for_it_and_says_so(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run / "results.json").read_text())["summary"]
     assert summary["comm_skew_ms"] >= 0.5 * summary["comm_exposed_ms"] > 0
+    # step by step, the rest of the exposed time is not the wait
+    assert 0 <= summary["comm_exposed_less_skew_ms"] < summary["comm_skew_ms"]

@@ -126,9 +126,11 @@ def unframe(blob: Tensor, like: list[Tensor], header: bool) -> tuple[list[Tensor
         if header:
             for i, piece in zip(members, typed.split(numels), strict=True):
                 t = like[i]
-                out[i] = piece if t.dim() == 1 else piece.view(dims[i], *t.shape[1:]) if t.dim() else piece.view(())
+                out[i] = (piece if t.dim() == 1 else piece.view(dims[i], *t.shape[1:]) if t.dim()
+                          else piece.view(()))
         else:  # one C++ call cuts the group into views of this rank's shapes
-            for i, piece in zip(members, _unflatten_dense_tensors(typed, [like[i] for i in members]), strict=True):
+            pieces = _unflatten_dense_tensors(typed, [like[i] for i in members])
+            for i, piece in zip(members, pieces, strict=True):
                 out[i] = piece
         pos += size
     return out, pos  # type: ignore[return-value]  # every slot is filled: _groups covers the payload

@@ -183,6 +183,14 @@ class Cell:
         skew = self.mean("comm_skew_ms")
         return None if skew is None else skew * self.every
 
+    def exposed_less_skew_per_exchange_ms(self) -> float | None:
+        """The exposed communication per exchange that was neither decoding nor the wait for the last
+        rank, taken step by step (summary comm_exposed_less_skew_ms: the difference of the medians
+        would keep the wait, which about half the steps hold); where the ranks share no clock, no wait
+        is known and the exposed communication is all of it."""
+        less = self.mean("comm_exposed_less_skew_ms")
+        return self.exposed_per_exchange_ms() if less is None else less * self.every
+
     def wire_per_exchange_ms(self, mbps: float) -> float | None:
         """One worker's bytes of an exchange at the link's rate (each way)."""
         sent = self.mean("bytes_sent_per_step")

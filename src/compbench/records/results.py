@@ -42,6 +42,10 @@ TAGS: dict[str, tuple[str, str]] = {
     "time/comm_skew_ms": ("ms", "a part of comm_exposed: rank 0's wait at the step's exchange for the last "
                                 "rank to get there (the ranks' different speeds, not the wire; ranks on one "
                                 "machine, compared on its shared clock at the end of training)"),
+    "time/comm_exposed_less_skew_ms": ("ms", "comm_exposed less its decoding and less comm_skew, step by "
+                                             "step: the exposed communication that was neither decoding "
+                                             "nor the wait for the last rank (the wire, the collective, "
+                                             "the framing)"),
     "time/decompress_ms": ("ms", "decoding received payloads into the averaged dense gradient"),
     "time/optimizer_ms": ("ms", "optimizer step and learning-rate schedule"),
     "time/other_ms": ("ms", "step - (compute + compress + comm + decompress + optimizer): time/check_ms, "
@@ -133,6 +137,10 @@ SUMMARY: dict[str, str] = {
     "comm_skew_ms": _MEDIAN.format(tag="time/comm_skew_ms", unit="ms") + ": the part of comm_exposed_ms "
                     "rank 0 waited for the last rank to get to the exchange (null: ranks on machines of "
                     "their own, or an elastic run)",
+    "comm_exposed_less_skew_ms": _MEDIAN.format(tag="time/comm_exposed_less_skew_ms", unit="ms")
+    + ": the exposed communication that was neither decoding nor the wait for the last rank, taken "
+      "step by step (not comm_exposed_ms - decompress_ms - comm_skew_ms: medians of the parts; null "
+      "where comm_skew_ms is)",
     "step_ms_q1": "first quartile of time/step_ms after the warm-up steps (a round's mean for a periodic "
                   "mode) (ms): with step_ms_q3, the step time's spread",
     "step_ms_q3": "third quartile of time/step_ms after the warm-up steps (ms)",

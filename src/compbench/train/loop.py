@@ -151,11 +151,17 @@ class Trainer:
         if r is None or waits is None:
             return
         step_ms = r.history["time/step_ms"][-len(waits):]
+        exposed_ms = r.history["time/comm_exposed_ms"][-len(waits):]
+        decode_ms = r.history["time/decompress_ms"][-len(waits):]
         r.train_s = self.progress.train_s - sum(step_ms) / 1e3  # each at its step's training time
         first = self.step - len(waits)
-        for i, (wait, ms) in enumerate(zip(waits, step_ms, strict=True)):
+        steps = zip(waits, step_ms, exposed_ms, decode_ms, strict=True)
+        for i, (wait, ms, shown, decode) in enumerate(steps):
             r.train_s += ms / 1e3
             r.scalar("time/comm_skew_ms", wait, first + i)
+            # step by step: rank 0 waits for the last rank on about half the steps (when it is first),
+            # so the median of the exposed time holds that wait while the median wait is 0
+            r.scalar("time/comm_exposed_less_skew_ms", max(0.0, shown - decode - wait), first + i)
 
     def evaluate_once(self, epoch: float) -> bool:
         """Evaluate now unless this step was already evaluated (or eval=false); True when the run
@@ -401,6 +407,8 @@ class Trainer:
             "step_ms_q1": spread[0] if spread else None,
             "step_ms_q3": spread[1] if spread else None,
             "comm_skew_ms": per_step("time/comm_skew_ms") if r.history.get("time/comm_skew_ms") else None,
+            "comm_exposed_less_skew_ms": (per_step("time/comm_exposed_less_skew_ms")
+                                          if r.history.get("time/comm_exposed_less_skew_ms") else None),
             "comm_cpu_ms": per_step("time/comm_cpu_ms") if cpu_estimated else None,
             "step_unloaded_ms": per_step("time/step_unloaded_ms") if cpu_estimated else None,
             "step_unloaded_ms_q1": unloaded[0] if unloaded else None,
