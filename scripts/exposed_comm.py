@@ -7,8 +7,9 @@ measurements tell the candidates apart:
 
 1. The same training (the text race's DeMo, 1-bit Adam after its warm-up) on the shaped 100 Mbit/s
    link, at 1 Gbit/s and on no shaped link at all: what the step waits for without a link is not the
-   link's; of it, the wait for the last rank to get to the exchange (summary `comm_skew_ms`); and of
-   the communication phase, the CPU work on this machine's cores (`comm_cpu_ms`).
+   link's; of it, the wait for the last rank to get to the exchange (summary `comm_skew_ms`; the
+   exposed time less that wait step by step: `comm_exposed_less_skew_ms`); and of the communication
+   phase, the CPU work on this machine's cores (`comm_cpu_ms`).
 2. A gloo allgather of DeMo's payload between two processes on the shaped link and on an unshaped
    loopback, after a compute phase (a matmul loop of about the model's compute, whose time varies as
    a real one does) and back to back, each rank
