@@ -19,11 +19,11 @@ TINY = ["model=mlp", "model.hidden=[32]", "dataset=synthetic", "dataset.image_si
 
 
 def compbench(*args: str, cwd: Path | None = None, timeout: float = 300,
-              env: dict | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
+              env: dict | None = None) -> subprocess.CompletedProcess:
     """`compbench ARGS` as a process of its own: a child of the warm CLI server (tests.warm_cli), or a
-    fresh interpreter where the test sets environment variables (`env`) or watches the start-up
-    (`fresh`)."""
-    if env is None and not fresh:
+    fresh interpreter where the test sets environment variables (`env`: the server's imports have
+    read the environment it started in)."""
+    if env is None:
         return warm_cli.run(list(args), cwd, timeout)
     return subprocess.run([sys.executable, "-m", "compbench", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})

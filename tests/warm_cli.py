@@ -1,5 +1,5 @@
 """The CLI for the tests, started warm: `run(args, cwd, timeout)` is `python -m compbench ARGS` less
-the interpreter's start and torch's import (1-1.5 s of each of the suite's ~150 short commands on a
+the interpreter's start and torch's import (1-1.5 s of each of the suite's commands on a
 2-core machine: a bad input's whole run is 2 s, of which its own work is 0.4 s).
 
 One server process (started on first use, ended with the test session) imports what every command
@@ -11,8 +11,9 @@ as `python -m compbench` does (sys.exit: atexit handlers and the interpreter's f
 The child is a process of its own, as a fresh one would be: its own Hydra state, signals as the
 suite's (inherited as a subprocess's would be), workers started by its launcher.
 
-Not for commands whose test changes the environment (the server's imports have read it) or
-watches the start-up itself (Ctrl-C during the imports): tests.helpers.compbench runs those fresh.
+Not for commands whose test sets environment variables (the server's imports have read the
+environment it started in): tests.helpers.compbench runs those in a fresh interpreter, as the tests
+that watch the start-up itself (Ctrl-C during the imports) start theirs (tests.helpers.start_compbench).
 """
 
 from __future__ import annotations
