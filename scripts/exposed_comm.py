@@ -16,7 +16,11 @@ measurements tell the candidates apart:
    stamping when it enters the collective (CLOCK_MONOTONIC, shared by the processes of one machine):
    rank 0's wait split into the time it waited for rank 1 to arrive (skew) and the rest (gloo and
    the wire), and the same allgather back to back after a barrier (no skew at all).
-3. DeMo's exchange part by part, between two processes on an unshaped loopback after the compute
+3. 1-bit Adam's two collectives alone (comm=ps: an all_to_all_single, then an all_gather, its
+   152,340 bytes a step split evenly between them) between two processes on an unshaped loopback
+   after the compute phase, each rank stamping its entry into each: rank 0's wait at each less the
+   other rank's lateness there, gloo's own cost of the pattern without compbench's packing.
+4. DeMo's exchange part by part, between two processes on an unshaped loopback after the compute
    phase: its real payload (the text race's GPT through chunk_dct: 104 tensors, 59,904 bytes) framed,
    the gloo all_gather started and waited for, both ranks' frames cut back into tensors, as
    TorchEngine's same-layout gather does them (engines.wire), each part's wall time and the
@@ -125,6 +129,47 @@ dist.destroy_process_group()
 """
 
 
+TWO = r"""
+import os, statistics, sys, time
+import torch, torch.distributed as dist
+rank, nbytes, steps = int(os.environ["RANK"]), int(sys.argv[1]), int(sys.argv[2])
+compute_ms = float(sys.argv[3])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29579", rank=rank, world_size=2)
+half = nbytes // 2 // 8  # float64 elements: the entry times to the microsecond
+a = torch.randn(256, 256)
+t = time.perf_counter()
+for _ in range(20):
+    a @ a
+reps = torch.tensor([max(1, int(compute_ms / ((time.perf_counter() - t) * 1e3 / 20)))])
+dist.broadcast(reps, 0)
+rows = []
+for step in range(steps):
+    for _ in range(int(reps)):
+        a @ a
+    send, out = torch.zeros(half), torch.empty(half)
+    enter = time.monotonic()
+    send[0] = send[half // 2] = enter  # the first element of each rank's split
+    dist.all_to_all_single(out, send)
+    first = time.monotonic()
+    payload = torch.zeros(half)
+    payload[0] = first
+    gathered = [torch.empty_like(payload) for _ in range(2)]
+    dist.all_gather(gathered, payload)
+    done = time.monotonic()
+    peer = 1 - rank
+    rows.append((first - enter, float(out[peer * (half // 2)]) - enter, done - first,
+                 float(gathered[peer][0]) - first))
+if rank == 0:
+    r = rows[5:]
+    for i in (0, 2):
+        late = [max(0.0, row[i + 1]) for row in r]
+        print(statistics.median(row[i] for row in r) * 1e3, statistics.median(late) * 1e3,
+              statistics.median(row[i] - max(0.0, row[i + 1]) for row in r) * 1e3)
+dist.destroy_process_group()
+"""
+
+
 def train(out: Path, overrides: list[str]) -> dict:
     proc = subprocess.run([sys.executable, "-m", "compbench", "train", *overrides, f"output_dir={out}"],
                           capture_output=True, text=True)
@@ -173,6 +218,23 @@ def probe(nbytes: int, steps: int, compute_ms: float, mbps: float | None) -> dic
             "wait less skew ms": rest, "back to back ms": back}
 
 
+def two_collectives(nbytes: int, steps: int, compute_ms: float) -> list[dict]:
+    with ShapedNamespace(None) as ns:
+        argv = [*ns.prefix, sys.executable, "-c", TWO, str(nbytes), str(steps), str(compute_ms)]
+        procs = [subprocess.Popen(argv, env={**os.environ, "RANK": str(r)}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+        outs = [p.communicate(timeout=600) for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(outs[0][1][-1500:] + outs[1][1][-1500:])
+    rows = []
+    for name, line in zip(("all_to_all_single", "all_gather"), outs[0][0].splitlines(), strict=True):
+        wall, late, rest = map(float, line.split())
+        rows.append({"collective": name, "bytes": nbytes // 2, "compute ms": compute_ms,
+                     "rank 0's wait (median) ms": wall, "the other rank later by (median) ms": late,
+                     "wait less the lateness (median) ms": rest})
+    return rows
+
+
 def exchange_parts(steps: int, compute_ms: float, tmp: Path, src: str | None = None) -> list[dict]:
     """The part-by-part probe (PARTS) with this checkout's compbench, or another's `src` folder."""
     env = {**os.environ, **({"PYTHONPATH": src} if src else {})}
@@ -208,13 +270,15 @@ def main() -> int:
         runs = trainings(Path(tmp))
         sources = [None, args.compare_src] * 2 if args.compare_src else [None]
         parts = [row for src in sources for row in exchange_parts(120, 150.0, Path(tmp), src)]
+        two = [row for ms in (0.0, 150.0) for row in two_collectives(152340, 120, ms)]
     print(tabulate(runs, headers="keys", tablefmt="github", floatfmt=".2f"), "\n", flush=True)
     print(tabulate(parts, headers="keys", tablefmt="github", floatfmt=".3f"), "\n", flush=True)
+    print(tabulate(two, headers="keys", tablefmt="github", floatfmt=".2f"), "\n", flush=True)
     probes = [probe(59904, 120, ms, mbps) for mbps in (100.0, None) for ms in (0.0, 150.0)]
     print(tabulate(probes, headers="keys", tablefmt="github", floatfmt=".2f"), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"trainings": runs, "parts": parts, "probes": probes}
+    record = {"trainings": runs, "parts": parts, "two collectives": two, "probes": probes}
     (out / "exposed_comm.json").write_text(json.dumps(record, indent=1))
     print(f"exposed comm: {out / 'exposed_comm.json'}; median of the probe's rank-0 waits: "
           f"{statistics.median(p['wait median ms'] for p in probes):.2f} ms")
