@@ -42,6 +42,21 @@ from pathlib import Path
 
 from compbench.network.netem import ShapedNamespace
 
+# Every probe's compute phase before an exchange: about compute_ms of matmuls a step, the same work
+# on both ranks (rank 0's calibration; each rank's own would differ), the machine's own variation.
+COMPUTE = r"""
+a = torch.randn(256, 256)
+t = time.perf_counter()
+for _ in range(20):
+    a @ a
+reps = torch.tensor([max(1, int(compute_ms / ((time.perf_counter() - t) * 1e3 / 20)))])
+dist.broadcast(reps, 0)
+reps = int(reps)
+def compute():
+    for _ in range(reps):
+        a @ a
+"""
+
 PROBE = r"""
 import os, statistics, sys, time
 import torch, torch.distributed as dist
@@ -50,16 +65,7 @@ compute_ms = float(sys.argv[3])
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29577", rank=rank, world_size=2)
 payload = torch.zeros(nbytes // 8, dtype=torch.float64)  # float64: the entry times to the microsecond
-a = torch.randn(256, 256)
-def compute():  # about compute_ms of matmuls: the same work each step, the machine's own variation
-    for _ in range(reps):
-        a @ a
-t = time.perf_counter()
-for _ in range(20):
-    a @ a
-reps = torch.tensor([max(1, int(compute_ms / ((time.perf_counter() - t) * 1e3 / 20)))])
-dist.broadcast(reps, 0)  # the same work on both ranks (each rank's own timing would differ)
-reps = int(reps)
+""" + COMPUTE + r"""
 rows = []
 for step in range(steps):
     compute()
@@ -100,12 +106,7 @@ model, (comp, selection) = build_model(cfg), build_compressor_and_selection(cfg)
 payload = [t for name, p in model.named_parameters() if selection.compresses(p, 1)
            for t in comp.compress(torch.randn_like(p), name)[0]]
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29578", rank=rank, world_size=2)
-a = torch.randn(256, 256)
-t = time.perf_counter()
-for _ in range(20):
-    a @ a
-reps = torch.tensor([max(1, int(compute_ms / ((time.perf_counter() - t) * 1e3 / 20)))])
-dist.broadcast(reps, 0)
+""" + COMPUTE + r"""
 parts = {"frame": [], "all_gather started": [], "waited for": [], "both frames cut": []}
 def timed(part, fn):
     wall, cpu = time.perf_counter(), time.process_time()
@@ -113,8 +114,7 @@ def timed(part, fn):
     parts[part].append(((time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3))
     return out
 for step in range(steps):
-    for _ in range(int(reps)):
-        a @ a
+    compute()
     blob = timed("frame", lambda: wire.frame(payload, header=False))
     out = blob.new_empty(2 * blob.numel())
     rows = [out[r * blob.numel() : (r + 1) * blob.numel()] for r in range(2)]
@@ -137,16 +137,10 @@ compute_ms = float(sys.argv[3])
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29579", rank=rank, world_size=2)
 half = nbytes // 2 // 16 * 2  # float64 elements (the entry times to the microsecond), split in 2
-a = torch.randn(256, 256)
-t = time.perf_counter()
-for _ in range(20):
-    a @ a
-reps = torch.tensor([max(1, int(compute_ms / ((time.perf_counter() - t) * 1e3 / 20)))])
-dist.broadcast(reps, 0)
+""" + COMPUTE + r"""
 rows = []
 for step in range(steps):
-    for _ in range(int(reps)):
-        a @ a
+    compute()
     send, out = torch.zeros(half), torch.empty(half)
     enter = time.monotonic()
     send[0] = send[half // 2] = enter  # the first element of each rank's split
