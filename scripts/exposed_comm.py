@@ -196,16 +196,23 @@ def trainings(tmp: Path) -> list[dict]:
     return rows
 
 
-def probe(nbytes: int, steps: int, compute_ms: float, mbps: float | None) -> dict:
-    # the race's 100 Mbit/s per worker is 2 x on the loopback; None: a loopback of its own, unshaped
-    with ShapedNamespace(mbps * 2 / 1e3 if mbps else None) as ns:
-        procs = [subprocess.Popen([*ns.prefix, sys.executable, "-c", PROBE, str(nbytes), str(steps),
-                                   str(compute_ms)], env={**os.environ, "RANK": str(r)},
+def two_ranks(code: str, args: list[object], gbps: float | None = None, env: dict | None = None) -> str:
+    """Rank 0's output of `code` run as two processes (RANK 0 and 1) in a namespace of their own,
+    its loopback shaped to `gbps` (None: unshaped)."""
+    with ShapedNamespace(gbps) as ns:
+        procs = [subprocess.Popen([*ns.prefix, sys.executable, "-c", code, *map(str, args)],
+                                  env={**os.environ, **(env or {}), "RANK": str(r)},
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
         outs = [p.communicate(timeout=600) for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError(outs[0][1][-1500:] + outs[1][1][-1500:])
-    median, mean, late, rest, back = map(float, outs[0][0].split())
+    return outs[0][0]
+
+
+def probe(nbytes: int, steps: int, compute_ms: float, mbps: float | None) -> dict:
+    # the race's 100 Mbit/s per worker is 2 x on the loopback; None: a loopback of its own, unshaped
+    out = two_ranks(PROBE, [nbytes, steps, compute_ms], mbps * 2 / 1e3 if mbps else None)
+    median, mean, late, rest, back = map(float, out.split())
     return {"link": f"{mbps:g} Mbit/s" if mbps else "none", "payload bytes": nbytes, "compute ms": compute_ms,
             "wire ms": nbytes * 8 / (mbps * 1e6) * 1e3 if mbps else 0.0,
             "wait median ms": median, "wait mean ms": mean, "rank 1 later by (mean) ms": late,
@@ -213,15 +220,9 @@ def probe(nbytes: int, steps: int, compute_ms: float, mbps: float | None) -> dic
 
 
 def two_collectives(nbytes: int, steps: int, compute_ms: float) -> list[dict]:
-    with ShapedNamespace(None) as ns:
-        argv = [*ns.prefix, sys.executable, "-c", TWO, str(nbytes), str(steps), str(compute_ms)]
-        procs = [subprocess.Popen(argv, env={**os.environ, "RANK": str(r)}, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-        outs = [p.communicate(timeout=600) for p in procs]
-    if any(p.returncode for p in procs):
-        raise RuntimeError(outs[0][1][-1500:] + outs[1][1][-1500:])
     rows = []
-    for name, line in zip(("all_to_all_single", "all_gather"), outs[0][0].splitlines(), strict=True):
+    lines = two_ranks(TWO, [nbytes, steps, compute_ms]).splitlines()
+    for name, line in zip(("all_to_all_single", "all_gather"), lines, strict=True):
         wall, late, rest = map(float, line.split())
         rows.append({"collective": name, "bytes": nbytes // 2, "compute ms": compute_ms,
                      "rank 0's wait (median) ms": wall, "the other rank later by (median) ms": late,
@@ -231,15 +232,8 @@ def two_collectives(nbytes: int, steps: int, compute_ms: float) -> list[dict]:
 
 def exchange_parts(steps: int, compute_ms: float, tmp: Path, src: str | None = None) -> list[dict]:
     """The part-by-part probe (PARTS) with this checkout's compbench, or another's `src` folder."""
-    env = {**os.environ, **({"PYTHONPATH": src} if src else {})}
-    with ShapedNamespace(None) as ns:
-        procs = [subprocess.Popen([*ns.prefix, sys.executable, "-c", PARTS, str(steps), str(compute_ms),
-                                   str(tmp / "parts")], env={**env, "RANK": str(r)},
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-        outs = [p.communicate(timeout=600) for p in procs]
-    if any(p.returncode for p in procs):
-        raise RuntimeError(outs[0][1][-1500:] + outs[1][1][-1500:])
-    lines = outs[0][0].splitlines()
+    lines = two_ranks(PARTS, [steps, compute_ms, tmp / "parts"],
+                      env={"PYTHONPATH": src} if src else None).splitlines()
     tensors, nbytes = map(int, lines[0].split())
     rows = []
     for line in lines[1:]:
