@@ -88,8 +88,8 @@ def frame(payload: list[Tensor], header: bool) -> Tensor:
     device = payload[0].device if payload else torch.device("cpu")
     parts = []
     if header:
-        dims = torch.tensor([t.shape[0] if t.dim() else 1 for t in payload], dtype=torch.int32)
-        parts.append(dims.to(device).view(torch.uint8))
+        dims = torch.tensor([t.shape[0] if t.dim() else 1 for t in payload], dtype=torch.int32, device=device)
+        parts.append(dims.view(torch.uint8))
     for _, members in _groups(payload):
         # one C++ call flattens the group (torch's own helper for bucketing, as DDP's)
         parts.append(_flatten_dense_tensors([payload[i] for i in members]).view(torch.uint8))
@@ -112,7 +112,7 @@ def unframe(blob: Tensor, like: list[Tensor], header: bool) -> tuple[list[Tensor
     pos, dims = 0, [t.shape[0] if t.dim() else 1 for t in like]
     if header:
         pos, dims = frame_header_bytes(like), _read_dims(blob, like)
-    out: list[Tensor | None] = [None] * len(like)
+    cut: dict[int, Tensor] = {}  # payload position -> its tensor, filled group by group
     for dtype, members in _groups(like):
         if header:  # first dimensions as the peer sent them
             numels = [dims[i] * math.prod(like[i].shape[1:]) for i in members]
@@ -126,14 +126,13 @@ def unframe(blob: Tensor, like: list[Tensor], header: bool) -> tuple[list[Tensor
         if header:
             for i, piece in zip(members, typed.split(numels), strict=True):
                 t = like[i]
-                out[i] = (piece if t.dim() == 1 else piece.view(dims[i], *t.shape[1:]) if t.dim()
+                cut[i] = (piece if t.dim() == 1 else piece.view(dims[i], *t.shape[1:]) if t.dim()
                           else piece.view(()))
         else:  # one C++ call cuts the group into views of this rank's shapes
             pieces = _unflatten_dense_tensors(typed, [like[i] for i in members])
-            for i, piece in zip(members, pieces, strict=True):
-                out[i] = piece
+            cut.update(zip(members, pieces, strict=True))
         pos += size
-    return out, pos  # type: ignore[return-value]  # every slot is filled: _groups covers the payload
+    return [cut[i] for i in range(len(like))], pos
 
 
 def _groups(payload: list[Tensor]) -> list[tuple[torch.dtype, list[int]]]:
