@@ -199,8 +199,8 @@ def test_the_torch_engine_puts_its_rank_on_its_gpu_with_the_backend(fake_gpus, m
     (["engine=torch", "device=cuda", "precision=bf16"], (2, False),
      "precision=bf16: this CUDA has no bfloat16 arithmetic; use precision=fp32"),
     (["engine=horovod", "device=cuda"], 2,
-     "engine=horovod was built without CUDA (Gloo only) and device=cuda hands it CUDA tensors; rebuild it "
-     "with `make setup` where CUDA and NCCL are present, or use engine=torch, or device=cpu"),
+     "engine=horovod was built without NCCL and device=cuda hands it CUDA tensors; rebuild it with `make "
+     "setup` where CUDA and NCCL are present, or use engine=torch, or device=cpu"),
     (["device=gpu"], 0, "device=gpu is unknown; use auto, cpu or cuda"),
     (["engine=torch", "budget_clock=unloaded", "max_train_s=60"], 2,
      "budget_clock=unloaded estimates a CPU step from its CPU time and this run trains on a GPU (auto: 2 "
@@ -209,8 +209,8 @@ def test_the_torch_engine_puts_its_rank_on_its_gpu_with_the_backend(fake_gpus, m
 def test_device_settings_that_cannot_hold_are_refused(fake_gpus, overrides, gpus, message):
     import horovod.torch as hvd
 
-    if "engine=horovod" in overrides and hvd.cuda_built():
-        pytest.skip("this Horovod was built with CUDA")
+    if "engine=horovod" in overrides and hvd.nccl_built():
+        pytest.skip("this Horovod was built with NCCL")
     fake_gpus(*(gpus if isinstance(gpus, tuple) else (gpus,)))
     with pytest.raises(ValueError) as e:
         config.check(config.compose([*TINY, "engine.np=2", *overrides]))

@@ -144,13 +144,15 @@ def bf16_supported(kind: str) -> bool:
 
 
 def _check_horovod_cuda(placement: Placement) -> None:
-    """Horovod reduces CUDA tensors only when built with CUDA (and NCCL, `make setup` where both are
-    present); a Gloo-only build fails inside its completion callback. NCCL puts one rank on a GPU."""
+    """Horovod reduces CUDA tensors over NCCL: the capability is `nccl_built()` (a build with CUDA
+    but without NCCL, `cuda_built()` true, reduces them over MPI/Gloo staged through the host, or
+    fails inside its completion callback; `make setup` builds with both where both are present).
+    NCCL puts one rank on a GPU."""
     import horovod.torch as hvd
 
-    if not hvd.cuda_built():
-        raise ValueError("engine=horovod was built without CUDA (Gloo only) and device=cuda hands it CUDA "
-                         "tensors; rebuild it with `make setup` where CUDA and NCCL are present, or use "
+    if not hvd.nccl_built():
+        raise ValueError("engine=horovod was built without NCCL and device=cuda hands it CUDA tensors; "
+                         "rebuild it with `make setup` where CUDA and NCCL are present, or use "
                          "engine=torch, or device=cpu")
     if placement.shares_gpu:
         raise ValueError(f"engine=horovod reduces CUDA tensors over NCCL, one worker per GPU: "

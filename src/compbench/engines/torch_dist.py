@@ -218,24 +218,32 @@ class TorchEngine(EngineBase):
 
     def shift(self, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]:
         """A ring hop with point-to-point sends: a fixed-length header, then the bytes. gloo sends
-        host tensors only: CUDA payloads over gloo take the all-to-all of `EngineBase.shift`."""
+        host tensors only: CUDA payloads over gloo take the all-to-all of `EngineBase.shift`.
+
+        Each round's send and receive go out as one batch (`batch_isend_irecv`: one NCCL group), so
+        they are paired: NCCL queues a rank's point-to-point operations on one stream, and a blob
+        sent before the peer's blob is received waits there for a receive queued behind the peer's
+        own send, a deadlock with 2 ranks once a payload exceeds NCCL's buffer. gloo runs the same
+        batch as plain isend/irecv."""
         device = payload[0].device if payload else torch.device("cpu")
         if device.type == "cuda" and self.backend == "gloo":
             return super().shift(payload, dst, src, name)
+
+        def _paired(ops: list[dist.P2POp]) -> None:
+            if ops:
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
+
         head_out = wire.header(payload).to(device)
         blob_out = wire.to_bytes(payload, device)
         head_in = torch.empty_like(head_out)
-        pending = [_started(dist.isend(head_out, dst, tag=_TAG_HEADER))]
-        recv_head = _started(dist.irecv(head_in, src, tag=_TAG_HEADER))
-        if blob_out.numel():
-            pending.append(_started(dist.isend(blob_out, dst, tag=_TAG_BLOB)))
-        recv_head.wait()
-        specs = wire.parse_header(head_in.cpu())
+        _paired([dist.P2POp(dist.isend, head_out, dst, tag=_TAG_HEADER),
+                 dist.P2POp(dist.irecv, head_in, src, tag=_TAG_HEADER)])
+        specs = wire.parse_header(head_in.cpu())  # the blob's size: the hop's one host read
         blob_in = torch.empty(wire.nbytes(specs), dtype=torch.uint8, device=device)
-        if blob_in.numel():
-            _started(dist.irecv(blob_in, src, tag=_TAG_BLOB)).wait()
-        for work in pending:
-            work.wait()
+        # A side with nothing to move leaves its op out; the peer's header says so on both sides.
+        _paired([*([dist.P2POp(dist.isend, blob_out, dst, tag=_TAG_BLOB)] if blob_out.numel() else []),
+                 *([dist.P2POp(dist.irecv, blob_in, src, tag=_TAG_BLOB)] if blob_in.numel() else [])])
         return wire.from_bytes(blob_in, specs)
 
     def allreduce_group(self, t: Tensor, name: str, groups: list[list[int]]) -> Tensor:
