@@ -38,7 +38,9 @@ def test_dragonn_select(n, monkeypatch):
     slots, seed = max(4, n // 250), 0x9747B28C
     table = ops.dragonn_select(x, 1.5, slots, seed)
     monkeypatch.setenv("COMPBENCH_KERNELS", "0")
-    expected = dragonn_select_twin(x, torch.tensor([1.5]), slots, seed, Workspace())
+    # the threshold on x's device: a shape-(1,) CPU tensor does not mix with CUDA tensors (only a
+    # 0-dim one does), so a CPU threshold failed the twin, not the kernel
+    expected = dragonn_select_twin(x, torch.tensor([1.5], device=DEV), slots, seed, Workspace())
     assert torch.equal(table[table >= 0].long(), expected)
 
 

@@ -15,14 +15,19 @@ from functools import cache
 
 from torch import Tensor
 
+from compbench.kernels import record
 from compbench.kernels.cpu import enabled as cpu_kernels_enabled
 
 
 def cuda_kernels_enabled(t: Tensor) -> bool:
-    """Whether `t` is a CUDA tensor and the RawKernels can run on it (CuPy importable, not disabled)."""
+    """Whether `t` is a CUDA tensor and the RawKernels can run on it (CuPy importable, not disabled);
+    a CUDA tensor without them counts as a twin's run (`record`)."""
     if not t.is_cuda:
         return False
-    return os.environ.get("COMPBENCH_KERNELS", "1") != "0" and cupy_importable()
+    if os.environ.get("COMPBENCH_KERNELS", "1") != "0" and cupy_importable():
+        return True
+    record.note("twin")
+    return False
 
 
 @cache

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from compbench.kernels import record
+
 NAME = "compbench_cpu"
 # -ffp-contract=off: a product and a sum stay two roundings, as in the twins (fused only where a
 # kernel says std::fma / _mm256_fmadd_ps, as ATen's own vectorized add does).
@@ -100,8 +102,11 @@ def _load() -> str | None:
 def enabled(t: Tensor) -> bool:
     """Whether `t` is a contiguous fp32 CPU tensor and the compiled kernels are loaded (and not
     disabled by COMPBENCH_KERNELS=0, which selects the twins for A/B timing and the parity tests)."""
-    return (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
-            and os.environ.get("COMPBENCH_KERNELS", "1") != "0" and _load() is None)
+    if not (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()):
+        return False
+    on = os.environ.get("COMPBENCH_KERNELS", "1") != "0" and _load() is None
+    record.note("cpu" if on else "twin")  # scripts/gpu_check.py's rows say which ran
+    return on
 
 
 def status() -> str:

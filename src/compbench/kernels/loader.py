@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from compbench.kernels import record
+
 # Threads per block of every launch; the grid is capped (kernels use grid-stride loops), which
 # keeps launches cheap for huge n and still fills the GPU.
 BLOCK = 256
@@ -90,6 +92,7 @@ def launch(name: str, function: str, work: int, device: torch.device, args: tupl
 
     if work <= 0:
         return
+    record.note("compll_cuda" if name.startswith("compll_") else "cupy")
     index = device.index if device.index is not None else torch.cuda.current_device()
     blocks = max(1, min(math.ceil(work / BLOCK), _sm_count(index) * _MAX_BLOCKS_PER_SM))
     stream = torch.cuda.current_stream(index)
