@@ -59,6 +59,20 @@ NP2 = "engine.np=2"
     (["engine=torch", "engine.backend=true"], "engine.backend=true is unknown; use auto, gloo, nccl"),
     (["resume=true"], "resume=true must be a path"),
     (["ratio=true"], "ratio: ratio=true is outside (0, 1]; pass e.g. ratio=1e-3"),
+    # links whose bandwidth-delay product no TCP window here fills; a loopback rate the user never gave
+    (["net.emulate_gbps=10", "net.emulate_latency_us=1000000"],
+     "net.emulate_gbps=10 with net.emulate_latency_us=1e+06: a link of 10 Gbit/s with round trips of 2000 ms "
+     "holds 2384 MiB in flight, more than TCP's largest window here"),
+    (["net.emulate_rank_gbps=[100,100]", "net.emulate_rank_latency_us=[40000,40000]"],
+     "net.emulate_rank_gbps[0]=100 with its delays: a link of 100 Gbit/s with round trips of 160 ms"),
+    (["net.emulate_gbps=1000"], "net.emulate_gbps=1000 with engine.np=2 shapes one loopback of 2000 Gbit/s "
+                                "(a link each), above 1000; pass net.emulate_gbps<=500"),
+    # settings of a fault or an engine that would do nothing
+    (["fault.slow_factor=3"], "fault.slow_factor=3 slows the rank fault.slow_rank names, and none is named; "
+                              "add fault.slow_rank=1 (or drop fault.slow_factor)"),
+    (["engine.min_np=2"], "engine.min_np=2 is the fewest workers an elastic job goes on with, and this job "
+                          "is not elastic (a failed worker stops it); add engine.elastic=true or drop "
+                          "engine.min_np"),
 ])
 def test_the_input_is_one_line_naming_its_fix(overrides, message):
     base = [o for o in TINY if not o.startswith("model")] if any(o.startswith("model=") for o in overrides) \
@@ -66,6 +80,36 @@ def test_the_input_is_one_line_naming_its_fix(overrides, message):
     with pytest.raises(ValueError) as e:
         config.check(config.compose([*base, NP2, *overrides]))
     assert str(e.value).startswith(message), str(e.value)
+
+
+@pytest.mark.parametrize("link", [
+    ["net.emulate_gbps=100", "net.emulate_latency_us=25000"],
+    ["net.emulate_rank_gbps=[100,100]", "net.emulate_rank_latency_us=[20000,20000]"]])
+def test_a_link_within_tcps_largest_window_is_valid_and_its_buffers_capped(link):
+    """2 x 625 MiB and 2 x 1 GiB in flight: within the kernel's 2 GiB socket buffer, which caps the
+    buffers (four bandwidth-delay products would not fit in sysctl's int)."""
+    from compbench.network.netem import SOCKET_BUFFER_MAX, socket_buffer_bytes
+
+    config.check(config.compose([*TINY, NP2, *link]))
+    assert socket_buffer_bytes(100, 80_000) == SOCKET_BUFFER_MAX == 2**31 - 1
+
+
+def test_a_warm_up_longer_than_the_run_is_said_once(tmp_path):
+    proc = compbench("train", *TINY, "optim.warmup_steps=100", "max_steps=2", "--cfg", "job")
+    assert proc.returncode == 0
+    said = [line for line in proc.stderr.splitlines() if "warms up" in line]
+    assert said == ["warning: optim.warmup_steps=100 warms up over 100 steps and the run ends at step 2 "
+                    "(max_steps=2): the learning rate never reaches optim.lr"], proc.stderr
+
+
+def test_the_elastic_suite_keeps_its_engine_elastic(tmp_path):
+    from compbench.claims.runner import main as claims
+
+    with pytest.raises(ValueError) as e:
+        claims(["--suite", "elastic", "--out", str(tmp_path / "c"), "engine.elastic=false"])
+    assert str(e.value) == ("engine.elastic=false: the elastic suite's claims are about engine.elastic=true; "
+                            "drop engine.elastic (or run the methods yourself with compbench train)")
+    assert not (tmp_path / "c").exists()
 
 
 def test_a_falsy_link_is_refused_before_the_run_folder_exists(tmp_path):
@@ -89,9 +133,22 @@ def test_a_home_folder_is_written_out_for_hydra(monkeypatch, tmp_path):
     (["--seeds", "100"], "--seeds 100 must be within 1 to 10 (each seed is one run per method and link); "
                          "e.g. --seeds 3"),
     (["--seeds", "1_0"], "argument --seeds: '1_0' is not a whole number"),
-    (["--links", "1_0"], "--links 1_0 must be a comma-separated list of links, each a rate in Mbit/s > 0"),
-    (["--links", "200:-5"], "--links 200:-5 must be a comma-separated list of links, each a rate in Mbit/s > "
-                            "0 and optionally a one-way delay in ms >= 0"),
+    (["--links", "1_0"], "--links 1_0 must be a comma-separated list of links, each a rate in Mbit/s from 1 "
+                         "to 1e+06"),
+    (["--links", "200:-5"], "--links 200:-5 must be a comma-separated list of links, each a rate in Mbit/s "
+                            "from 1 to 1e+06 and optionally a one-way delay in ms >= 0"),
+    # an empty item is a mistake, not nothing; a rate beyond a shaped link's; two links in one folder
+    (["--links", "200:"], "--links 200: must be a comma-separated list of links"),
+    (["--links", "10,,100"], "--links 10,,100 must be a comma-separated list of links"),
+    (["--links", "1000001"], "--links 1000001 must be a comma-separated list of links, each a rate in Mbit/s "
+                             "from 1 to 1e+06"),
+    (["--links", "10,10.000001"], "--links 10,10.000001 names 10mbps twice; give each once"),
+    (["--links", "200:25,200:25.0000001"], "--links 200:25,200:25.0000001 names 200mbps-25ms twice"),
+    (["--only", "demo,"], "--only demo,: unknown method (an empty item)"),
+    # the race's links set the link keys; a key the race sets otherwise is the user's to replace
+    (["--links", "10", "net.emulate_gbps=1"], "net.emulate_gbps is set by the race's links; drop it and pass "
+                                              "--links MBPS[:DELAY_MS],..."),
+    (["--links", "10", "net.emulate_latency_us=5"], "net.emulate_latency_us is set by the race's links"),
 ])
 def test_a_race_queues_each_run_once_and_a_bounded_number_of_seeds(argv, message):
     with pytest.raises(ValueError) as e:
@@ -103,6 +160,10 @@ def test_a_race_queues_each_run_once_and_a_bounded_number_of_seeds(argv, message
     (["up", "--gbps", "1_0"], "--gbps 1_0 must be a number of Gbit/s > 0"),
     (["up", "--latency-us", "1_0"], "argument --latency-us: '1_0' is not a number"),
     (["up", "--nodes", "1_0"], "argument --nodes: '1_0' is not a whole number"),
+    (["up", "--gbps", "100", "--latency-us", "50000"],
+     "--gbps 100 --latency-us 50000: a link of 100 Gbit/s with round trips of 100 ms holds 1192 MiB in "
+     "flight, more than TCP's largest window here (half of the kernel's 2 GiB socket buffer); lower --gbps "
+     "or --latency-us (rate x round trip within 8.6 Gbit)"),
 ])
 def test_a_cluster_reads_numbers_as_written(argv, message):
     with pytest.raises(ValueError) as e:
@@ -131,3 +192,21 @@ def test_timms_names_pick_the_compbench_model_they_are():
         cfg = config.compose([f"model={name}", "dataset=synthetic"])
         assert cfg.choices.model == option and cfg.model.arch == name
     assert config.model_alias("model=resnet50") == "model=resnet50"  # a compbench name stays
+
+
+def test_a_race_key_given_on_the_command_line_replaces_the_races_own(monkeypatch, tmp_path):
+    """`nice=10` beside the race's nice=-20 was two values of one key (Hydra refused the run)."""
+    import compbench.race.main as race_main
+
+    seen: list = []
+
+    def stop(jobs, scratch):
+        seen.extend(jobs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(race_main, "check_jobs", stop)
+    with pytest.raises(KeyboardInterrupt):
+        race(["--quick", "--links", "10", "--only", "demo", "--out", str(tmp_path), "nice=10",
+              "max_train_s=50"])
+    overrides = seen[0][1]
+    assert [o for o in overrides if o.startswith(("nice=", "max_train_s="))] == ["nice=10", "max_train_s=50"]

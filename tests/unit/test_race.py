@@ -247,8 +247,9 @@ def test_a_race_with_no_target_reached_says_no_verdict(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--links", "ten"], "--links ten must be a comma-separated list of links, each a rate in Mbit/s > 0 and "
-                         "optionally a one-way delay in ms >= 0 after a colon, e.g. --links 10,200:25"),
+    (["--links", "ten"], "--links ten must be a comma-separated list of links, each a rate in Mbit/s from 1 "
+                         "to 1e+06 and optionally a one-way delay in ms >= 0 after a colon, e.g. --links "
+                         "10,200:25"),
     (["--links", "0,10"], "--links 0,10 must be a comma-separated list"),
     (["--links", "100:-5"], "--links 100:-5 must be a comma-separated list"),
     (["--links", "100:x"], "--links 100:x must be a comma-separated list"),

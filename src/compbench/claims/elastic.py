@@ -59,7 +59,7 @@ CLAIMS: tuple[Claim, ...] = (
 
 SUITE = replace(
     TEXT, name="elastic", runs=runs(STEPS), quick_runs=runs(QUICK_STEPS), claims=CLAIMS,
-    base=(*BASE, *ELASTIC), quick=(*QUICK, *ELASTIC),
+    base=(*BASE, *ELASTIC), quick=(*QUICK, *ELASTIC), fixed=ELASTIC,
     note=f"a failed worker on the text workload: model=gpt on Shakespeare (char), 2 workers x batch 32 x 64 "
          f"tokens, {STEPS} steps, engine.elastic=true, rank 1 killed at step {STEPS // 2} in the -fail runs; "
          "spread = half the range over seeds\n\n",

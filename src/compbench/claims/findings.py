@@ -272,6 +272,9 @@ class Suite:
     # runs that need more seeds than `seeds` in the full setting (a run that once missed in a seed);
     # --seeds N and --quick set every run's
     run_seeds: Mapping[str, int] = field(default_factory=dict)
+    # settings the claims are about (engine.elastic=true for the elastic suite): an override of one
+    # of their keys would test something else, and is refused
+    fixed: tuple[str, ...] = ()
 
     def seeds_of(self, names: Iterable[str], seeds: int | None, quick: bool) -> dict[str, int]:
         """Each run's seeds: --seeds N (every run), else 1 for --quick, else its own or the suite's."""

@@ -65,6 +65,7 @@ def main(argv: list[str]) -> int:
     if args.seeds is not None and args.seeds < 1:
         raise ValueError(f"--seeds {args.seeds} must be >= 1")
     seeds = suite.seeds_of(dict.fromkeys(n for c in claims for n in c.runs), args.seeds, args.quick)
+    _keep_fixed(suite, args.overrides)
     stem = "outputs/claims" if suite is CNN else f"outputs/claims-{suite.name}"
     out = Path(args.out or (f"{stem}-quick" if args.quick else stem))
     base = [*(suite.quick if args.quick else suite.base), *args.overrides]
@@ -81,6 +82,16 @@ def main(argv: list[str]) -> int:
     if args.quick:
         print(_estimate(jobs, suite))
     return code
+
+
+def _keep_fixed(suite: Suite, overrides: list[str]) -> None:
+    """Refuse an override of a setting the suite's claims are about (`Suite.fixed`)."""
+    fixed = {f.partition("=")[0]: f for f in suite.fixed}
+    for override in overrides:
+        key = override.partition("=")[0].lstrip("+~")
+        if key in fixed and override.lstrip("+") != fixed[key]:
+            raise ValueError(f"{override}: the {suite.name} suite's claims are about {fixed[key]}; drop "
+                             f"{key} (or run the methods yourself with compbench train)")
 
 
 def _select(only: str | None, claims: tuple[Claim, ...] = CNN.claims) -> list[Claim]:

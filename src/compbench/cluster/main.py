@@ -34,7 +34,7 @@ from compbench.cluster import nodes
 from compbench.cluster.nodes import Cluster
 from compbench.launch.processes import raise_interrupt
 from compbench.network.delay import has_tun
-from compbench.network.netem import check_delay, check_rate
+from compbench.network.netem import check_buffer, check_delay, check_rate
 
 _GRACE_S = 10.0
 
@@ -105,6 +105,9 @@ def _wanted(args: argparse.Namespace) -> Cluster:
                          f"rate for every node, or one per node")
     gbps = rates[0] if len(rates) == 1 else rates
     cluster = Cluster(args.nodes, gbps, check_delay("--latency-us", args.latency_us))
+    for rate in rates:  # each node's link, with the round trip nodes.py sizes its buffers for
+        check_buffer(f"--gbps {rate:g} --latency-us {cluster.latency_us:g}", rate, 2 * cluster.latency_us,
+                     "lower --gbps or --latency-us")
     if cluster.line and not has_tun():
         raise ValueError("--latency-us needs the kernel's netem or /dev/net/tun (compbench's delay line); "
                          "this machine has neither: drop --latency-us")

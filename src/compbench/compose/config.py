@@ -275,6 +275,9 @@ def check(cfg: DictConfig) -> DictConfig:
 
         impairment = delay.from_config(net)
         delay.check(impairment)
+        from compbench.network.netem import check_job_links
+
+        check_job_links(net.get("emulate_gbps"), rank_gbps, np, impairment)
         shaped = net.get("emulate_gbps") is not None or rank_gbps is not None
         if (impairment.jitter_us or impairment.loss) and not shaped:
             raise ValueError("net.emulate_jitter_us and net.emulate_loss need a shaped link: set "
@@ -363,6 +366,28 @@ def _check_muon_has_matrices(cfg: DictConfig, model: Any) -> None:
                          "parameter would take AdamW; use optim=adamw")
 
 
+def _warn_long_warmup(cfg: DictConfig, np: int, run_steps: tuple[int, str] | None) -> None:
+    """A warm-up that outlasts the run is legal and does nothing useful (the learning rate never
+    reaches its setting): a warning, once, naming the keys."""
+    optim = cfg.optim
+    if run_steps is None:
+        return
+    if optim.get("warmup_steps"):
+        warm, key = int(optim.warmup_steps), f"optim.warmup_steps={optim.warmup_steps}"
+    elif optim.get("warmup_epochs"):
+        size_of = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).train_size_of
+        n = size_of(**registry.plain(cfg.dataset))
+        if n is None:
+            return
+        warm = int(optim.warmup_epochs * (n // np // cfg.batch_size))
+        key = f"optim.warmup_epochs={optim.warmup_epochs}"
+    else:
+        return
+    if warm > run_steps[0]:
+        warnings.warn(f"{key} warms up over {warm} steps and the run ends at step {run_steps[0]} "
+                      f"({run_steps[1]}): the learning rate never reaches optim.lr", stacklevel=1)
+
+
 def _run_steps(cfg: DictConfig, np: int) -> tuple[int, str] | None:
     """How many steps the run takes and what bounds it (`max_steps=N`, or `epochs=E` of the data's
     full batches), None where the data's size is only known to the workers (ImageNet)."""
@@ -385,11 +410,17 @@ def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
     np = int(cfg.engine.get("np", 1))
     external = external_engine() is not None
     faults = registry.build(cfg.fault)
-    faults.check(np, elastic, _run_steps(cfg, np), cfg.choices["engine"])
+    run_steps = _run_steps(cfg, np)
+    faults.check(np, elastic, run_steps, cfg.choices["engine"])
+    _warn_long_warmup(cfg, np, run_steps)
     if faults.rejoins and external:
         raise ValueError("fault.rejoin_after_s/_steps: under horovodrun or torchrun you start the worker "
                          "that joins (your host discovery script, another torchrun agent); drop the setting")
     if not elastic:
+        if int(cfg.engine.get("min_np", 1)) != 1:
+            raise ValueError(f"engine.min_np={cfg.engine.min_np} is the fewest workers an elastic job goes "
+                             "on with, and this job is not elastic (a failed worker stops it); add "
+                             "engine.elastic=true or drop engine.min_np")
         return
     picked = cfg.choices
     if not sync.elastic:

@@ -139,16 +139,65 @@ def _run(*argv: str) -> None:
 # bandwidth-delay products (1 Gbit/s with 50 ms each way: 12.5 MB in flight, 50 MB buffers).
 _TCP_BUFFERS = {"tcp_rmem": (4096, 131072, 6291456), "tcp_wmem": (4096, 16384, 4194304)}
 _BDP_HEADROOM = 4
+# The kernel's largest socket buffer: tcp_rmem/tcp_wmem are C ints (a larger value is refused by
+# sysctl). TCP's window is about half the receive buffer, so a link whose bandwidth-delay product is
+# above half of this cannot be kept full by one connection: such a link is refused at config time.
+SOCKET_BUFFER_MAX = 2**31 - 1
+_WINDOW_SHARE = 2
+
+
+def socket_buffer_bytes(gbps: float, rtt_us: float) -> int:
+    """The largest socket buffer a link of `gbps` Gbit/s with round trips of `rtt_us` gets:
+    _BDP_HEADROOM bandwidth-delay products, never below the defaults, at most SOCKET_BUFFER_MAX."""
+    bdp = gbps * 1e9 / 8 * rtt_us / 1e6
+    default = max(top for _, _, top in _TCP_BUFFERS.values())
+    return min(SOCKET_BUFFER_MAX, max(default, int(_BDP_HEADROOM * bdp)))
+
+
+def check_buffer(what: str, gbps: float, rtt_us: float, fix: str) -> None:
+    """ValueError (one line: `what`, the limit, `fix`) where a link of `gbps` Gbit/s with round trips
+    of `rtt_us` needs a TCP window above the kernel's largest socket buffer allows."""
+    bdp = gbps * 1e9 / 8 * rtt_us / 1e6
+    if _WINDOW_SHARE * bdp > SOCKET_BUFFER_MAX:
+        most = SOCKET_BUFFER_MAX / _WINDOW_SHARE * 8 / 1e9 * 1e6  # Gbit/s x microseconds
+        raise ValueError(f"{what}: a link of {gbps:g} Gbit/s with round trips of {rtt_us / 1e3:g} ms holds "
+                         f"{bdp / 2**20:.0f} MiB in flight, more than TCP's largest window here (half of the "
+                         f"kernel's 2 GiB socket buffer); {fix} (rate x round trip within {most / 1e6:.1f} "
+                         "Gbit)")
+
+
+def check_job_links(gbps: float | None, rank_gbps: list | None, np: int, impairment: Impairment) -> None:
+    """Config-time check of the links a local job builds from its checked settings (as
+    compbench.launch.processes builds them): a shared loopback carries `np` x `gbps` (within
+    RATE_GBPS); a link per worker where rates or the delay line ask for one; each within TCP's
+    largest window (check_buffer)."""
+    if rank_gbps is None and not impairment.line:
+        if gbps is None:
+            return
+        total = gbps * np
+        if total > RATE_GBPS[1]:
+            raise ValueError(f"net.emulate_gbps={gbps:g} with engine.np={np} shapes one loopback of "
+                             f"{total:g} Gbit/s (a link each), above {RATE_GBPS[1]:g}; pass "
+                             f"net.emulate_gbps<={RATE_GBPS[1] / np:g}")
+        check_buffer(f"net.emulate_gbps={gbps:g}, net.emulate_latency_us={impairment.latency_us:g}", total,
+                     2 * impairment.latency_us, "lower either")
+        return
+    rates = [float(g) for g in (rank_gbps if rank_gbps is not None else [gbps] * np)]
+    link_us = list(impairment.rank_latency_us) or [impairment.latency_us / 2] * np
+    farthest = max(link_us)
+    for k, rate in enumerate(rates):
+        what = (f"net.emulate_rank_gbps[{k}]={rate:g} with its delays" if rank_gbps is not None else
+                f"net.emulate_gbps={rate:g} with net.emulate_latency_us={impairment.latency_us:g}")
+        check_buffer(what, rate, 2 * (link_us[k] + farthest + impairment.jitter_us), "lower either")
 
 
 def size_socket_buffers(namespace: str, gbps: float, rtt_us: float) -> int:
     """Let TCP in `namespace` fill a link of `gbps` Gbit/s with round trips of `rtt_us`: its largest
     socket buffers at _BDP_HEADROOM bandwidth-delay products (never below the defaults). Returns the
     largest buffer in bytes."""
-    bdp = gbps * 1e9 / 8 * rtt_us / 1e6
     largest = 0
     for key, (low, start, top) in _TCP_BUFFERS.items():
-        top = max(top, int(_BDP_HEADROOM * bdp))
+        top = max(top, socket_buffer_bytes(gbps, rtt_us))
         largest = max(largest, top)
         _run("ip", "netns", "exec", namespace, "sysctl", "-qw", f"net.ipv4.{key}={low} {start} {top}")
     return largest

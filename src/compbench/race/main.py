@@ -25,11 +25,14 @@ from pathlib import Path
 from compbench.base.args import ArgumentParser, decimal, whole
 from compbench.base.errors import INTERRUPTED_EXIT
 from compbench.cli.matrix import Job, check_jobs, run_jobs
+from compbench.network.netem import RATE_GBPS
 from compbench.race.report import load, write
 from compbench.race.suites import LINKS, RACES, Link, Race
 from compbench.race.targets import TARGETS
 
 MAX_SEEDS = 10  # a race of 3 links and 8 methods at 10 seeds is 240 runs already
+LINK_KEYS = {f"net.{k}" for k in ("emulate_gbps", "emulate_latency_us", "emulate_rank_gbps",
+                                  "emulate_rank_latency_us")}
 
 
 def main(argv: list[str]) -> int:
@@ -66,6 +69,14 @@ def main(argv: list[str]) -> int:
     # a race on GPUs passes budget_clock=wall)
     race_keys = [target, "stop_at_target=true", f"max_train_s={budget:g}", "budget_clock=unloaded",
                  "nice=-20"]
+    # A key given on the command line replaces the race's own (nice=10, a longer budget), said once;
+    # the links are the race's to set (--links).
+    given = {_key(o) for o in args.overrides}
+    link_keys = sorted(given & LINK_KEYS)
+    if link_keys:
+        raise ValueError(f"{link_keys[0]} is set by the race's links; drop it and pass --links "
+                         "MBPS[:DELAY_MS],...")
+    race_keys = [k for k in race_keys if _key(k) not in given]
     jobs: list[Job] = [(run_dir, [*race.base, *race.methods[m], *link.overrides, *race_keys, *args.overrides,
                                   f"seed={seed}"])
                        for m, link, seed, run_dir in entries]
@@ -79,13 +90,18 @@ def main(argv: list[str]) -> int:
     return code
 
 
+def _key(override: str) -> str:
+    """An override's key, without Hydra's prefixes (`+nice=1`, `~nice`)."""
+    return override.partition("=")[0].lstrip("+~")
+
+
 def _select(only: str | None, race: Race) -> list[str]:
     if only is None:
         return list(race.methods)
-    wanted = [s.strip() for s in only.split(",") if s.strip()]
+    wanted = _items(only)
     unknown = [w for w in wanted if w not in race.methods]
     if unknown or not wanted:
-        raise ValueError(f"--only {only}: unknown method {', '.join(unknown) or '(none given)'}; "
+        raise ValueError(f"--only {only}: unknown method {', '.join(unknown) or '(an empty item)'}; "
                          f"choose from {', '.join(race.methods)}")
     _once("--only", only, wanted)
     return wanted
@@ -101,14 +117,24 @@ def _once(flag: str, text: str, items: list) -> None:
 
 def _links(text: str) -> tuple[Link, ...]:
     links: list[Link] = []
+    low, high = (1e3 * g for g in RATE_GBPS)  # a shaped link's rates (compbench.network.netem), in Mbit/s
     try:
-        for item in (x.strip() for x in text.split(",") if x.strip()):
-            rate, _, delay = item.partition(":")
-            links.append(Link(decimal(rate), decimal(delay) if delay else 0.0))
+        for item in _items(text):
+            rate, colon, delay = item.partition(":")
+            links.append(Link(decimal(rate), decimal(delay) if colon else 0.0))
     except argparse.ArgumentTypeError:
         links = []
-    if not links or not all(x.mbps > 0 and x.delay_ms >= 0 for x in links):
-        raise ValueError(f"--links {text} must be a comma-separated list of links, each a rate in Mbit/s > "
-                         "0 and optionally a one-way delay in ms >= 0 after a colon, e.g. --links 10,200:25")
+    if not links or not all(low <= x.mbps <= high and x.delay_ms >= 0 for x in links):
+        raise ValueError(f"--links {text} must be a comma-separated list of links, each a rate in Mbit/s "
+                         f"from {low:g} to {high:g} and optionally a one-way delay in ms >= 0 after a colon, "
+                         "e.g. --links 10,200:25")
     _once("--links", text, links)
+    _once("--links", text, [x.folder for x in links])  # 10 and 10.000001 would share a run's folder
     return tuple(links)
+
+
+def _items(text: str) -> list[str]:
+    """A comma-separated flag's items; an empty one (`10,,100`, a trailing comma) is a mistake, not
+    nothing: the list would not be what was meant."""
+    items = [x.strip() for x in text.split(",")]
+    return [] if "" in items else items

@@ -99,6 +99,9 @@ class FaultPlan:
             key = "rejoin_after_s" if self.rejoin_after_s is not None else "rejoin_after_steps"
             raise ValueError(f"fault.{key} brings back a killed worker, which needs engine.elastic=true "
                              "and fault.kill_rank with fault.at_step, or fault.kill_prob")
+        if self.slow_factor != 1 and self.slow_rank is None:
+            raise ValueError(f"fault.slow_factor={self.slow_factor:g} slows the rank fault.slow_rank names, "
+                             "and none is named; add fault.slow_rank=1 (or drop fault.slow_factor)")
         if self.slow_rank is not None and self.slow_rank >= np:
             raise ValueError(f"fault.slow_rank={self.slow_rank} is not a rank of engine.np={np} workers; "
                              f"pass fault.slow_rank from 0 to {np - 1}")
