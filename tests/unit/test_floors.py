@@ -97,7 +97,12 @@ def test_frames_round_trip_views_at_any_offset(header):
         for a, b in zip(got, payload, strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     if header:
-        assert wire.frame_length(both[length:], payload) == length
+        rows = torch.stack([both[:length], both[length : 2 * length]])
+        dims = wire.read_headers(rows, payload)  # both frames' headers in one read
+        assert dims[0] == dims[1] == [t.shape[0] if t.dim() else 1 for t in payload]
+        assert wire.frame_length(dims[1], payload) == length
+        again, _ = wire.unframe(both[length:], payload, header, dims[1])
+        assert all(torch.equal(a, b) for a, b in zip(again, payload, strict=True))
 
 
 def test_a_bucket_frame_is_cut_into_views_without_copies():

@@ -130,7 +130,9 @@ class TorchEngine(EngineBase):
         1 Gbit/s, less than the round trip of a second collective, and the payloads of small tensors
         vary by more than 1/8), shrinking by at most 1/16 a call, never above the bound. A frame
         longer than the capacity sends the rest in a second all_gather (every rank sees the headers,
-        so every rank knows). The padding is booked: it is on the wire."""
+        so every rank knows). The padding is booked: it is on the wire. The host reads every rank's
+        header once per exchange (`wire.read_headers`: one wait on a GPU, which the method needs:
+        the lengths size the rest and the next capacity)."""
         if bound is None:
             return self._gather_equal(payload)
         longest = wire.frame_header_bytes(payload) + bound
@@ -145,7 +147,10 @@ class TorchEngine(EngineBase):
         def finish() -> tuple[list[list[Tensor]], int]:
             work.wait()
             rows = out.view(self.size, capacity)
-            lengths = [wire.frame_length(rows[r], payload) for r in range(self.size)]
+            # the exchange's one host read (every rank's header): the lengths decide the second
+            # all_gather and the next capacity, and cut the frames
+            dims = wire.read_headers(rows, payload)
+            lengths = [wire.frame_length(d, payload) for d in dims]
             over = max(lengths) - capacity
             sent = capacity
             if over > 0:  # the rest of the long frames, padded to the longest rest
@@ -158,7 +163,7 @@ class TorchEngine(EngineBase):
             most = max(lengths)
             want = _round_up(most + max(most // 8, 4096), 64)
             self._capacity[name] = min(longest, want if known is None else max(want, capacity * 15 // 16))
-            return [wire.unframe(rows[r], payload, header=True)[0] for r in range(self.size)], sent
+            return [wire.unframe(rows[r], payload, True, dims[r])[0] for r in range(self.size)], sent
 
         return Handle(finish)
 
@@ -176,7 +181,8 @@ class TorchEngine(EngineBase):
         def finish() -> tuple[list[list[Tensor]], int]:
             work.wait()
             rows = out.view(self.size, longest)
-            return [wire.unframe(rows[r], payload, header=True)[0] for r in range(self.size)], longest + 8
+            dims = wire.read_headers(rows, payload)  # one host read of every rank's header
+            return [wire.unframe(rows[r], payload, True, dims[r])[0] for r in range(self.size)], longest + 8
 
         return Handle(finish)
 

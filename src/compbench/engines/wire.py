@@ -30,8 +30,21 @@ def header(payload: list[Tensor]) -> Tensor:
 
 
 def parse_header(head: Tensor) -> list[Spec]:
-    count = int(head[0])
-    return [(int(head[1 + 2 * i]), DTYPES[int(head[2 + 2 * i])]) for i in range(count)]
+    """The specs of a `header`: read by the host in one go (one wait for a device tensor, where an
+    element-by-element read waited once per element); the receiver must know the sizes."""
+    values = head.tolist()
+    count = values[0]
+    return [(values[1 + 2 * i], DTYPES[values[2 + 2 * i]]) for i in range(count)]
+
+
+def host_to(t: Tensor, device: torch.device | str) -> Tensor:
+    """A host tensor `t` on `device` without making the host wait: a copy to a GPU goes from pinned
+    memory, queued on the current stream (torch's pinned-memory allocator keeps the buffer until the
+    copy is done); a plain `.to(device)` from pageable memory waits for the stream."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def nbytes(specs: list[Spec]) -> int:
@@ -45,12 +58,12 @@ def to_bytes(payload: list[Tensor], device: torch.device | str = "cpu") -> Tenso
 
 def pack(payload: list[Tensor], device: torch.device | str = "cpu") -> Tensor:
     """The payload as one uint8 tensor: its header's bytes, then the tensors' bytes (`unpack`)."""
-    return torch.cat([header(payload).to(device).view(torch.uint8), to_bytes(payload, device)])
+    return torch.cat([host_to(header(payload), device).view(torch.uint8), to_bytes(payload, device)])
 
 
 def unpack(packed: Tensor) -> list[Tensor]:
     """The payload `pack` made (`packed` may start at any byte offset of a larger buffer)."""
-    head = packed[: HEADER_LEN * 8].clone().view(torch.int64)
+    head = packed[: HEADER_LEN * 8].clone().view(torch.int64)  # one host read: the sizes cut the rest
     return from_bytes(packed[HEADER_LEN * 8 :], parse_header(head))
 
 
@@ -68,7 +81,10 @@ def from_bytes(blob: Tensor, specs: list[Spec]) -> list[Tensor]:
 # Every rank's payload has the same number of tensors, the same dtypes and the same trailing
 # dimensions (they follow from the rank-independent Ctx); only first dimensions may differ, and only
 # for compressors whose bytes depend on the data. Their frames start with a header of one int32 per
-# tensor (its first dimension, in payload order): 4 bytes per tensor, booked as sent. A payload whose
+# tensor (its first dimension, in payload order): 4 bytes per tensor, booked as sent. The host needs
+# them to cut the frames (and the torch engine to size its next capacity): a receiver reads every
+# rank's header in ONE host read per exchange (`read_headers`, one wait on a GPU), then cuts each
+# frame with the dims it read (`frame_length`, `unframe`). A payload whose
 # layout is the same on every rank (the compressor declares exact `wire_bytes`) travels without a
 # header. The body holds the tensors grouped by dtype, wider dtypes first (`_groups`): every group
 # then starts at a multiple of its element size wherever the body does, so a received frame is cut
@@ -87,9 +103,9 @@ def frame(payload: list[Tensor], header: bool) -> Tensor:
     `header`."""
     device = payload[0].device if payload else torch.device("cpu")
     parts = []
-    if header:
-        dims = torch.tensor([t.shape[0] if t.dim() else 1 for t in payload], dtype=torch.int32, device=device)
-        parts.append(dims.view(torch.uint8))
+    if header:  # the shapes are the host's: built there, copied without a wait (`host_to`)
+        dims = torch.tensor([t.shape[0] if t.dim() else 1 for t in payload], dtype=torch.int32)
+        parts.append(host_to(dims, device).view(torch.uint8))
     for _, members in _groups(payload):
         # one C++ call flattens the group (torch's own helper for bucketing, as DDP's)
         parts.append(_flatten_dense_tensors([payload[i] for i in members]).view(torch.uint8))
@@ -98,24 +114,35 @@ def frame(payload: list[Tensor], header: bool) -> Tensor:
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
-def frame_length(blob: Tensor, like: list[Tensor]) -> int:
-    """Bytes of the framed payload (with header) that starts at `blob[0]`."""
-    dims = _read_dims(blob, like)
+def read_headers(frames: Tensor, like: list[Tensor]) -> list[list[int]]:
+    """Every frame's header (its first dimensions) from `frames`, one frame per row (a 2-D uint8
+    tensor, rows at least the header long): ONE host read for all of them, the one wait per exchange
+    on a GPU that cutting uneven frames needs (the host must know where each tensor ends)."""
+    # a copy: a frame may start at any byte offset, which an int32 view cannot
+    heads = frames[:, : frame_header_bytes(like)].clone(memory_format=torch.contiguous_format)
+    return heads.view(torch.int32).tolist()
+
+
+def frame_length(dims: list[int], like: list[Tensor]) -> int:
+    """Bytes of the framed payload (with header) whose header holds `dims` (`read_headers`)."""
     return frame_header_bytes(like) + sum(d * _row_bytes(t) for d, t in zip(dims, like, strict=True))
 
 
-def unframe(blob: Tensor, like: list[Tensor], header: bool) -> tuple[list[Tensor], int]:
+def unframe(blob: Tensor, like: list[Tensor], header: bool,
+            dims: list[int] | None = None) -> tuple[list[Tensor], int]:
     """The payload a `frame` of a peer made (`like`: this rank's payload, for dtypes and trailing
     dimensions) and the frame's length in bytes; `blob` may be longer (padding, the next rank's
     frame). The tensors are views of `blob` where its byte offset allows it (a group at an odd
-    offset is copied once)."""
-    pos, dims = 0, [t.shape[0] if t.dim() else 1 for t in like]
+    offset is copied once). With `header`, `dims` is the frame's header as `read_headers` read it;
+    without them the header is read from `blob` here (a host read per frame: one wait on a GPU)."""
+    pos, first = 0, [t.shape[0] if t.dim() else 1 for t in like]
     if header:
-        pos, dims = frame_header_bytes(like), _read_dims(blob, like)
+        pos = frame_header_bytes(like)
+        first = dims if dims is not None else read_headers(blob[:pos].view(1, -1), like)[0]
     cut: dict[int, Tensor] = {}  # payload position -> its tensor, filled group by group
     for dtype, members in _groups(like):
         if header:  # first dimensions as the peer sent them
-            numels = [dims[i] * math.prod(like[i].shape[1:]) for i in members]
+            numels = [first[i] * math.prod(like[i].shape[1:]) for i in members]
         else:  # the shapes are this rank's
             numels = [like[i].numel() for i in members]
         size = sum(numels) * dtype.itemsize
@@ -126,7 +153,7 @@ def unframe(blob: Tensor, like: list[Tensor], header: bool) -> tuple[list[Tensor
         if header:
             for i, piece in zip(members, typed.split(numels), strict=True):
                 t = like[i]
-                cut[i] = (piece if t.dim() == 1 else piece.view(dims[i], *t.shape[1:]) if t.dim()
+                cut[i] = (piece if t.dim() == 1 else piece.view(first[i], *t.shape[1:]) if t.dim()
                           else piece.view(()))
         else:  # one C++ call cuts the group into views of this rank's shapes
             pieces = _unflatten_dense_tensors(typed, [like[i] for i in members])
@@ -142,10 +169,6 @@ def _groups(payload: list[Tensor]) -> list[tuple[torch.dtype, list[int]]]:
     for i, t in enumerate(payload):
         groups.setdefault(t.dtype, []).append(i)
     return sorted(groups.items(), key=lambda g: (-g[0].itemsize, DTYPES.index(g[0])))
-
-
-def _read_dims(blob: Tensor, like: list[Tensor]) -> list[int]:
-    return blob[: frame_header_bytes(like)].clone().view(torch.int32).tolist()
 
 
 def _row_bytes(t: Tensor) -> int:
