@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -25,8 +26,18 @@ from compbench.optim.schedule import SCHEDULE_KEYS
 def _flat_entries(p: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
     """(flat int64 indices into p, values) of a sparse .grad, for the one-pass kernels."""
     sparse = grad.coalesce()  # a no-op for the pipeline's updates (built coalesced)
-    strides = torch.tensor(p.stride(), dtype=torch.int64, device=grad.device).view(-1, 1)
-    return (sparse.indices() * strides).sum(0), sparse.values().contiguous()
+    indices = sparse.indices()
+    # p's strides as Python scalars: a tensor of them would be a blocking copy to a GPU per parameter
+    flat = torch.zeros(indices.shape[1], dtype=torch.int64, device=indices.device)
+    for dim, stride in enumerate(p.stride()):
+        flat.add_(indices[dim], alpha=stride)
+    return flat, sparse.values().contiguous()
+
+
+def _plus_one(step: float) -> float:
+    """`step + 1` rounded as the float32 step tensor torch keeps (exact up to 2**24 steps, then as
+    stuck as the tensor)."""
+    return float(np.float32(step) + np.float32(1))
 
 
 def _sparse_params(self: Any) -> set[Tensor]:
@@ -173,7 +184,26 @@ class SGD(torch.optim.SGD):
 
 
 class _OnePassAdam(torch.optim.Optimizer):
-    """The one-pass step of `Adam` and `AdamW` (their docstrings)."""
+    """The one-pass step of `Adam` and `AdamW` (their docstrings).
+
+    The kernels take the step count as a number (their bias corrections are computed on the host, in
+    double, as the twin's), while the state keeps torch's float32 step tensor on p's device (torch's
+    fused step shares it; checkpoints hold it as before). Reading that tensor per parameter and step
+    would be a host wait on a GPU: the host keeps its own count of each parameter's steps
+    (`_host_steps`), read from the tensor once (a parameter's first one-pass step after the
+    optimizer was built or loaded) and advanced with every step torch's or this one takes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._host_steps: dict[Tensor, float] = {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._host_steps = {}  # a copy's counts are read from its state again
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._host_steps.clear()  # the loaded step tensors are the counts now
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -195,6 +225,10 @@ class _OnePassAdam(torch.optim.Optimizer):
                 else:  # the twin of the one-pass step: the dense decode it replaces
                     p.grad = p.grad.to_dense()
         super().step()
+        for group in self.param_groups:  # torch's step advanced the step tensors of these
+            for p in group["params"]:
+                if p.grad is not None and p in self._host_steps:
+                    self._host_steps[p] = _plus_one(self._host_steps[p])
         for p, grad in consumed:
             p.grad = grad  # the averaged gradient stays readable after the step, as with torch's
         return loss
@@ -216,13 +250,17 @@ class _OnePassAdam(torch.optim.Optimizer):
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            self._host_steps[p] = 0.0
+        if p not in self._host_steps:  # once after a load: the one read of this tensor's count
+            self._host_steps[p] = float(state["step"])
+        step = self._host_steps[p] = _plus_one(self._host_steps[p])
         state["step"].add_(1)
         assert p.grad is not None
         indices, values = _flat_entries(p, p.grad)
         beta1, beta2 = group["betas"]
         kernels.adam_step(p, state["exp_avg"], state["exp_avg_sq"], _EMPTY, indices, values,
                           float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                          float(group["weight_decay"]), float(state["step"]),
+                          float(group["weight_decay"]), step,
                           bool(group.get("decoupled_weight_decay")), _fma_tail(kernels, p))
 
     sparse_params = _sparse_params
