@@ -1,7 +1,8 @@
 """`randk`: k = ceil(n*r) uniformly random entries whose indices every rank draws from the same seed,
 so only the values travel (4k bytes) and payloads may be allreduced (summable). The indices are drawn
 on the host by a fast sampler (the same on every rank and device) and copied to a GPU: k int64 per
-tensor and step (GRACE draws them with randperm on the device, which costs more at large n)."""
+tensor and step (GRACE draws them with randperm on the device, which costs more at large n), from
+pinned memory without making the host wait (compress runs inside backward hooks)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,12 @@ class RandK(Sparsifier):
         """The k indices every rank uses for tensor `name` at the current step (drawn on the CPU so
         that CPU and GPU runs agree)."""
         gen = make_generator(self.seed, self.step, name)
-        return _draw_indices(numel, self.k_for(numel), gen).to(device)
+        idx = _draw_indices(numel, self.k_for(numel), gen)
+        if torch.device(device).type == "cuda":
+            # a copy from pageable memory waits for the stream; from pinned memory it is queued (torch's
+            # pinned allocator keeps the buffer until the copy is done)
+            return idx.pin_memory().to(device, non_blocking=True)
+        return idx.to(device)
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.detach().reshape(-1)
