@@ -100,19 +100,23 @@ def masks(params: Sequence[Tensor], p: float, seed: int, step: int) -> list[Tens
 @torch.no_grad()
 def sparse_average(engine: Engine, stats: StepStats, params: Sequence[Tensor], p: float, seed: int,
                    step: int) -> int:
-    """Average the picked entries of `params` over the workers in place; returns how many."""
+    """Average the picked entries of `params` over the workers in place; returns how many.
+
+    The host reads how many entries each tensor picked, all in one read per step (one wait on a
+    GPU, which the method needs: the allreduce's size is the host's); gathering the picked entries
+    with those counts (`nonzero_static`) and scattering them back then waits no more, where a
+    boolean index or a count per tensor waited once per tensor."""
     picked = masks(params, p, seed, step)
-    values = torch.cat([t.detach()[m] for t, m in zip(params, picked, strict=True)])
-    if values.numel() == 0:
+    counts = torch.stack([m.sum() for m in picked]).tolist() if picked else []
+    if sum(counts) == 0:
         return 0
+    values = torch.cat([t.detach().reshape(-1)[torch.nonzero_static(m.reshape(-1), size=count).view(-1)]
+                        for t, m, count in zip(params, picked, counts, strict=True)])
     with stats.time("comm"):
         averaged = engine.allreduce(values, "sparta")
     stats.add_dense_allreduce(values.numel() * values.element_size(), calls=1)
-    pos = 0
-    for t, m in zip(params, picked, strict=True):
-        count = int(m.sum())
-        t.masked_scatter_(m, averaged[pos : pos + count])
-        pos += count
+    for t, m, part in zip(params, picked, averaged.split(counts), strict=True):
+        t.masked_scatter_(m, part)
     return values.numel()
 
 
