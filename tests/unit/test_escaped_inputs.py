@@ -67,6 +67,26 @@ NP2 = "engine.np=2"
      "net.emulate_rank_gbps[0]=100 with its delays: a link of 100 Gbit/s with round trips of 160 ms"),
     (["net.emulate_gbps=1000"], "net.emulate_gbps=1000 with engine.np=2 shapes one loopback of 2000 Gbit/s "
                                 "(a link each), above 1000; pass net.emulate_gbps<=500"),
+    # models and data that do not fit: refused from one meta forward, not inside a worker's first step
+    (["model=vgg16", "dataset.image_size=16"],
+     "model=vgg16 (model.arch=vgg16_bn) does not take the data's 3x16x16 images (Given input size: "
+     "(512x1x1). Calculated output size: (512x0x0). Output size is too small); pass dataset.image_size=32 "
+     "(the smallest of 32, 64, 75, 128, 224, 299 it takes)"),
+    (["model=resnet50", "model.arch=inception_v3"],
+     "model=resnet50 (model.arch=inception_v3) does not take the data's 3x8x8 images"),
+    (["model=vit_tiny", "dataset.image_size=8"], "model=vit_tiny (model.arch=vit_tiny_patch16_224) does not "
+     "take the data's 3x8x8 images"),
+    (["model=vit_tiny", "dataset.image_size=32", "model.image_size=64"],
+     "model=vit_tiny (model.arch=vit_tiny_patch16_224) does not take the data's 3x32x32 images (Input "
+     "height (32) doesn't match model (64).); pass dataset.image_size=64"),
+    (["model.num_classes=5"], "model=mlp answers 5 classes and dataset=synthetic has 10; drop "
+                              "model.num_classes (it follows the data set)"),
+    (["model=resnet20", "model.num_classes=0"],
+     "model=resnet20 answers 0 classes and dataset=synthetic has 10"),
+    (["model=resnet50", "model.arch=resnet51"],
+     "model.arch=resnet51 is not one of torchvision's image classifiers; e.g. resnet101, resnet152"),
+    (["model=resnet50", "model.arch=utils"],
+     "model.arch=utils is not one of torchvision's image classifiers"),
     # settings of a fault or an engine that would do nothing
     (["fault.slow_factor=3"], "fault.slow_factor=3 slows the rank fault.slow_rank names, and none is named; "
                               "add fault.slow_rank=1 (or drop fault.slow_factor)"),

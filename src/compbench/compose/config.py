@@ -327,6 +327,7 @@ def check(cfg: DictConfig) -> DictConfig:
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ValueError(f"model={picked['model']} cannot be built with these settings ({first}); check "
                              "its model.* settings (`compbench train --cfg job`)") from None
+        _check_model_takes_data(cfg, model)
     sync_cls.check_model(model, **{k: v for k, v in registry.plain(cfg.sync).items() if k != "_target_"})
     _check_muon_has_matrices(cfg, model)
     _check_rounds_fit(cfg, sync_cls.sync_traits)
@@ -354,6 +355,51 @@ def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:
                          f"runs every worker on this one, so compressor={picked['compressor']} would not be "
                          "used; use comm=allgather here, or start across machines (compbench cluster run, "
                          "horovodrun -H, torchrun --nnodes)")
+
+
+# Square image sides tried when the data's do not fit a model, for the refusal's fix.
+_IMAGE_SIDES = (32, 64, 75, 128, 224, 299)
+
+
+def _check_model_takes_data(cfg: DictConfig, model: Any) -> None:
+    """An image classifier (built on the meta device) takes a batch of the data set's images and
+    answers one score per class of the data: one meta forward, nothing allocated. Too small an image,
+    another number of channels or of classes would otherwise fail inside a worker's first step."""
+    import torch
+
+    data = cfg.dataset
+    if data.get("image_size") is None or data.get("num_classes") is None:
+        return  # token ids (text) or a data set that declares no image shape
+    side, channels, classes = int(data.image_size), int(data.get("channels", 3)), int(data.num_classes)
+
+    def scores(s: int) -> Any:
+        with torch.device("meta"), torch.no_grad():
+            return model(torch.empty(2, channels, s, s))
+
+    arch = cfg.model.get("arch")
+    name = f"model={cfg.choices['model']}" + (f" (model.arch={arch})" if arch else "")
+    try:
+        out = scores(side)
+    except (RuntimeError, AssertionError, ValueError, IndexError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        fits = next((s for s in _IMAGE_SIDES if s > side and _takes(scores, s)), None)
+        sides = ", ".join(map(str, _IMAGE_SIDES))
+        fix = (f"pass dataset.image_size={fits} (the smallest of {sides} it takes)" if fits is not None
+               else "pass a larger dataset.image_size, or check model.in_chans and model.image_size")
+        raise ValueError(f"{name} does not take the data's {channels}x{side}x{side} images ({first}); "
+                         f"{fix}") from None
+    out = out[0] if isinstance(out, tuple) else out  # the main head's (inception_v3's aux outputs)
+    if out.shape[-1] != classes:
+        raise ValueError(f"{name} answers {out.shape[-1]} classes and dataset={cfg.choices['dataset']} has "
+                         f"{classes}; drop model.num_classes (it follows the data set)")
+
+
+def _takes(scores: Any, side: int) -> bool:
+    try:
+        scores(side)
+    except (RuntimeError, AssertionError, ValueError, IndexError):
+        return False
+    return True
 
 
 def _check_muon_has_matrices(cfg: DictConfig, model: Any) -> None:
