@@ -416,3 +416,17 @@ def test_yaml_builds_with_the_class_defaults(name, cls):
     for key, value in vars(default).items():
         if not isinstance(value, dict):
             assert getattr(built, key) == value, key
+
+
+@pytest.mark.parametrize("dead_cols", [[], [1], [0, 2]])
+def test_powersgd_redraw_chosen_on_the_device_is_the_hosts(dead_cols):
+    # On a GPU the redraw is chosen by the device (no host read of `dead`): the same Q bit for bit.
+    comp = _started(rank=3)
+    q = orthogonalize_(torch.randn(20, 3, generator=_gen(5)))
+    q[:, dead_cols] = 0
+    dead = q.abs().amax(0) == 0
+    host = comp._redraw_dead(q.clone(), dead, "w", on_device=False)
+    device = comp._redraw_dead(q.clone(), dead, "w", on_device=True)
+    assert torch.equal(host, device)
+    assert torch.equal(host, q) == (not dead_cols)
+    assert bool((host.abs().amax(0) > 0).all())

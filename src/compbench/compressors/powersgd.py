@@ -37,6 +37,14 @@ def orthogonalize_(mat: Tensor, rtol: float = 1e-4) -> Tensor:
     return mat
 
 
+def _host_to(t: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on `device`; to a GPU from pinned memory, queued without a wait (a copy from
+    pageable memory waits for the stream)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _identity(t: Tensor) -> Tensor:
     return t
 
@@ -132,16 +140,25 @@ class PowerSGD(CompressorBase):
         if prev is None or prev.shape != (cols, q) or prev.device != device:
             gen = cpu_generator(stable_seed("powersgd", self.seed, name))
             # drawn on the host and copied, as torch's PowerSGD hook does: the same Q on every device
-            prev = torch.randn(cols, q, generator=gen, device="cpu").to(device)
+            prev = _host_to(torch.randn(cols, q, generator=gen, device="cpu"), device)
         q_start = orthogonalize_(prev)
         dead = q_start.abs().amax(0) == 0
-        if bool(dead.any()):  # one small sync; Q is identical on every rank, so is this decision
-            # A zero column (the gradient had rank < q) would stay zero forever: redraw it, seeded
-            # by (name, step) alike on every rank, so the rank comes back when the gradient's does.
-            gen = cpu_generator(stable_seed("powersgd", self.seed, name, self.step))
-            fresh = torch.randn(cols, q, generator=gen).to(device)
-            q_start = orthogonalize_(torch.where(dead, fresh, q_start))
-        return q_start
+        return self._redraw_dead(q_start, dead, name, on_device=device.type != "cpu")
+
+    def _redraw_dead(self, q_start: Tensor, dead: Tensor, name: str, on_device: bool) -> Tensor:
+        """`q_start` with its zero columns redrawn. A zero column (the gradient had rank < q) would
+        stay zero forever: it is redrawn, seeded by (name, step) alike on every rank, so the rank
+        comes back when the gradient's does. On the CPU the host decides (reading the flag costs
+        nothing there); on a device (`on_device`) reading it would be a wait per tensor and step, so
+        the redrawn Q is computed every step and chosen on the device where a column is dead: the
+        same Q bit for bit, for a host draw and one more orthogonalization of cols x q."""
+        if not on_device and not bool(dead.any()):
+            return q_start
+        cols, q = q_start.shape
+        gen = cpu_generator(stable_seed("powersgd", self.seed, name, self.step))
+        fresh = _host_to(torch.randn(cols, q, generator=gen), q_start.device)
+        redrawn = orthogonalize_(torch.where(dead, fresh, q_start))
+        return torch.where(dead.any(), redrawn, q_start) if on_device else redrawn
 
     # -- local contract API -------------------------------------------------------------------------
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
