@@ -24,6 +24,9 @@ class ScriptedClock:
         assert self.settled, "a mark read before the clock settled"
         return b - a
 
+    def recycle(self) -> None:
+        pass
+
     def settle(self, last: float) -> None:
         self.settled += 1
 
@@ -93,4 +96,44 @@ def test_the_unloaded_estimate_takes_the_wire_from_the_clock_and_the_rest_from_c
     assert stats.ms["step"] == 65.0
     assert stats.unloaded_ms(threads=1) == 15.0 + 25.0  # not 15 + 28: the wire's CPU is in its wall time
     assert stats.unloaded_ms(threads=2) == 15.0 + 12.5
-    assert StepStats(EventClock.__new__(EventClock)).unloaded_ms(1) is None  # a GPU's steps: no estimate
+    assert StepStats(EventClock(torch.device("cuda", 0))).unloaded_ms(1) is None  # a GPU's steps: no estimate
+
+
+def test_the_event_clock_reuses_its_events_step_after_step(monkeypatch):
+    """A GPU's phase edges record pooled CUDA events: a new step records the last step's events
+    again (after its figures were read) instead of creating new ones."""
+    created: list[FakeEvent] = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.recorded, self.at = 0, 0.0
+            created.append(self)
+
+        def record(self, stream: object = None) -> None:
+            self.recorded += 1
+            self.at = float(len(created) + sum(e.recorded for e in created))
+
+        def elapsed_time(self, other: FakeEvent) -> float:
+            return other.at - self.at
+
+        def synchronize(self) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    stats = StepStats(EventClock(torch.device("cuda", 0)))
+    per_step = []
+    for _ in range(3):
+        stats.reset()
+        stats.begin_step()
+        with stats.time("compute"):
+            with stats.time("compress"):
+                pass
+        with stats.time("comm"):
+            pass
+        stats.end_step()
+        assert stats.ms["step"] > 0  # the step's figures, read before the next reset
+        per_step.append(len(created))
+    assert per_step[0] == per_step[1] == per_step[2] == 8  # eight edges a step, the same eight events
+    assert all(e.recorded == 3 for e in created)
