@@ -101,12 +101,15 @@ def prepare(overrides: list[str]) -> PluginSweep | None:
                          f"{', '.join(options)} ({_INSTALL})")
     plugin = PluginSweep(name, overrides, loader)
     try:
-        plugin.master()
+        launcher = plugin.master().hydra.launcher
     except (HydraException, OmegaConfBaseException) as e:
         why = (str(e.__cause__ or e).strip().splitlines() or [type(e).__name__])[0]
         keys = PluginSweep(name, [f"hydra/launcher={name}"], loader).master().hydra.launcher
         takes = ", ".join(k for k in keys if k != "_target_")
         raise ValueError(f"{', '.join(settings)}: {why}; hydra/launcher={name} takes {takes}") from None
+    from compbench.cli import launcher_settings
+
+    launcher_settings.check(name, launcher)
     return plugin
 
 
