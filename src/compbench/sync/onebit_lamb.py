@@ -101,8 +101,11 @@ class OnebitLambStep(OnebitAdamStep):
     compressed step, `scaling_coeff`; per group: `initialized`, `frozen` (1-bit Adam's).
 
     Its step reads each tensor's trust ratio (and the compressed stage's factor) on the host, as
-    DeepSpeed's `.item()` calls do: on a GPU one synchronization per tensor in the optimizer's step
-    (none in back-propagation), the price of its Python arithmetic matching the reference bit for bit."""
+    DeepSpeed's `.item()` calls do: the method needs it (its Python arithmetic in double, the clamps
+    and the running mean, matches the reference bit for bit), at the price of one synchronization
+    per tensor in the optimizer's step on a GPU (none in back-propagation). Where the reference
+    reads two or three numbers of a tensor one by one (the norms' `!= 0` tests, then the ratio),
+    they are stacked and read in one go: the same values, one wait instead of three."""
 
     label, mode = "1-bit LAMB", "onebit_lamb"
 
@@ -121,8 +124,8 @@ class OnebitLambStep(OnebitAdamStep):
         states = [self.state[p] for group in self.param_groups for p in group["params"] if p in self.state]
         if not states or "scaling_coeff" in states[0]:
             return
-        scales = [(torch.linalg.vector_norm(s["exp_avg"]) / math.sqrt(s["exp_avg"].numel())).item()
-                  for s in states]
+        scales = torch.stack([torch.linalg.vector_norm(s["exp_avg"]) / math.sqrt(s["exp_avg"].numel())
+                              for s in states]).tolist()  # one host read for every tensor
         united = sum(scales) / len(scales)
         for state, scale in zip(states, scales, strict=True):
             state["scaling_coeff"] = united / scale if scale > 0 else 1.0
@@ -154,8 +157,10 @@ class OnebitLambStep(OnebitAdamStep):
             update += group["weight_decay"] * p
         update_norm = update.pow(2).sum().sqrt()
         coeff = 1.0
-        if weight_norm != 0 and update_norm != 0:
-            coeff = min(max((weight_norm / update_norm).item(), self.min_coeff), self.max_coeff)
+        # one host read (the reference's three: both tests, then the ratio); an unused ratio may be inf
+        weight, upd, ratio = torch.stack([weight_norm, update_norm, weight_norm / update_norm]).tolist()
+        if weight != 0 and upd != 0:
+            coeff = min(max(ratio, self.min_coeff), self.max_coeff)
         if coeff != 1.0:  # the reference skips the exact 1 (its "no ratio" value) in the running mean
             beta = self.coeff_beta
             state["lamb_coeff_freeze"] = beta * state["lamb_coeff_freeze"] + (1 - beta) * coeff
@@ -174,10 +179,13 @@ class OnebitLambStep(OnebitAdamStep):
         update_prelim = exp_avg / denom
         update = update_prelim + group["weight_decay"] * p if group["weight_decay"] > 0.0 else update_prelim
         update_norm = update.pow(2).sum().sqrt()
-        factor = (denom / (fresh.sqrt() + group["eps"])).max().item()
-        if group["weight_decay"] > 0.0:
-            ratio = min(1.0, (update_prelim.pow(2).sum().sqrt() / update_norm).item())
+        most = (denom / (fresh.sqrt() + group["eps"])).max()
+        if group["weight_decay"] > 0.0:  # the factor and the ratio in one host read
+            factor, ratio = torch.stack([most, update_prelim.pow(2).sum().sqrt() / update_norm]).tolist()
+            ratio = min(1.0, ratio)
             factor = factor * ratio + (1.0 - ratio)
+        else:
+            factor = most.item()
         factor = min(max(factor, self.factor_min), self.factor_max)
         last = state["last_factor"]
         factor = min(max(factor, last * (1.0 - self.factor_threshold)), last * (1.0 + self.factor_threshold))
