@@ -119,10 +119,14 @@ class GradientPipeline:
 
     def _prepare(self, grad: Tensor) -> Tensor:
         """Before a tensor is compressed: the sampled reads its encode makes are booked, and a
-        non-finite one is zeroed where the step is going to be dropped (`guard_nonfinite`). That check
-        reads one flag per group on the host (on_nonfinite=skip with an overlapping scheduler only)."""
-        if self.guard_nonfinite and not bool(torch.isfinite(grad).all()):
-            grad = torch.zeros_like(grad)  # the trainer skips this step anyway; keep the memory finite
+        non-finite one is zeroed where the step is going to be dropped (`guard_nonfinite`:
+        on_nonfinite=skip with an overlapping scheduler only). The choice is the device's, not the
+        host's: a flag read per group inside backward hooks would be a wait each on a GPU; the
+        price is a copy of each compressed group (the .grad itself is left alone: the trainer's
+        check must still see the NaN)."""
+        if self.guard_nonfinite:  # the trainer skips such a step anyway; keep the memory finite
+            grad = torch.where(torch.isfinite(grad).all(), grad, torch.zeros((), dtype=grad.dtype,
+                                                                             device=grad.device))
         if samples_at_random(self.compressor):
             self.stats.sampled_reads += self.compressor.sampled_reads(grad.numel())
         return grad
