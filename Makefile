@@ -82,7 +82,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The GPU proof: `make gpu-wheels` here (the registry is reachable), then on a lent GPU machine
-# `bash scripts/gpu_check.sh` with .gpu-wheels/ carried along (docs/guide/gpus.md, "The GPU check");
+# `bash scripts/gpu_check.sh` with .gpu-wheels/ carried along (docs/guide/benchmarks.md, "The GPU check"; ~0.5 MiB);
 # `bash scripts/gpu_check.sh --cpu` runs the same sections here.
 gpu-wheels: $(STAMP)
 	PYTHON=$(PY) bash scripts/gpu_wheels.sh

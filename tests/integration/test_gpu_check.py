@@ -26,3 +26,16 @@ def test_the_gpu_check_runs_every_section_on_the_cpu(tmp_path):
     sections = [line for line in report.splitlines() if line.startswith("## ")]
     assert len(sections) == 6 and all(": ok (" in line for line in sections), sections
     assert "34 of 34 runs as on the CPU" in report  # every method of section 3 trained
+    assert report.splitlines()[4].startswith("device cpu; estimate 360 s on a GPU")
+    assert proc.stdout.startswith("gpu check: estimate 360 s")  # the estimate comes first
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in report.splitlines()
+            if line.startswith("| ")}
+    # section 3: each row names the kernels it ran and what it compared (statistics for own draws)
+    assert rows["compressor=dragonn comm=allgather"][1].startswith("cpu ")
+    assert rows["compressor=topk comm=allgather"][-1] == "bytes, parameters |"
+    assert rows["sync=sparta optim=adamw"][-1].startswith("statistics: ")
+    # section 6: the step's real gradients captured and their bytes compared, device against CPU
+    for method in ("dragonn", "topk+residual", "qsgd", "graddrop"):
+        captured, device_bytes, cpu_bytes = rows[method][4:7]
+        assert captured.endswith("gradients)") and int(device_bytes) > 0, rows[method]
+        assert int(cpu_bytes.split()[0]) == int(device_bytes), rows[method]

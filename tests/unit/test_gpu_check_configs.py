@@ -4,8 +4,10 @@ machine has no Horovod), and the Horovod CUDA check asks for the capability that
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,64 @@ def _fake_horovod(monkeypatch, cuda: bool, nccl: bool) -> None:
     monkeypatch.setitem(sys.modules, "horovod.torch", module)
 
 
-@pytest.mark.parametrize("cuda,nccl,refused", [(True, False, True), (True, True, False), (False, True, False)])
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_configuration_of_the_check_composes_on_a_faked_gpu_without_horovod(fake_cuda, monkeypatch):
+    """Sections 3, 4 and 6 with device=cuda on a machine like the lent one: one GPU, no Horovod (a
+    configuration that reaches the default engine's CUDA check imports it and fails here)."""
+    monkeypatch.setitem(sys.modules, "horovod", None)
+    monkeypatch.setitem(sys.modules, "horovod.torch", None)
+    gpu_check = _gpu_check()
+    runs = gpu_check.configurations("cuda")
+    assert len(runs) == len(gpu_check.METHODS) + 3 + len(gpu_check.RESNET_METHODS)
+    refused = []
+    for overrides in runs:
+        assert "device=cuda" in overrides and "engine=torch" in overrides, overrides
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # device=cuda without CuPy here: a warning, not a refusal
+                cfg = config.check(config.compose(overrides))
+        except (ValueError, ImportError) as e:
+            refused.append(f"{' '.join(overrides)}: {e}")
+            continue
+        assert cfg.device == "cuda" and cfg.choices["engine"] == "torch"
+    assert not refused, "\n".join(refused)
+
+
+def test_without_engine_torch_the_check_would_fail_on_the_gpu(fake_cuda, monkeypatch):
+    """The mistake the test above catches: the default engine with device=cuda on a machine without
+    Horovod is refused at the config check."""
+    monkeypatch.setitem(sys.modules, "horovod", None)
+    monkeypatch.setitem(sys.modules, "horovod.torch", None)
+    overrides = [o for o in _gpu_check().configurations("cuda")[0] if o != "engine=torch"]
+    with pytest.raises((ValueError, ImportError)):
+        config.check(config.compose(overrides))
+
+
+def test_device_specific_draws_are_listed_and_compared_on_statistics():
+    """graddrop and SPARTA draw on the device's generator: their rows are named, with a reason, and
+    compared on statistics; qsgd and terngrad join them only when a kernel is missing on a side."""
+    gpu_check = _gpu_check()
+    assert gpu_check.device_draws(["compressor=graddrop", "comm=allgather"], True)
+    assert gpu_check.device_draws(["sync=sparta", "optim=adamw"], True)
+    assert gpu_check.device_draws(["compressor=topk", "comm=allgather"], True) is None
+    assert gpu_check.device_draws(["compressor=qsgd", "comm=allgather"], True) is None
+    assert gpu_check.device_draws(["compressor=qsgd", "comm=allgather"], False)
+    got = {"bytes": [100, 120], "loss": [1.0, 0.9], "params": [torch.zeros(3)]}
+    near = {"bytes": [110, 118], "loss": [1.0, 0.9], "params": [torch.full((3,), 0.5)]}
+    assert gpu_check._compare_row(got, near, "draws")[0]  # bytes within 25%, parameters not gated
+    assert not gpu_check._compare_row(got, near, None)[0]  # exact rows: bytes and parameters gated
+    assert gpu_check._compare_row(got, {**got, "params": [torch.full((3,), 1e-4)]}, None)[0]
+
+
+@pytest.mark.parametrize("cuda,nccl,refused", [(True, False, True), (True, True, False),
+                                               (False, True, False)])
 def test_the_horovod_cuda_check_asks_for_nccl(monkeypatch, cuda, nccl, refused):
     """CUDA tensors reach Horovod's NCCL path: a CUDA build without NCCL is refused, an NCCL build
     taken, whatever `cuda_built` says."""
