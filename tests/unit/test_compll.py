@@ -329,3 +329,21 @@ def test_a_registered_spec_runs_its_compiled_kernels_on_cpu(monkeypatch):
     twin_payload, _ = comp.compress(x, "w")
     assert all(torch.equal(a, b) for a, b in zip(payload, twin_payload, strict=True))
     assert torch.equal(comp.decompress(twin_payload, ctx), out) and calls == ["encode", "decode"]
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_the_decode_table_is_made_where_the_header_is_without_host_copies(monkeypatch, name):
+    # cuda_decode's table: the generated code run on the header's device (no header.cpu(), no
+    # torch.tensor constants copied from the host), the same values as the oracle's host table.
+    s = runtime.spec(name)
+    x = _x(1001, 3)
+    _, header = gen_torch.module(s).encode(x, _inputs(s, x), 5, _params(s), _state(s, 1001))
+    want = gen_torch.module(s).table(header, _params(s))
+
+    def no_host_tensor(*args, **kwargs):
+        raise AssertionError("a constant copied from the host")
+
+    monkeypatch.setattr(torch, "tensor", no_host_tensor)
+    monkeypatch.setattr(torch.Tensor, "cpu", no_host_tensor)
+    got = runtime.device_table(s, header, _params(s))
+    assert got.dtype == want.dtype and torch.equal(got.view(torch.int32), want.view(torch.int32))

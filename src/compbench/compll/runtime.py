@@ -9,8 +9,10 @@ files: `compll.generated`, re-exported here).
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 from torch import Tensor
@@ -106,11 +108,34 @@ def cuda_decode(s: lang.Spec, packed: Tensor, header: Tensor, numel: int, params
 
     from compbench.kernels.loader import as_cupy, launch
 
-    table = gen_torch.module(s).table(header.cpu(), dict(zip(s.params, params, strict=True)))
-    table = table.to(packed.device).contiguous()
+    table = device_table(s, header, dict(zip(s.params, params, strict=True))).contiguous()
     launch(f"compll_{s.name}", s.decode_name, numel, packed.device,
            (as_cupy(packed.contiguous()), np.int64(numel), as_cupy(table), as_cupy(out)))
     return out
+
+
+def device_table(s: lang.Spec, header: Tensor, params: dict) -> Tensor:
+    """The generated `table` (the 2^bits decoded values) computed where `header` lives, without a
+    host read: the generated code makes its codes (`torch.arange`) and constants (`_t`, a
+    `torch.tensor` of a Python number: a blocking copy to a GPU each) on the host; here they are
+    made on the header's device (a fill, no copy), so a GPU's decode waits for nothing where
+    `header.cpu()` waited once per tensor and rank. The values are integer and sign operations of
+    the header's floats and the settings: the same bits on every device."""
+    return _table_on(s, header.device)(header, params)
+
+
+@cache
+def _table_on(s: lang.Spec, device: torch.device) -> Callable[[Tensor, dict], Tensor]:
+    """`gen_torch.module(s).table` with its constants made on `device` (`device_table`)."""
+    table = gen_torch.module(s).table
+    scope = dict(table.__globals__, _t=lambda v, dtype: torch.full((), v, dtype=dtype, device=device))
+    on_device = types.FunctionType(table.__code__, scope)
+
+    def run(header: Tensor, params: dict) -> Tensor:
+        with device:  # the codes' torch.arange, made on the device
+            return on_device(header, params)
+
+    return run
 
 
 # --- selections (filter + sampled threshold) ------------------------------------------------------
