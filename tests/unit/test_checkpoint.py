@@ -34,9 +34,17 @@ def _composed(overrides: tuple[str, ...]) -> dict:
     return OmegaConf.to_container(cfg)
 
 
-def _write(path: Path, cfg, world: int = 2) -> Path:
-    torch.save({"format": FORMAT, "config": run_config(cfg), "position": {"epoch": 1, "batch": 0}, "step": 8,
-                "world_size": world, "model": {"w": torch.zeros(2)}}, path)
+def _write(path: Path, cfg, world: int = 2, **changed) -> Path:
+    """A checkpoint of `cfg`'s run as compbench writes one (its model's state as built from `cfg`), with
+    `changed` entries in place of the written ones."""
+    from compbench.seam.build import build_model
+
+    model = build_model(cfg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = {"format": FORMAT, "config": run_config(cfg), "position": {"epoch": 1, "batch": 0}, "step": 8,
+             "world_size": world, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "per_rank": [{"torch_rng": torch.get_rng_state()} for _ in range(world)]}
+    torch.save({**state, **changed}, path)
     return path
 
 
@@ -176,3 +184,43 @@ def test_scheduler_state_is_plain_data_and_continues_the_same(tmp_path):
     fresh = SeCoPa()
     fresh.load_state_dict(SeCoPa().state_dict())  # saved before the first step: plans at its first step
     assert fresh.lines is None
+
+
+@pytest.mark.parametrize("changed, message", [
+    ({"per_rank": []}, "per-worker state has 0 entries for 2 workers"),
+    ({"per_rank": None}, "per-worker state has no entries for 2 workers"),
+    ({"per_rank": [{"torch_rng": torch.zeros(3, dtype=torch.uint8)}] * 2},
+     "worker 0's generator state is not a generator's"),
+    ({"optimizer": {}}, "optimizer state has no parameter groups"),
+    ({"step": -1}, "step -1 is not a whole number >= 0"),
+    ({"position": {"epoch": 0, "batch": -2}},
+     "position {'epoch': 0, 'batch': -2} is not an epoch and a batch, whole numbers >= 0"),
+    ({"position": {"epoch": 0, "batch": 10_000}}, "position (batch 10000) is past its epoch's 4 batches"),
+    ({"model": "model"}, "model is not a state dict"),
+])
+def test_a_checkpoint_cut_or_edited_by_hand_is_refused_in_one_line(tmp_path, changed, message):
+    from compbench.seam.build import build_model
+
+    cfg = _cfg()
+    path = _write(tmp_path / "checkpoint.pt", cfg, **changed)
+    with pytest.raises(ValueError) as e:
+        check_resume(_cfg(f"resume={path}"), build_model(cfg), 4)
+    assert str(e.value) == (f"resume={path}: the checkpoint's {message}; it was not written whole by "
+                            "compbench: pass another checkpoint or start a new run")
+
+
+def test_a_model_of_another_shape_or_keys_is_refused(tmp_path):
+    from compbench.seam.build import build_model
+
+    cfg = _cfg()
+    model = build_model(cfg)
+    state = model.state_dict()
+    first = next(iter(state))
+    for changed, message in (
+            ({**state, first: torch.zeros(1)}, f"model's {first} is of shape \\[1\\] where"),
+            ({k: v for k, v in state.items() if k != first}, f"model has no {first}"),
+            ({**state, "extra": torch.zeros(1)}, "model holds extra, which this model has not")):
+        path = _write(tmp_path / "checkpoint.pt", cfg, model=changed)
+        with pytest.raises(ValueError, match=f"the checkpoint's {message}"):
+            check_resume(_cfg(f"resume={path}"), model, 4)
+    check_resume(_cfg(f"resume={_write(tmp_path / 'checkpoint.pt', cfg)}"), model, 4)  # as written

@@ -333,7 +333,8 @@ def check(cfg: DictConfig) -> DictConfig:
     _check_rounds_fit(cfg, sync_cls.sync_traits)
     from compbench.train.checkpoint import check_resume
 
-    check_resume(cfg)  # last: the checkpoint's run is compared with this one as normalized above
+    # last: the checkpoint's run is compared with this one as normalized above
+    check_resume(cfg, model, _per_epoch(cfg, int(cfg.engine.get("np", 1))))
     return cfg
 
 
@@ -421,11 +422,10 @@ def _warn_long_warmup(cfg: DictConfig, np: int, run_steps: tuple[int, str] | Non
     if optim.get("warmup_steps"):
         warm, key = int(optim.warmup_steps), f"optim.warmup_steps={optim.warmup_steps}"
     elif optim.get("warmup_epochs"):
-        size_of = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).train_size_of
-        n = size_of(**registry.plain(cfg.dataset))
-        if n is None:
+        per_epoch = _per_epoch(cfg, np)
+        if per_epoch is None:
             return
-        warm = int(optim.warmup_epochs * (n // np // cfg.batch_size))
+        warm = int(optim.warmup_epochs * per_epoch)
         key = f"optim.warmup_epochs={optim.warmup_epochs}"
     else:
         return
@@ -434,14 +434,20 @@ def _warn_long_warmup(cfg: DictConfig, np: int, run_steps: tuple[int, str] | Non
                       f"({run_steps[1]}): the learning rate never reaches optim.lr", stacklevel=1)
 
 
+def _per_epoch(cfg: DictConfig, np: int) -> int | None:
+    """Full batches per epoch on each of `np` workers, None where the data's size is only known to
+    the workers (ImageNet)."""
+    size_of = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).train_size_of
+    n = size_of(**registry.plain(cfg.dataset))
+    return None if n is None else n // np // cfg.batch_size
+
+
 def _run_steps(cfg: DictConfig, np: int) -> tuple[int, str] | None:
     """How many steps the run takes and what bounds it (`max_steps=N`, or `epochs=E` of the data's
     full batches), None where the data's size is only known to the workers (ImageNet)."""
     steps = cfg.get("max_steps")
-    size_of = importlib.import_module(cfg.dataset._target_.rsplit(".", 1)[0]).train_size_of
-    n = size_of(**registry.plain(cfg.dataset))
-    if n is not None:
-        per_epoch = n // np // cfg.batch_size
+    per_epoch = _per_epoch(cfg, np)
+    if per_epoch is not None:
         if steps is None or cfg.epochs * per_epoch < steps:
             return cfg.epochs * per_epoch, f"epochs={cfg.epochs} of {per_epoch} steps"
     return (steps, f"max_steps={steps}") if steps is not None else None

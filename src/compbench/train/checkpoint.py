@@ -170,9 +170,10 @@ def world_size(cfg: DictConfig) -> int:
     return int(cfg.engine.get("np", 1))
 
 
-def check_resume(cfg: DictConfig) -> None:
+def check_resume(cfg: DictConfig, model: nn.Module | None = None, steps_per_epoch: int | None = None) -> None:
     """Refuse, before anything is written, a `resume=` checkpoint this run cannot continue exactly:
-    missing, unreadable or unsafe, or written by a run whose arithmetic differs (`math_settings`).
+    missing, unreadable or unsafe, written by a run whose arithmetic differs (`math_settings`), or not
+    of a checkpoint's shape (`check_schema`: `model` is this run's, built on the meta device).
     `resume=auto` is checked when this run's folder already holds a checkpoint."""
     if not cfg.resume:
         return
@@ -189,6 +190,56 @@ def check_resume(cfg: DictConfig) -> None:
     assert path is not None
     state = read_checkpoint(path, who)
     check_same_run(state, run_config(cfg), world_size(cfg), who)
+    check_schema(state, model, steps_per_epoch, who)
+
+
+def check_schema(state: dict[str, Any], model: nn.Module | None, steps_per_epoch: int | None,
+                 who: str) -> None:
+    """ValueError (one line) where a checkpoint of this run's settings is not what a checkpoint holds
+    (a file edited or cut by hand): a position and step that are whole numbers within the run, each
+    worker's state with a generator state, the model's parameters by name and shape, an optimizer's
+    state."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{who}: the checkpoint's {what}; it was not written whole by compbench: pass "
+                          "another checkpoint or start a new run")
+
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    position, step = state.get("position"), state.get("step")
+    if not (isinstance(position, dict) and whole(position.get("epoch")) and whole(position.get("batch"))):
+        raise bad(f"position {position!r} is not an epoch and a batch, whole numbers >= 0")
+    if steps_per_epoch is not None and position["batch"] > steps_per_epoch:
+        raise bad(f"position (batch {position['batch']}) is past its epoch's {steps_per_epoch} batches")
+    if not whole(step):
+        raise bad(f"step {step!r} is not a whole number >= 0")
+    per_rank, world = state.get("per_rank"), state.get("world_size")
+    if not isinstance(per_rank, list) or len(per_rank) != world:
+        count = len(per_rank) if isinstance(per_rank, list) else "no"
+        raise bad(f"per-worker state has {count} entries for {world} workers")
+    rng = torch.get_rng_state()
+    for rank, mine in enumerate(per_rank):
+        got = mine.get("torch_rng") if isinstance(mine, dict) else None
+        if not (isinstance(got, torch.Tensor) and got.dtype == rng.dtype and got.shape == rng.shape):
+            raise bad(f"worker {rank}'s generator state is not a generator's")
+    optimizer = state.get("optimizer")
+    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+            and isinstance(optimizer.get("param_groups"), list) and optimizer["param_groups"]):
+        raise bad("optimizer state has no parameter groups")
+    if model is not None:
+        saved, want = state["model"], model.state_dict()
+        if not isinstance(saved, dict):
+            raise bad("model is not a state dict")
+        for name, t in want.items():
+            got = saved.get(name)
+            if not isinstance(got, torch.Tensor):
+                raise bad(f"model has no {name}")
+            if got.shape != t.shape:
+                raise bad(f"model's {name} is of shape {list(got.shape)} where this model's is "
+                          f"{list(t.shape)}")
+        extra = [k for k in saved if k not in want]
+        if extra:
+            raise bad(f"model holds {extra[0]}, which this model has not")
 
 
 def check_same_run(state: dict[str, Any], config: dict[str, Any], world: int, who: str) -> None:
