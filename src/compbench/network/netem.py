@@ -182,9 +182,12 @@ def check_job_links(gbps: float | None, rank_gbps: list | None, np: int, impairm
         check_buffer(f"net.emulate_gbps={gbps:g}, net.emulate_latency_us={impairment.latency_us:g}", total,
                      2 * impairment.latency_us, "lower either")
         return
-    if rank_gbps is None and gbps is None:
+    if rank_gbps is not None:
+        rates = [float(g) for g in rank_gbps]
+    elif gbps is not None:
+        rates = [float(gbps)] * np
+    else:
         return  # a delay without a rate is refused by `check`
-    rates = [float(g) for g in (rank_gbps if rank_gbps is not None else [gbps] * np)]
     link_us = list(impairment.rank_latency_us) or [impairment.latency_us / 2] * np
     farthest = max(link_us)
     for k, rate in enumerate(rates):
