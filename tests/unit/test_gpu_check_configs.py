@@ -104,3 +104,38 @@ def test_the_horovod_cuda_check_asks_for_nccl(monkeypatch, cuda, nccl, refused):
             device._check_horovod_cuda(placement)
     else:
         device._check_horovod_cuda(placement)
+
+
+def test_the_ring_hop_pairs_each_send_with_its_receive(monkeypatch):
+    """engines/torch_dist.py `shift`: the header round and the blob round each go out as one batch
+    holding the send and the receive (NCCL pairs a batch; unpaired, two ranks' large blob sends wait
+    for receives queued behind them). A loopback world: what a rank sends is what it receives."""
+    import torch.distributed as dist
+
+    from compbench.engines.torch_dist import TorchEngine
+
+    batches: list[list[str]] = []
+
+    class Done:
+        def wait(self) -> None:
+            pass
+
+    def batch(ops):
+        batches.append([op.op.__name__ for op in ops])
+        sends = [op.tensor for op in ops if op.op is dist.isend]
+        for op in ops:
+            if op.op is dist.irecv:
+                op.tensor.copy_(sends[0])
+        return [Done() for _ in ops]
+
+    monkeypatch.setattr(dist, "batch_isend_irecv", batch)
+    def p2p(op, tensor, peer, tag=0):
+        return types.SimpleNamespace(op=op, tensor=tensor, peer=peer)
+
+    monkeypatch.setattr(dist, "P2POp", p2p)
+    engine = TorchEngine.__new__(TorchEngine)
+    engine.backend = "gloo"
+    payload = [torch.arange(5, dtype=torch.float32), torch.tensor([3, 1], dtype=torch.int64)]
+    got = engine.shift(payload, 0, 0, "t")
+    assert batches == [["isend", "irecv"], ["isend", "irecv"]]
+    assert all(torch.equal(a, b) for a, b in zip(got, payload, strict=True))
