@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 import types
 import warnings
 from pathlib import Path
@@ -139,3 +140,22 @@ def test_the_ring_hop_pairs_each_send_with_its_receive(monkeypatch):
     got = engine.shift(payload, 0, 0, "t")
     assert batches == [["isend", "irecv"], ["isend", "irecv"]]
     assert all(torch.equal(a, b) for a, b in zip(got, payload, strict=True))
+
+
+def test_a_gpu_tier_that_only_skipped_fails_on_a_gpu():
+    """Section 2 on a GPU: this CPU's run of the tier skips every test, which must read FAILED."""
+    gpu_check = _gpu_check()
+    assert gpu_check.gpu_tier(torch.device("cuda"), time.monotonic() + 60).startswith("FAILED")
+    assert not gpu_check.gpu_tier(torch.device("cpu"), time.monotonic() + 60).startswith("FAILED")
+
+
+def test_the_report_is_written_after_every_section_and_says_what_was_skipped(tmp_path):
+    gpu_check = _gpu_check()
+    report = gpu_check.Report(tmp_path / "report.md", "cpu")
+    report.section(3, "rows past their deadline", lambda d: gpu_check.threaded_methods(torch.device("cpu"),
+                                                                                       time.monotonic()))
+    text = (tmp_path / "report.md").read_text()
+    assert text.count(gpu_check.SPENT) == len(gpu_check.METHODS)
+    assert "SKIPPED at their deadline: 3. rows past their deadline" in text.splitlines()[2]
+    report.section(5, "a section that fails", lambda d: str(1 / 0))
+    assert "## 5. a section that fails: FAILED" in (tmp_path / "report.md").read_text()
