@@ -50,3 +50,40 @@ def test_a_bad_logger_is_one_line(tmp_path):
         "error: loggers=[tensorboard,wandb] must list where scalars go: tensorboard, csv, mlflow, e.g. "
         "loggers=[tensorboard,csv]"]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tracking_server_that_stops_answering_costs_one_line_not_the_run(tmp_path):
+    """A server that takes the connection and never answers: a bounded wait (MLFLOW_TIMEOUT_S a call),
+    one warning line, and the run's own records whole."""
+    pytest.importorskip("mlflow")
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])  # kept open, never answered
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        port = listener.getsockname()[1]
+        proc = compbench("train", *TINY, "max_steps=2", "loggers=[tensorboard,mlflow]",
+                         f"mlflow.uri=http://127.0.0.1:{port}", f"output_dir={tmp_path / 'run'}", timeout=240)
+    finally:
+        stop.set()
+        thread.join()
+        for s in held:
+            s.close()
+        listener.close()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("warning: MLflow")]
+    assert len(said) == 1 and f"127.0.0.1:{port}" in said[0] and "the run goes on" in said[0], said
+    assert (tmp_path / "run" / "results.json").is_file() and (tmp_path / "run" / "tb").is_dir()

@@ -230,3 +230,35 @@ def test_a_race_key_given_on_the_command_line_replaces_the_races_own(monkeypatch
               "max_train_s=50"])
     overrides = seen[0][1]
     assert [o for o in overrides if o.startswith(("nice=", "max_train_s="))] == ["nice=10", "max_train_s=50"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mlflow.uri=garbage://x"], "mlflow.uri=garbage://x: compbench logs to an MLflow server "
+                                 "(http://host:5000) or a folder (file:///path, or a path), and garbage is "
+                                 "neither"),
+    (["mlflow.uri=sqlite:////tmp/x.db"], "mlflow.uri=sqlite:////tmp/x.db: compbench logs to an MLflow"),
+    (["mlflow.uri=ftp://x"], "mlflow.uri=ftp://x: compbench logs to an MLflow server"),
+    (["mlflow.uri=databricks"], "mlflow.uri=databricks: compbench logs to an MLflow server"),
+    (["mlflow.uri=file:///proc/x/mlruns"], "mlflow.uri=file:///proc/x/mlruns: /proc/x/mlruns cannot be made"),
+    (["mlflow.uri=file:///dev/null/x"], "mlflow.uri=file:///dev/null/x: /dev/null/x cannot be made"),
+    (["mlflow.uri=http://127.0.0.1:1"], "mlflow.uri=http://127.0.0.1:1: nothing answers at 127.0.0.1:1"),
+    ([f"mlflow.experiment={'x' * 5000}"], f"mlflow.experiment={'x' * 40} must be a name of 1 to 500"),
+    (["+mlflow.foo=1"], "mlflow.foo is not a setting of mlflow; its settings are: uri, experiment"),
+])
+def test_an_mlflow_store_that_cannot_take_the_run_is_one_line(overrides, message):
+    pytest.importorskip("mlflow")
+    with pytest.raises(ValueError) as e:
+        config.check(config.compose([*TINY, "loggers=[tensorboard,mlflow]", *overrides]))
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_an_mlflow_store_in_the_way_of_a_file_or_beside_no_mlflow_logger(tmp_path):
+    pytest.importorskip("mlflow")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match="afile/mlruns cannot be made"):
+        config.check(config.compose([*TINY, "loggers=[tensorboard,mlflow]",
+                                     f"mlflow.uri=file://{tmp_path}/afile/mlruns"]))
+    with pytest.raises(ValueError, match=r"^mlflow.uri=http://x is where MLflow logs, and loggers=\[csv\] "
+                                         r"has no mlflow; add it"):
+        config.check(config.compose([*TINY, "loggers=[csv]", "mlflow.uri=http://x"]))
+    config.check(config.compose([*TINY, "loggers=[tensorboard,mlflow]", "mlflow.uri=relative/mlruns"]))

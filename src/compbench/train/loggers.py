@@ -158,6 +158,10 @@ class MLflowLogger:
                  tags: Mapping[str, Any]) -> None:
         if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch (maintenance mode)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        # a server that stops answering costs a bounded wait per call, not MLflow's 7 tries of 120 s
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(MLFLOW_TIMEOUT_S))
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        self.uri, self.lost = uri, False
         import mlflow
         from mlflow.tracking import MlflowClient
 
@@ -174,30 +178,66 @@ class MLflowLogger:
         self._metric = mlflow.entities.Metric
 
     def scalar(self, tag: str, value: float, step: int, train_s: float) -> None:
+        if self.lost:
+            return
         self.pending.append(self._metric(tag, float(value), int(train_s * 1e3), int(step)))
         if len(self.pending) >= self.BATCH:
-            self._flush()
+            self._guarded(self._flush)
 
     def finish(self, results: Mapping[str, Any] | None) -> None:
-        self._flush()
-        if results is not None:
-            self.client.log_text(self.run.info.run_id, json.dumps(results, default=str), "results.json")
-        self.client.set_terminated(self.run.info.run_id, "FINISHED" if results is not None else "FAILED")
+        def end() -> None:
+            self._flush()
+            if results is not None:
+                self.client.log_text(self.run.info.run_id, json.dumps(results, default=str), "results.json")
+            self.client.set_terminated(self.run.info.run_id, "FINISHED" if results is not None else "FAILED")
+
+        if not self.lost:
+            self._guarded(end)
 
     def _flush(self) -> None:
         if self.pending:
             self.client.log_batch(self.run.info.run_id, metrics=self.pending)
             self.pending = []
 
+    def _guarded(self, call: Any) -> None:
+        """A tracking store that fails mid-run (a server gone) costs one line and MLflow's records from
+        then on, never the run: its folder, TensorBoard and results.json are written as usual."""
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - MLflow's client raises many kinds; the run goes on
+            self.lost = True
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            print(f"warning: MLflow at {self.uri} stopped taking this run's records ({first}); the run goes "
+                  f"on, its records are in {self.run_dir}", flush=True)
+
 
 def mlflow_uri(uri: str | None, outputs_root: str) -> str:
-    """The tracking store: `mlflow.uri`, else a local file store under the outputs."""
+    """The tracking store: `mlflow.uri` (a path without a scheme is a file store, made absolute:
+    every worker and the UI must find the same folder), else a file store under the outputs."""
+    if uri and "://" not in uri and uri != "databricks" and not uri.startswith("file:"):
+        return Path(uri).resolve().as_uri()
     return uri or (Path(outputs_root).resolve() / "mlruns").as_uri()
 
 
-def check(names: Any, uri: Any, experiment: Any) -> None:
-    """Config-time check of `loggers` and `mlflow.*` (ValueError: one line naming the fix)."""
+MLFLOW_KEYS = ("uri", "experiment")
+# The stores compbench logs to (MLflow's tracking stores that mlflow-skinny serves without a
+# database driver or a vendor's SDK): a server, or a folder.
+MLFLOW_SCHEMES = ("http", "https", "file")
+# An answer from a tracking server within this many seconds, at the config check and for each call
+# during the run (MLflow's own default waits 120 s per try and retries 7 times: a run would hang).
+MLFLOW_TIMEOUT_S = 5
+
+
+def check(names: Any, mlflow: dict[str, Any], outputs_root: str) -> None:
+    """Config-time check of `loggers` and `mlflow.*` (ValueError: one line naming the fix): the tracking
+    store's scheme, its folder (made or makeable) or its server (answering), the experiment's name."""
     from compbench.base.values import show
+
+    unknown = [k for k in mlflow if k not in MLFLOW_KEYS]
+    if unknown:
+        raise ValueError(f"mlflow.{unknown[0]} is not a setting of mlflow; its settings are: "
+                         f"{', '.join(MLFLOW_KEYS)}")
+    uri, experiment = mlflow.get("uri"), mlflow.get("experiment")
 
     if not isinstance(names, list | tuple) or not names or any(n not in LOGGERS for n in names):
         raise ValueError(f"loggers={show(names)} must list where scalars go: {', '.join(LOGGERS)}, e.g. "
@@ -213,9 +253,42 @@ def check(names: Any, uri: Any, experiment: Any) -> None:
         if uri is not None and (not isinstance(uri, str) or not uri):
             raise ValueError(f"mlflow.uri={show(uri)} must be a tracking URI (http://host:5000, "
                              "file:///path) or null (a file store under outputs_root)")
-        if not isinstance(experiment, str) or not experiment:
-            raise ValueError(f"mlflow.experiment={show(experiment)} must be a name, e.g. "
-                             "mlflow.experiment=compbench")
+        if not isinstance(experiment, str) or not experiment or len(experiment) > 500:
+            raise ValueError(f"mlflow.experiment={show(experiment)[:40]} must be a name of 1 to 500 "
+                             "characters (MLflow's limit), e.g. mlflow.experiment=compbench")
+        _check_store(mlflow_uri(uri, outputs_root), uri)
+    elif uri is not None:
+        raise ValueError(f"mlflow.uri={show(uri)} is where MLflow logs, and loggers={show(names)} has no "
+                         "mlflow; add it (loggers=[tensorboard,mlflow]) or drop mlflow.uri")
+
+
+def _check_store(uri: str, given: str | None) -> None:
+    """The tracking store at `uri` can take a run: a folder that exists or can be made (a file store),
+    or a server that answers within MLFLOW_TIMEOUT_S (a bounded connect, no request)."""
+    import socket
+    from urllib.parse import urlparse
+
+    key = f"mlflow.uri={given}" if given else "the file store under outputs_root (mlflow.uri=null)"
+    parsed = urlparse(uri)
+    if parsed.scheme not in MLFLOW_SCHEMES:
+        raise ValueError(f"{key}: compbench logs to an MLflow server (http://host:5000) or a folder "
+                         f"(file:///path, or a path), and {parsed.scheme or uri} is neither; for a database "
+                         "store, serve it (mlflow server --backend-store-uri sqlite:///...) and pass the "
+                         "server's http:// address")
+    if parsed.scheme == "file":
+        folder = Path(parsed.path)
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        special = str(existing).startswith(("/proc", "/sys", "/dev"))
+        if not existing.is_dir() or not os.access(existing, os.W_OK) or special:
+            raise ValueError(f"{key}: {folder} cannot be made ({existing} is not a folder this user may "
+                             "write); pass mlflow.uri=file:///a/folder/you/own")
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=MLFLOW_TIMEOUT_S).close()
+    except OSError as e:
+        raise ValueError(f"{key}: nothing answers at {parsed.hostname}:{port} ({e.strerror or e}); start "
+                         "the server (mlflow server --port PORT) or drop mlflow from loggers") from None
 
 
 def build(names: Sequence[str], run_dir: Path, hparams: Mapping[str, Any], start: float,
@@ -230,6 +303,11 @@ def build(names: Sequence[str], run_dir: Path, hparams: Mapping[str, Any], start
         elif name == "csv":
             out.append(CSVLogger(run_dir))
         else:
-            out.append(MLflowLogger(run_dir, hparams, mlflow_uri(mlflow.get("uri"), outputs_root),
-                                    str(mlflow.get("experiment")), source()))
+            uri = mlflow_uri(mlflow.get("uri"), outputs_root)
+            try:
+                out.append(MLflowLogger(run_dir, hparams, uri, str(mlflow.get("experiment")), source()))
+            except Exception as e:  # noqa: BLE001 - as MLflowLogger._guarded: the run goes on without it
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+                print(f"warning: MLflow at {uri} did not take this run ({first}); the run goes on, its "
+                      f"records are in {run_dir}", flush=True)
     return out
