@@ -227,8 +227,8 @@ RANK_LINKS = ["net.emulate_gbps=null", "net.emulate_rank_gbps=[1,1]"]
      "net.emulate_jitter_us=20 must be within [0, net.emulate_latency_us=10]: packets keep their order, so a "
      "delay varies by at most itself"),
     (["net.emulate_jitter_us=-1"], "net.emulate_jitter_us=-1 must be within [0, net.emulate_latency_us=0]"),
-    (["net.emulate_loss=1"], "net.emulate_loss=1 must be a rate in [0, 1), e.g. net.emulate_loss=0.01"),
-    (["net.emulate_loss=-0.1"], "net.emulate_loss=-0.1 must be a rate in [0, 1)"),
+    (["net.emulate_loss=1"], "net.emulate_loss=1 must be a rate in [0, 0.2], e.g. net.emulate_loss=0.01"),
+    (["net.emulate_loss=-0.1"], "net.emulate_loss=-0.1 must be a rate in [0, 0.2]"),
     (["net.emulate_latency_us=100", "net.emulate_loss=0.1", "net.delay_line=netem"],
      "net.emulate_jitter_us and net.emulate_loss come from compbench's delay line (netem's jitter reorders "
      "packets); set net.delay_line=auto or line"),

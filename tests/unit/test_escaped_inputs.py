@@ -60,9 +60,16 @@ NP2 = "engine.np=2"
     (["resume=true"], "resume=true must be a path"),
     (["ratio=true"], "ratio: ratio=true is outside (0, 1]; pass e.g. ratio=1e-3"),
     # links whose bandwidth-delay product no TCP window here fills; a loopback rate the user never gave
-    (["net.emulate_gbps=10", "net.emulate_latency_us=1000000"],
-     "net.emulate_gbps=10 with net.emulate_latency_us=1e+06: a link of 10 Gbit/s with round trips of 2000 ms "
-     "holds 2384 MiB in flight, more than TCP's largest window here"),
+    (["net.emulate_gbps=100", "net.emulate_latency_us=100000"],
+     "net.emulate_gbps=100 with net.emulate_latency_us=100000: a link of 100 Gbit/s with round trips of 200 "
+     "ms holds 2384 MiB in flight, more than TCP's largest window here"),
+    # a delay whose start-up outlasts gloo's time-outs (it hung), a loss rate TCP does not survive
+    (["net.emulate_gbps=1", "net.emulate_latency_us=1000000"],
+     "net.emulate_latency_us=1000000 must be >= 0 microseconds, at most 250000 (250 ms: beyond it a job's "
+     "start-up outlasts gloo's time-outs)"),
+    (["net.emulate_gbps=1", "net.emulate_loss=0.5"],
+     "net.emulate_loss=0.5 must be a rate in [0, 0.2], e.g. net.emulate_loss=0.01 (above it TCP's "
+     "retransmissions back off until gloo's 30 s time-out ends the job: 0.3 did here)"),
     (["net.emulate_rank_gbps=[100,100]", "net.emulate_rank_latency_us=[40000,40000]"],
      "net.emulate_rank_gbps[0]=100 with its delays: a link of 100 Gbit/s with round trips of 160 ms"),
     (["net.emulate_gbps=1000"], "net.emulate_gbps=1000 with engine.np=2 shapes one loopback of 2000 Gbit/s "

@@ -49,10 +49,12 @@ T = TypeVar("T")
 
 # What a shaped link may be set to (net.emulate_*, `compbench cluster --gbps/--latency-us`): below
 # 1 Mbit/s one 64 KiB loopback packet takes half a second and a job's collectives time out; above
-# 1 Tbit/s the link is not what limits anything here. netem's delay is kept below 1 s for the same
-# reason (gloo and Horovod give up on a peer after a few seconds of silence at start-up).
+# 1 Tbit/s the link is not what limits anything here. The one-way delay is kept within 250 ms (a
+# round trip of half a second, beyond the farthest link on Earth): a 3-step job at 250 ms took 114 s
+# here, and at 1 s its start-up's many round trips outlast gloo's and Horovod's 30 s time-outs (the
+# job hung).
 RATE_GBPS = (0.001, 1000.0)
-DELAY_US = (0.0, 1_000_000.0)
+DELAY_US = (0.0, 250_000.0)
 
 
 def _named(key: str, value: object) -> str:
@@ -75,7 +77,8 @@ def check_delay(key: str, latency_us: object) -> float:
     if isinstance(latency_us, int | float) and not isinstance(latency_us, bool):
         value = latency_us
     if not low <= value <= high:
-        raise ValueError(f"{_named(key, latency_us)} must be >= 0 microseconds, at most {high:g} (1 s)")
+        raise ValueError(f"{_named(key, latency_us)} must be >= 0 microseconds, at most {high:g} (250 ms: "
+                         "beyond it a job's start-up outlasts gloo's time-outs)")
     return float(value)
 
 
