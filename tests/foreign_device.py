@@ -62,10 +62,6 @@ ALLOW: dict[str, str] = {
     "float64 "
     "on the host (its docstring); one read per tensor",
     "engines/wire.py:parse_header": "TODO(host-wait fix in progress): the frame headers, read per rank",
-    "compll/runtime.py:_decode": "TODO(host-wait fix in progress): natural's generated torch decode copies "
-    "to the host, per tensor",
-    "compll/runtime.py:compress": "TODO(host-wait fix in progress): natural's generated torch encode mixes a "
-    "host tensor (the size of the gradient) with the device's; not yet located in the generated code",
 }
 
 _local = threading.local()  # the mode active in this thread (dispatch modes are thread-local)

@@ -68,7 +68,7 @@ def source(spec: lang.Spec | lang.Select) -> str:
         "torch_spec.py", origin=_origin(spec.name), bits=spec.bits, nheader=len(spec.header),
         reductions=[line for r in low.reductions for line in _reduction(r)],
         header_temps=_temps(TORCH_HEADER, *low.header), header_return=_header_return(low),
-        draw=["u = counter_uniform(seed, n)"] if spec.seeded else [],
+        draw=["u = counter_uniform(seed, n, x.device)"] if spec.seeded else [],
         code_temps=_temps(TORCH, low.code, *upd), code=text(low.code.node, TORCH),
         update=[f"state.copy_({text(u.node, TORCH)})  # the state's new value, in place"
                 ] if (u := low.update) else [],

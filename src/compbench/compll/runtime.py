@@ -116,11 +116,11 @@ def cuda_decode(s: lang.Spec, packed: Tensor, header: Tensor, numel: int, params
 
 def device_table(s: lang.Spec, header: Tensor, params: dict) -> Tensor:
     """The generated `table` (the 2^bits decoded values) computed where `header` lives, without a
-    host read: the generated code makes its codes (`torch.arange`) and constants (`_t`, a
-    `torch.tensor` of a Python number: a blocking copy to a GPU each) on the host; here they are
-    made on the header's device (a fill, no copy), so a GPU's decode waits for nothing where
-    `header.cpu()` waited once per tensor and rank. The values are integer and sign operations of
-    the header's floats and the settings: the same bits on every device."""
+    host read: the generated code makes its codes on the header's device but its constants (`_t`, a
+    `torch.tensor` of a Python number) on the host, 0-dim operands a GPU takes as scalars; for the
+    CUDA launch they are made on the header's device too (a fill, no copy), so nothing there is
+    built on the host. The values are integer and sign operations of the header's floats and the
+    settings: the same bits on every device."""
     return _table_on(s, header.device)(header, params)
 
 
