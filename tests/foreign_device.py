@@ -61,7 +61,8 @@ ALLOW: dict[str, str] = {
     "memory/dgc.py:_clip_factor": "memory.gradient_clipping only: the reference's clipping factor, in "
     "float64 "
     "on the host (its docstring); one read per tensor",
-    "engines/wire.py:parse_header": "TODO(host-wait fix in progress): the frame headers, read per rank",
+    "engines/wire.py:parse_headers": "comm=hierarchical: every leader's payload header, in one host read per "
+    "exchange (wire.unpack_all); the sizes cut the uneven payloads, so the host must know them",
 }
 
 _local = threading.local()  # the mode active in this thread (dispatch modes are thread-local)

@@ -101,7 +101,8 @@ class HierarchicalComm(BlockingComm):
         gathered = self.engine.allgather([packed], f"{name}.hier.x")
         if not self.is_leader:
             return node_mean, 0
-        payloads = [wire.unpack(gathered[r][0]) for r in self.leaders]
+        # every leader's header in one host read: the sizes cut the payloads (uneven by rank)
+        payloads = wire.unpack_all([gathered[r][0] for r in self.leaders])
         with self.stats.time("decompress"):
             return self.compressor.decompress_all(payloads, ctx).reshape(-1), sent
 

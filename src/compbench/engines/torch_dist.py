@@ -17,13 +17,6 @@ from compbench.engines.base import EngineBase, Handle, own_group
 from compbench.engines.device import Placement, torch_backend
 
 _TAG_HEADER, _TAG_BLOB = 11, 12
-
-
-def _started(work: dist.Work | None) -> dist.Work:
-    """A point-to-point operation's handle: None only on a rank outside the group, which no rank of
-    compbench's default group is."""
-    assert work is not None
-    return work
 # DDP's default bucket (bucket_cap_mb=25): the largest piece one dense allreduce sends.
 DENSE_CHUNK_BYTES = 25 * 1024 * 1024
 
@@ -240,7 +233,7 @@ class TorchEngine(EngineBase):
                 for work in dist.batch_isend_irecv(ops):
                     work.wait()
 
-        head_out = wire.header(payload).to(device)
+        head_out = wire.host_to(wire.header(payload), device)  # pinned, queued: no wait for the upload
         blob_out = wire.to_bytes(payload, device)
         head_in = torch.empty_like(head_out)
         _paired([dist.P2POp(dist.isend, head_out, dst, tag=_TAG_HEADER),

@@ -32,7 +32,16 @@ def header(payload: list[Tensor]) -> Tensor:
 def parse_header(head: Tensor) -> list[Spec]:
     """The specs of a `header`: read by the host in one go (one wait for a device tensor, where an
     element-by-element read waited once per element); the receiver must know the sizes."""
-    values = head.tolist()
+    return _specs(head.tolist())
+
+
+def parse_headers(heads: Tensor) -> list[list[Spec]]:
+    """The specs of several `header`s, one per row of `heads` (int64, HEADER_LEN columns): ONE host
+    read for all of them (one wait on a GPU where a read per header waited once per header)."""
+    return [_specs(row) for row in heads.tolist()]
+
+
+def _specs(values: list[int]) -> list[Spec]:
     count = values[0]
     return [(values[1 + 2 * i], DTYPES[values[2 + 2 * i]]) for i in range(count)]
 
@@ -63,8 +72,19 @@ def pack(payload: list[Tensor], device: torch.device | str = "cpu") -> Tensor:
 
 def unpack(packed: Tensor) -> list[Tensor]:
     """The payload `pack` made (`packed` may start at any byte offset of a larger buffer)."""
-    head = packed[: HEADER_LEN * 8].clone().view(torch.int64)  # one host read: the sizes cut the rest
-    return from_bytes(packed[HEADER_LEN * 8 :], parse_header(head))
+    return unpack_all([packed])[0]
+
+
+def unpack_all(packed: list[Tensor]) -> list[list[Tensor]]:
+    """The payloads `pack` made, one per tensor of `packed` (each may start at any byte offset of a
+    larger buffer): every header read by the host at once (`parse_headers`: one wait per exchange
+    on a GPU), the sizes then cut the rest."""
+    if not packed:
+        return []
+    # a copy: a payload may start at any byte offset, which an int64 view cannot
+    heads = torch.stack([p[: HEADER_LEN * 8] for p in packed]).view(torch.int64)
+    specs = parse_headers(heads)
+    return [from_bytes(p[HEADER_LEN * 8 :], s) for p, s in zip(packed, specs, strict=True)]
 
 
 def from_bytes(blob: Tensor, specs: list[Spec]) -> list[Tensor]:
