@@ -94,7 +94,10 @@ NP2 = "engine.np=2"
      "model.arch=resnet51 is not one of torchvision's image classifiers; e.g. resnet101, resnet152"),
     (["model=resnet50", "model.arch=utils"],
      "model.arch=utils is not one of torchvision's image classifiers"),
-    # settings of a fault or an engine that would do nothing
+    # settings of a fault, an engine or a mode that would do nothing
+    (["sync=noloco", "optim=adamw", "sync.inner_steps=2", "sync.group_size=3"],
+     "sync.group_size=3 is more than engine.np=2: no group of 3 can form, so every round would average all "
+     "workers; pass sync.group_size<=2"),
     (["fault.slow_factor=3"], "fault.slow_factor=3 slows the rank fault.slow_rank names, and none is named; "
                               "add fault.slow_rank=1 (or drop fault.slow_factor)"),
     (["engine.min_np=2"], "engine.min_np=2 is the fewest workers an elastic job goes on with, and this job "

@@ -225,7 +225,10 @@ def _check_groups(cfg: DictConfig, np: int) -> None:
     if not is_int(value):
         return  # its own check refuses a bad value
     size = int(cast(int, value))
-    if size < 2 or np <= size:
+    if size > np >= 1:
+        raise ValueError(f"sync.group_size={size} is more than engine.np={np}: no group of {size} can form, "
+                         f"so every round would average all workers; pass sync.group_size<={np}")
+    if size < 2 or np == size:
         return  # a group of every worker is the world
     if np % size:
         raise ValueError(f"sync.group_size={size} does not divide engine.np={np} (every worker in one group "
