@@ -272,3 +272,25 @@ def test_an_mlflow_store_in_the_way_of_a_file_or_beside_no_mlflow_logger(tmp_pat
                                          r"has no mlflow; add it"):
         config.check(config.compose([*TINY, "loggers=[csv]", "mlflow.uri=http://x"]))
     config.check(config.compose([*TINY, "loggers=[tensorboard,mlflow]", "mlflow.uri=relative/mlruns"]))
+
+
+@pytest.mark.parametrize("args, line", [
+    (["train", *TINY, "net.emulate_gbps=1", "net.emulate_loss=0.5"], "error: net.emulate_loss=0.5 must be"),
+    (["train", *TINY, "loggers=[tensorboard,mlflow]", "mlflow.uri=ftp://x"], "error: mlflow.uri=ftp://x:"),
+    (["train", "-m", *TINY, "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"],
+     "error: hydra.launcher.n_jobs=0 must be"),
+    (["train", *TINY, "model.num_classes=5"], "error: model=mlp answers 5 classes"),
+    (["train", *TINY, "fault.slow_factor=3"], "error: fault.slow_factor=3 slows the rank"),
+    (["race", "--links", "10,,100"], "error: --links 10,,100 must be"),
+])
+def test_each_surface_answers_one_line_exit_2_and_writes_nothing(args, line, tmp_path):
+    """The CLI's side of the refusals above, one input per surface: links, MLflow, launchers, models,
+    faults, the race."""
+    pytest.importorskip("mlflow")
+    out = tmp_path / "out"
+    where = [f"output_dir={out}"] if args[:2] == ["train", TINY[0]] else \
+        [f"hydra.sweep.dir={out}"] if "-m" in args else ["--out", str(out)]
+    proc = compbench(*args, *where, cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(line), proc.stderr
+    assert not any(tmp_path.iterdir())  # no run folder, no sweep folder, no outputs/ in the working folder
