@@ -53,14 +53,11 @@ _SYNCING = {aten.nonzero.default, aten.masked_select.default, aten._unique2.defa
             aten.unique_consecutive.default, aten.unique_dim.default, aten.repeat_interleave.Tensor}
 
 # Host-side tensors and reads the device path needs, site (path:function) -> why. Each one is a real
-# necessity; "TODO(host-wait fix in progress)" marks defects another change is removing.
+# necessity of its method, never a defect waiting for its fix.
 ALLOW: dict[str, str] = {
     "compressors/atomo.py:atomo_probabilities": "ATOMO samples the short singular-value vector in float64 on "
     "the host (its docstring); the kept atoms' count sizes the payload, a read per tensor either way",
     "compressors/atomo.py:_atomo_encode": "the same draw: the singular values read once more for sigma/p",
-    "memory/dgc.py:_clip_factor": "memory.gradient_clipping only: the reference's clipping factor, in "
-    "float64 "
-    "on the host (its docstring); one read per tensor",
     "engines/wire.py:parse_headers": "comm=hierarchical: every leader's payload header, in one host read per "
     "exchange (wire.unpack_all); the sizes cut the uneven payloads, so the host must know them",
 }

@@ -461,6 +461,20 @@ def test_dgc_memory_clipping_scaled_by_world_size():
         DGCMemory(gradient_clipping=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dgc_memory_clipping_factor_on_the_device_is_the_references_host_double(dtype):
+    # the factor stays a device tensor (no host read), with the bits of the reference's arithmetic:
+    # the norm read as a Python float, clip / (norm + 1e-6) in double, multiplied into g
+    gen = torch.Generator().manual_seed(3)
+    mem = DGCMemory(momentum=0.0, gradient_clipping=1.0, world_size=4)
+    for scale in (1e-3, 0.1, 0.5, 3.0, 1e4):
+        g = (torch.randn(1001, generator=gen) * scale).to(dtype)
+        norm = float(torch.linalg.vector_norm(g.float()))
+        want = g * (mem.clip_norm / (norm + 1e-6)) if norm > mem.clip_norm else g
+        got = mem._clip(g)
+        assert got.dtype == dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_dgc_memory_state_dict_round_trip():
     mem = DGCMemory(momentum=0.5)
     _run_two_steps(mem)

@@ -68,29 +68,32 @@ class DGCMemory:
         self.momentums: dict[str, Tensor] = {}
         self.velocities: dict[str, Tensor] = {}
 
-    def _clip_factor(self, g: Tensor) -> float | None:
-        """The local clipping factor of `g` (one read of it), None when it is not clipped. The norm is read
-        on the host (on a GPU one synchronization per tensor, with gradient_clipping only), as the
-        reference's clipping reads it: the factor is computed in double precision there."""
-        norm = float(torch.linalg.vector_norm(g.float()))
-        if self.clip_norm is not None and norm > self.clip_norm:
-            return self.clip_norm / (norm + 1e-6)
-        return None
+    def _clip_factor(self, g: Tensor) -> Tensor:
+        """The local clipping factor of `g` (one read of it) as a 0-dim float64 tensor on g's device,
+        1.0 where g is not clipped: the reference's factor clip / (norm + 1e-6), computed in double
+        precision as the reference's host arithmetic does (the fp32 norm widened, then one double
+        add and one double division: the same bits), without the host reading the norm. `g * factor`
+        then rounds the factor to g's precision exactly as a multiplication by the host's float."""
+        assert self.clip_norm is not None  # called with gradient_clipping only
+        norm = torch.linalg.vector_norm(g.float()).double()
+        clipped = torch.full_like(norm, self.clip_norm).div_(norm + 1e-6)  # not clip / t: a reciprocal
+        return torch.where(norm > self.clip_norm, clipped, torch.ones_like(norm))
 
     def _clip(self, g: Tensor) -> Tensor:
-        factor = self._clip_factor(g)
-        return g if factor is None else g * factor
+        return g * self._clip_factor(g)
 
     def defer(self, g: Tensor, name: str) -> Deferred | None:
         """`compensate` as one pass with the compressor's selection (`codec.deferred.Deferred`); the
-        clipping norm is still its own read of g (it must be known before the first element)."""
+        clipping norm is still its own read of g (it must be known before the first element). The
+        compiled passes take the clipping factor as a kernel argument: with gradient_clipping the
+        host reads it, free on the CPU, one synchronization per tensor on a GPU (`compensate`, the
+        unfused path, reads nothing)."""
         u, v = self.momentums.get(name), self.velocities.get(name)
         if u is None or v is None or u.shape != g.shape or not fusable(u, v, g):
             return None
-        factor = self._clip_factor(g) if self.clip_norm is not None else None
+        factor = 1.0 if self.clip_norm is None else float(self._clip_factor(g))  # a kernel argument
         kind = DGC_NESTEROV if self.nesterov else DGC
-        return Deferred(u.view(-1), v.view(-1), g, kind, self.momentum, 0.0,
-                        1.0 if factor is None else factor, out=v)
+        return Deferred(u.view(-1), v.view(-1), g, kind, self.momentum, 0.0, factor, out=v)
 
     def compensate(self, g: Tensor, name: str) -> Tensor:
         if self.clip_norm is not None:
