@@ -314,7 +314,9 @@ class ForeignDevice(TorchDispatchMode):
                        or (func is aten.copy_.default and id(args[0]) not in placed)):
             return self.host_read("copy to host")
         if func is aten.copy_.default or (func is aten._to_copy.default and to_placed):
-            upload = id(args[1]) not in placed if func is aten.copy_.default else not placed
+            # into a placed tensor from a host one (a host tensor's own writes are no upload)
+            upload = (id(args[0]) in placed and id(args[1]) not in placed if func is aten.copy_.default
+                      else not placed)
             if upload and self.phase in HOT:
                 self.uploads[_site()[1]] += 1  # host -> device: legal, and counted
             return None

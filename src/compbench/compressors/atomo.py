@@ -12,6 +12,7 @@ from compbench.codec.base import Capabilities, CompressorBase, Ctx, make_ctx
 from compbench.compressors.lowrank import (
     cpu_generator,
     dense_payload,
+    host_to,
     matrix_shape,
     process_rank,
     stable_seed,
@@ -55,8 +56,8 @@ def _atomo_encode(mat: Tensor, budget: float, gen: torch.Generator) -> tuple[Ten
     # Uniforms in [0, 1): p = 0 is never kept and p = 1 always is.
     keep = torch.nonzero(torch.rand(p.shape, generator=gen, dtype=torch.float64, device="cpu") < p).flatten()
     scaled = (sigma.detach().to("cpu", torch.float64)[keep] / p[keep]).to(mat.dtype)
-    idx = keep.to(mat.device)
-    return u.index_select(1, idx), vh.index_select(0, idx), scaled.to(mat.device)
+    idx = host_to(keep, mat.device)  # the host's draw, queued on the stream (pinned): no second wait
+    return u.index_select(1, idx), vh.index_select(0, idx), host_to(scaled, mat.device)
 
 
 @lru_cache(maxsize=1024)

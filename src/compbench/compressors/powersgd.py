@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from compbench.codec.base import Capabilities, CompressorBase, Ctx, make_ctx
-from compbench.compressors.lowrank import cpu_generator, dense_payload, matrix_shape, stable_seed
+from compbench.compressors.lowrank import cpu_generator, dense_payload, host_to, matrix_shape, stable_seed
 
 Reduce = Callable[[Tensor], Tensor]
 
@@ -35,14 +35,6 @@ def orthogonalize_(mat: Tensor, rtol: float = 1e-4) -> Tensor:
         keep = after > rtol * before  # False for a zero column (0 > 0)
         col.mul_(torch.where(keep, after.reciprocal(), torch.zeros_like(after)))
     return mat
-
-
-def _host_to(t: Tensor, device: torch.device) -> Tensor:
-    """A host tensor on `device`; to a GPU from pinned memory, queued without a wait (a copy from
-    pageable memory waits for the stream)."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _identity(t: Tensor) -> Tensor:
@@ -140,7 +132,7 @@ class PowerSGD(CompressorBase):
         if prev is None or prev.shape != (cols, q) or prev.device != device:
             gen = cpu_generator(stable_seed("powersgd", self.seed, name))
             # drawn on the host and copied, as torch's PowerSGD hook does: the same Q on every device
-            prev = _host_to(torch.randn(cols, q, generator=gen, device="cpu"), device)
+            prev = host_to(torch.randn(cols, q, generator=gen, device="cpu"), device)
         q_start = orthogonalize_(prev)
         dead = q_start.abs().amax(0) == 0
         return self._redraw_dead(q_start, dead, name, on_device=device.type != "cpu")
@@ -156,7 +148,7 @@ class PowerSGD(CompressorBase):
             return q_start
         cols, q = q_start.shape
         gen = cpu_generator(stable_seed("powersgd", self.seed, name, self.step))
-        fresh = _host_to(torch.randn(cols, q, generator=gen), q_start.device)
+        fresh = host_to(torch.randn(cols, q, generator=gen), q_start.device)
         redrawn = orthogonalize_(torch.where(dead, fresh, q_start))
         return torch.where(dead.any(), redrawn, q_start) if on_device else redrawn
 
