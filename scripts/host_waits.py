@@ -23,11 +23,13 @@ from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/ of this checkout (after PYTHONPATH)
 
+from omegaconf import open_dict  # noqa: E402
 from tests.foreign_device import PLACED, ForeignDevice, watched_stats  # noqa: E402
 from tests.helpers import TINY  # noqa: E402
 from tests.threaded_engine import ThreadWorld  # noqa: E402
 
 import compbench  # noqa: E402
+from compbench.catalog import registry  # noqa: E402
 from compbench.compose import config  # noqa: E402
 from compbench.train.loop import Trainer  # noqa: E402
 
@@ -43,13 +45,21 @@ RUNS = {
     "fp16 comm=ring": ["compressor=fp16", "comm=ring"],
     "topk on_nonfinite=skip": ["compressor=topk", "comm=allgather", "on_nonfinite=skip"],
     "topk on_nonfinite=raise": ["compressor=topk", "comm=allgather", "on_nonfinite=raise"],
+    "topk comm=hierarchical": ["compressor=topk", "comm=hierarchical"],
+    "dgc+dgc gradient_clipping": ["compressor=dgc", "memory=dgc", "comm=allgather",
+                                  "memory.gradient_clipping=1.0"],
 }
 
 
 def probe(overrides: list[str], steps: int) -> dict:
     """Rank 0's host waits per step of `overrides` on 2 threaded ranks with the foreign device."""
     cfg = config.check(config.compose([*TINY, "batch_size=32", f"max_steps={steps}", "eval_points=1",
-                                       "checkpoint=false", *overrides]))
+                                       "checkpoint=false",
+                                       *(o.replace("hierarchical", "allgather") for o in overrides)]))
+    if "comm=hierarchical" in overrides:  # one machine: swapped in after the check, each rank its node
+        with open_dict(cfg):
+            cfg.comm = registry.option_config("comm", "hierarchical")
+            cfg.choices.comm = "hierarchical"
 
     def rank(engine):
         with ForeignDevice(strict=False) as mode:
