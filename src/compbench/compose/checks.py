@@ -41,7 +41,8 @@ def check_settings(cfg: DictConfig) -> None:
     _check_declared_keys(cfg)
     _check_run_settings(cfg)
     loggers.check(OmegaConf.to_object(cfg.loggers) if OmegaConf.is_config(cfg.loggers) else cfg.loggers,
-                  OmegaConf.to_container(cfg.mlflow), cfg.get("outputs_root") or "outputs")
+                  cast(dict[str, Any], OmegaConf.to_container(cfg.mlflow)),
+                  cfg.get("outputs_root") or "outputs")
     _check_engine(cfg)
     _check_device(cfg)
     _check_optim(cfg)

@@ -228,16 +228,16 @@ MLFLOW_SCHEMES = ("http", "https", "file")
 MLFLOW_TIMEOUT_S = 5
 
 
-def check(names: Any, mlflow: dict[str, Any], outputs_root: str) -> None:
+def check(names: Any, settings: dict[str, Any], outputs_root: str) -> None:
     """Config-time check of `loggers` and `mlflow.*` (ValueError: one line naming the fix): the tracking
     store's scheme, its folder (made or makeable) or its server (answering), the experiment's name."""
     from compbench.base.values import show
 
-    unknown = [k for k in mlflow if k not in MLFLOW_KEYS]
+    unknown = [k for k in settings if k not in MLFLOW_KEYS]
     if unknown:
         raise ValueError(f"mlflow.{unknown[0]} is not a setting of mlflow; its settings are: "
                          f"{', '.join(MLFLOW_KEYS)}")
-    uri, experiment = mlflow.get("uri"), mlflow.get("experiment")
+    uri, experiment = settings.get("uri"), settings.get("experiment")
 
     if not isinstance(names, list | tuple) or not names or any(n not in LOGGERS for n in names):
         raise ValueError(f"loggers={show(names)} must list where scalars go: {', '.join(LOGGERS)}, e.g. "
@@ -246,7 +246,7 @@ def check(names: Any, mlflow: dict[str, Any], outputs_root: str) -> None:
         raise ValueError(f"loggers={show(names)} names a logger twice; give each once")
     if "mlflow" in names:
         try:
-            import mlflow  # noqa: F401
+            import mlflow  # noqa: F401 - the logger's dependency, checked here
         except ImportError:
             raise ValueError("loggers=[...,mlflow] needs MLflow; pip install 'compbench[mlflow]' "
                              "(mlflow-skinny), or drop mlflow from loggers") from None
