@@ -13,6 +13,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <tuple>
@@ -92,6 +94,47 @@ inline float abs_max(const float* p, int64_t m) {
     hi = a > hi ? a : hi;
   }
   return hi;
+}
+
+// The non-finite check folded into a pass that reads the gradient anyway (the trainer's
+// on_nonfinite=raise check then skips what a kernel checked: compbench.codec.finite). A kernel's
+// `nonfinite` argument is an int32 tensor of 0 elements (no check) or 1, set to 1 when an element
+// read is NaN or +-Inf and never cleared here (the trainer zeroes it once per step). Each range of a
+// parallel_for keeps its own bool and stores once at its end (a relaxed atomic store of the same
+// value: no order needed), so the flag does not depend on the number of threads.
+class NonFinite {
+ public:
+  NonFinite(at::Tensor& flag, const char* op) {
+    TORCH_CHECK(flag.numel() <= 1, op, ": nonfinite takes 0 elements (no check) or 1");
+    if (flag.numel() == 1) {
+      TORCH_CHECK(flag.device().is_cpu() && flag.scalar_type() == at::kInt, op,
+                  ": nonfinite must be a CPU int32 tensor");
+      flag_ = flag.data_ptr<int32_t>();
+    }
+  }
+  bool on() const { return flag_ != nullptr; }
+  void report(bool seen) const {
+    if (seen && flag_ != nullptr) __atomic_store_n(flag_, 1, __ATOMIC_RELAXED);
+  }
+
+ private:
+  int32_t* flag_ = nullptr;
+};
+
+// Whether p[0..m) holds a NaN or +-Inf: !(|x| <= FLT_MAX), true for both (an unordered compare),
+// in vectors. Called on a block the pass has just read (in L1: no extra memory traffic).
+inline bool any_nonfinite(const float* p, int64_t m) {
+  int64_t j = 0;
+  unsigned bad = 0;
+#if defined(__AVX2__)
+  const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(FLT_MAX);
+  for (; j + 8 <= m; j += 8) {
+    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(p + j));
+    bad |= static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_NLE_UQ)));
+  }
+#endif
+  for (; j < m; ++j) bad |= !(std::fabs(p[j]) <= FLT_MAX);
+  return bad != 0;
 }
 
 // A strided sample gathered by a pass that already reads the tensor (DGC's threshold samples,

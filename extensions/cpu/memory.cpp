@@ -105,11 +105,15 @@ void check_state(const at::Tensor& a, const at::Tensor& b, const at::Tensor& g, 
 // DRAGONN's selected int64 indices (select.cpp's dragonn_select of the result with threshold and seed).
 // With slots == 0 the pass also writes a strided sample of the result (DGC's threshold samples,
 // otherwise a second, strided read of it): samples[t] = result[sample_start + t * sample_stride]
-// for t < samples.numel().
+// for t < samples.numel(). `nonfinite` (common.h's NonFinite): set when an element of the raw
+// gradient `g` (not the compensated value) is NaN or +-Inf, tested on each block of g just read.
 at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, int64_t kind, double c0,
                              double c1, double scale, double threshold, int64_t slots, int64_t seed,
-                             at::Tensor& samples, int64_t sample_start, int64_t sample_stride) {
+                             at::Tensor& samples, int64_t sample_start, int64_t sample_stride,
+                             at::Tensor& nonfinite) {
   check_state(a, b, g, kind);
+  const NonFinite nf(nonfinite, "compensate_select");
+  const bool check = nf.on();
   const int64_t count = samples.numel();
   TORCH_CHECK(count == 0 || slots == 0, "compensate_select: samples are written with slots == 0 only");
   check_strided_sample(samples, sample_start, sample_stride, g.numel(), "compensate_select");
@@ -123,15 +127,18 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
     at::Tensor out = at::empty({whole}, g.options());
     float* o = out.data_ptr<float>();
     at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
+      bool bad = false;
       with_kind(kind, q, [&](auto k, auto extra) {
         for (int64_t blk = b0; blk < b1; ++blk) {
           const int64_t lo = blk * kBlock, hi = std::min(n, lo + kBlock);
           float vals[kBlock];
           compensate_range<decltype(k)::value, decltype(extra)::value, true>(q, pa, pb, pg, lo, hi, vals);
+          if (check) bad |= any_nonfinite(pg + lo, hi - lo);  // g's block just read: in L1
           if (blk < whole) o[blk] = abs_max(vals, hi - lo);
           if (sp != nullptr) gather_strided(vals, lo, hi, sample_start, sample_stride, count, sp);
         }
       });
+      nf.report(bad);
     });
     return out;
   }
@@ -147,11 +154,13 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
   at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
     at::Tensor mine = at::full({slots}, -1, g.options().dtype(at::kLong));
     int64_t* t = mine.data_ptr<int64_t>();
+    bool bad = false;
     with_kind(kind, q, [&](auto k, auto extra) {
       float vals[kBlock];
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int64_t lo = blk * kBlock, hi = std::min(n, lo + kBlock);
         compensate_range<decltype(k)::value, decltype(extra)::value, true>(q, pa, pb, pg, lo, hi, vals);
+        if (check) bad |= any_nonfinite(pg + lo, hi - lo);
         bool any = false;  // most blocks have no element above the threshold: one vector test each
         for (int64_t i = 0; i < hi - lo; ++i) any |= std::fabs(vals[i]) >= thr;
         if (!any) continue;
@@ -160,6 +169,7 @@ at::Tensor compensate_select(at::Tensor& a, at::Tensor& b, const at::Tensor& g, 
         }
       }
     });
+    nf.report(bad);
     merge_by_max(table, mine, lock);
   });
   return table.defined() ? filled_slots(table) : at::empty({0}, g.options().dtype(at::kLong));

@@ -19,9 +19,13 @@ namespace compbench_cpu {
 // write is the largest), then the tables are merged by max: the same table at any number of
 // threads. Not an atomic max on one shared table: a locked compare-exchange per passing element
 // drains the memory pipeline, a full miss on the table each (~100 ns: 2.3 ms at k = 25k), where
-// plain stores retire without waiting.
-at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, int64_t seed) {
+// plain stores retire without waiting. `nonfinite` (common.h's NonFinite): set when an element is
+// NaN or +-Inf, tested on the vectors the threshold compare already holds.
+at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, int64_t seed,
+                          at::Tensor& nonfinite) {
   check_flat_f32(x, "dragonn_select");
+  const NonFinite nf(nonfinite, "dragonn_select");
+  const bool check = nf.on();
   TORCH_CHECK(slots > 0, "dragonn_select: slots=", slots, " must be positive");
   TORCH_CHECK(x.numel() < (int64_t{1} << 32), "dragonn_select: hashes 32-bit indices; split the tensor");
   const float* p = x.data_ptr<float>();
@@ -35,13 +39,15 @@ at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, 
     at::Tensor mine = at::full({slots}, -1, x.options().dtype(at::kLong));
     int64_t* t = mine.data_ptr<int64_t>();
     auto pass = [&](int64_t i) { t[murmur3_32(static_cast<uint32_t>(i), s) % m] = i; };
+    unsigned bad = 0;  // this range saw a NaN or an infinity (`check` only)
     for (int64_t b = b0; b < b1; ++b) {
       int64_t lo = b * kBlock;
       const int64_t hi = std::min(n, lo + kBlock);
 #if defined(__AVX2__)
       // One mask of abs(x) >= thr per 8 lanes (ordered compare: NaN never passes), OR-ed over the
       // block: a block with none is skipped after its one read; set bits name the passing elements.
-      const __m256 sign = _mm256_set1_ps(-0.f), vt = _mm256_set1_ps(thr);
+      // With `check`, one more compare of the same vector: !(abs(x) <= FLT_MAX), unordered (NaN too).
+      const __m256 sign = _mm256_set1_ps(-0.f), vt = _mm256_set1_ps(thr), big = _mm256_set1_ps(FLT_MAX);
       unsigned masks[kBlock / 8];
       unsigned any = 0;
       const int64_t whole = (hi - lo) / 8;
@@ -49,6 +55,7 @@ at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, 
         const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(p + lo + 8 * v));
         masks[v] = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, vt, _CMP_GE_OQ)));
         any |= masks[v];
+        if (check) bad |= static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_NLE_UQ)));
       }
       if (any) {
         for (int64_t v = 0; v < whole; ++v) {
@@ -58,9 +65,12 @@ at::Tensor dragonn_select(const at::Tensor& x, double threshold, int64_t slots, 
       lo += 8 * whole;  // the tail of a partial last block
 #endif
       for (int64_t i = lo; i < hi; ++i) {
-        if (std::fabs(p[i]) >= thr) pass(i);
+        const float a = std::fabs(p[i]);
+        if (a >= thr) pass(i);
+        if (check) bad |= !(a <= FLT_MAX);
       }
     }
+    nf.report(bad != 0);
     merge_by_max(table, mine, lock);
   });
   return table.defined() ? filled_slots(table) : at::empty({0}, x.options().dtype(at::kLong));  // n == 0
@@ -129,8 +139,12 @@ at::Tensor sampled_threshold(const at::Tensor& x, int64_t m, int64_t j, int64_t 
 // n % 64 elements has no entry). sparse.AbsIndex's summary; twin: amax(abs) of the rows. Given fp32
 // `samples` (count elements), the same pass writes x[sample_start + t * sample_stride] into them for
 // t < count: DGC's strided threshold sample, otherwise its own strided read of the tensor.
-at::Tensor block_absmax(const at::Tensor& x, at::Tensor& samples, int64_t sample_start, int64_t sample_stride) {
+// `nonfinite` (common.h's NonFinite): set when an element (the tail's too) is NaN or +-Inf.
+at::Tensor block_absmax(const at::Tensor& x, at::Tensor& samples, int64_t sample_start, int64_t sample_stride,
+                        at::Tensor& nonfinite) {
   check_flat_f32(x, "block_absmax");
+  const NonFinite nf(nonfinite, "block_absmax");
+  const bool check = nf.on();
   const int64_t n = x.numel(), blocks = n / kBlock, count = samples.numel();
   check_strided_sample(samples, sample_start, sample_stride, n, "block_absmax");
   at::Tensor out = at::empty({blocks}, x.options());
@@ -138,11 +152,14 @@ at::Tensor block_absmax(const at::Tensor& x, at::Tensor& samples, int64_t sample
   float* o = out.data_ptr<float>();
   float* sp = count > 0 ? samples.data_ptr<float>() : nullptr;
   at::parallel_for(0, (n + kBlock - 1) / kBlock, 4096, [&](int64_t b0, int64_t b1) {
+    bool bad = false;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
       if (b < blocks) o[b] = abs_max(p + lo, kBlock);
+      if (check) bad |= any_nonfinite(p + lo, hi - lo);  // the block just read: in L1
       if (sp != nullptr) gather_strided(p + lo, lo, hi, sample_start, sample_stride, count, sp);
     }
+    nf.report(bad);
   });
   return out;
 }

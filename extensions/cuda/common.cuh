@@ -31,6 +31,13 @@ __device__ __forceinline__ unsigned int cb_murmur3_32(unsigned int key, unsigned
     return h;
 }
 
+// Whether |x| = `a` is NaN or +-Inf: !(a <= FLT_MAX) (true for NaN too: an unordered compare), as the CPU kernels test
+// (extensions/cpu/common.h's any_nonfinite). Every writer stores the same 1 and nothing clears it in
+// a kernel, so the order of the writes does not matter (no atomic needed).
+__device__ __forceinline__ bool cb_nonfinite(float a) {
+    return !(a <= 3.402823466e+38f);
+}
+
 // Counter-based U[0, 1): element i's draw depends only on (seed, i), so any thread order gives the
 // same numbers and the torch twin (compbench.kernels.twins.counter_uniform) reproduces them bit for
 // bit. 24 random bits, like torch's and numpy's float32 generators. The index is taken mod 2^32.

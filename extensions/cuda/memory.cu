@@ -5,7 +5,8 @@
 // u = (u + g')*m; v = (v + u) + g' (g' = g*scale when clipped). Twin: extensions/cpu/memory.cpp's
 // compensate_select (itself bit for bit memory/residual.py's and memory/dgc.py's `compensate`);
 // the CPU pass's block maxima and strided sample (DGC's) are not written here: on CUDA the
-// selection reads the compensated tensor itself.
+// selection reads the compensated tensor itself. With `check`, *nonfinite = 1 when an element of the raw
+// gradient g is NaN or +-Inf (as extensions/cpu/memory.cpp's).
 #include "common.cuh"
 
 __device__ __forceinline__ float cb_compensate(float* a, float* b, const float* g, long long i, int kind,
@@ -38,8 +39,10 @@ __device__ __forceinline__ float cb_compensate(float* a, float* b, const float* 
 extern "C" __global__ void compensate_select(float* __restrict__ a, float* __restrict__ b,
                                              const float* __restrict__ g, long long n, int kind, float c0,
                                              float c1, float scale, int scaled, int decay, float threshold,
-                                             unsigned int seed, int* __restrict__ table, unsigned int slots) {
+                                             unsigned int seed, int* __restrict__ table, unsigned int slots,
+                                             int* __restrict__ nonfinite, int check) {
     CB_FOR_EACH(i, n) {
+        if (check && cb_nonfinite(fabsf(g[i]))) *nonfinite = 1;  // the raw gradient, as the CPU's
         float v = cb_compensate(a, b, g, i, kind, c0, c1, scale, scaled, decay, 1);
         if (slots && fabsf(v) >= threshold) {
             atomicMax(&table[cb_murmur3_32((unsigned int)i, seed) % slots], (int)i);

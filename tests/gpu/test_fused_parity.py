@@ -84,3 +84,17 @@ def test_adam_step_matches_the_cpu_kernel(sparse, decoupled, wd, beta1):
         cpu.adam_step(p, m, v, *update, 1e-3, beta1, 0.999, 1e-8, wd, step, decoupled, cpu.fused_sgd_tail(n))
     for a, b in ((p_gpu, p), (m_gpu, m), (v_gpu, v)):
         assert torch.equal(a.cpu(), b)
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("poison", [None, float("nan"), float("-inf")])
+def test_compensate_select_sets_the_nonfinite_flag_of_the_raw_gradient(poison):
+    n = 3_000_001
+    gen = torch.Generator().manual_seed(4)
+    g, a, b = (torch.randn(n, generator=gen) for _ in range(3))
+    if poison is not None:
+        g[n // 3] = poison
+    flag, want_flag = torch.zeros(1, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int32)
+    ops.compensate_select(a.to(DEV), b.to(DEV), g.to(DEV), cpu.DGC, 0.9, 0.0, 1.0, 1.5, 97, 5, nonfinite=flag)
+    cpu.compensate_select(a, b, g, cpu.DGC, 0.9, 0.0, 1.0, 1.5, 97, 5, nonfinite=want_flag)
+    assert flag.item() == want_flag.item() == int(poison is not None)

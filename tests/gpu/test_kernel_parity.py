@@ -145,3 +145,15 @@ def test_quantizers_dispatch_to_their_kernels(name):
         assert torch.equal(payload[0], twins.tbq_step(residual, x, comp.tau))
         assert torch.equal(comp.residuals["w"], residual)
     assert comp.decompress(payload, ctx).shape == x.shape
+
+
+@pytest.mark.parametrize("poison", [None, float("nan"), float("inf")])
+@pytest.mark.parametrize("n", [1, 3_000_001])
+def test_dragonn_select_sets_the_nonfinite_flag_as_the_twin(n, poison):
+    x = _x(n, seed=n)
+    if poison is not None:
+        x[n // 2] = poison
+    flag = torch.zeros(1, dtype=torch.int32, device=DEV)
+    table = ops.dragonn_select(x, 1.5, max(4, n // 250), 7, nonfinite=flag)
+    assert torch.equal(table, ops.dragonn_select(x, 1.5, max(4, n // 250), 7))  # the check changes nothing
+    assert torch.equal(flag, twins.nonfinite(x))

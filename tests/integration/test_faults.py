@@ -72,8 +72,14 @@ def _workers(parent: psutil.Process) -> dict[int, psutil.Process]:
     return out
 
 
-def test_nonfinite_gradient_raise_names_the_tensor(tmp_path):
-    poisoned = [*TINY, "dataset.noise=1e38", "engine.np=2", "max_steps=3", "epochs=1", "eval=false"]
+# compressor=none: the trainer reads every gradient; dragonn and dgc (with its fused memory from the
+# second step): their compiled passes check the gradients inside the backward hooks (codec/finite.py)
+@pytest.mark.parametrize("compression", [[], ["compressor=dragonn", "comm=allgather", "ratio=0.1"],
+                                         ["compressor=dgc", "memory=dgc", "comm=allgather", "ratio=0.1"]],
+                         ids=["none", "dragonn", "dgc"])
+def test_nonfinite_gradient_raise_names_the_tensor(tmp_path, compression):
+    poisoned = [*TINY, *compression, "dataset.noise=1e38", "engine.np=2", "max_steps=3", "epochs=1",
+                "eval=false"]
     proc = compbench("train", *poisoned, f"output_dir={tmp_path / 'raise'}")
     assert proc.returncode != 0
     assert "non-finite gradient at step 0" in proc.stderr and ".weight" in proc.stderr

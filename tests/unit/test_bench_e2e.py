@@ -65,7 +65,27 @@ def test_targets_read_the_medians_and_say_what_was_not_measured():
     assert "- [x] shaped: dragonn's step <= 1.4x the compute-only step (aim 1.25): 1.41x" not in checks
     assert "- [ ] shaped: dragonn's step <= 1.4x the compute-only step (aim 1.25): 1.41x" in checks
     assert "- [x] shaped: dragonn >= 1.3x faster than the DDP top-k hook: 2.00x" in checks
-    assert "- [ ] shaped: dgc's step <= 1.25x dragonn's: -x (not measured)" in checks
+    assert "- [ ] shaped: dgc's step <= 1.15x dragonn's: -x (not measured)" in checks
+    assert "- [x] shaped: dragonn's step <= 1.5x the compute-only step: 1.41x" in checks  # issue 48's
+    assert "- [ ] shaped: dragonn's non-finite check <= 0.5 ms: - ms (not measured)" in checks
+
+
+def test_the_check_time_is_shown_per_row_and_held_to_its_target():
+    rows = [r for r in e2e.ROWS if r[0] in ("dragonn", "dgc", "compute")]
+    times = {("unshaped", "dragonn"): [40.0], ("unshaped", "dgc"): [47.0], ("unshaped", "compute"): [30.0]}
+    summaries = {"unshaped-dragonn-0": {"check_ms": 0.31}, "unshaped-dgc-0": {"check_ms": 0.62},
+                 "unshaped-compute-0": {}}
+    runs = e2e_table.Runs(rows, ["unshaped"], 1, times, summaries)
+    checks = e2e_table.targets(runs)
+    assert "- [x] unshaped: dragonn's non-finite check <= 0.5 ms: 0.31 ms" in checks
+    assert "- [ ] unshaped: dgc's non-finite check <= 0.5 ms: 0.62 ms" in checks
+    assert "- [x] unshaped: dragonn's step <= 1.5x the compute-only step: 1.33x" in checks
+    assert "- [ ] unshaped: dgc's step <= 1.15x dragonn's: 1.18x" in checks
+    table = e2e_table.step_table(runs, 1.0)
+    assert "check ms" in table[0]
+    dragonn = next(line for line in table if line.startswith("| compbench dragonn 1e-3 allgather |"))
+    assert "| 40.0 | 0.31 |" in dragonn
+    assert any(line.startswith("| compute only") and "| 30.0 | - |" in line for line in table)
 
 
 @pytest.mark.dist

@@ -13,14 +13,14 @@ from ctypes import c_float, c_int, c_longlong, c_uint, c_void_p
 import pytest
 import torch
 
-from compbench.kernels import cpu, loader
+from compbench.kernels import cpu, loader, twins
 from tests.unit.test_kernel_logic_host import BLOCK, GRID, SHIM
 
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
 
 SIGNATURES = {
     "compensate_select": [c_void_p, c_void_p, c_void_p, c_longlong, c_int, c_float, c_float, c_float, c_int,
-                          c_int, c_float, c_uint, c_void_p, c_uint],
+                          c_int, c_float, c_uint, c_void_p, c_uint, c_void_p, c_int],
     "compensate_at": [c_void_p, c_void_p, c_void_p, c_void_p, c_longlong, c_int, c_float, c_float, c_float,
                       c_int, c_int, c_void_p],
     "sgd_step": [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong, c_longlong, c_int, c_float,
@@ -87,9 +87,12 @@ def test_compensate_select_matches_the_cpu_kernel(run, n, kind, c0, c1, scale):
     want_at = cpu.compensate_at(a_cpu, b_cpu, g, idx, kind, c0, c1, scale)
     assert torch.equal(at.view(torch.int32), want_at.view(torch.int32))
     table = torch.full((slots,), -1, dtype=torch.int32)
-    run("compensate_select", a, b, g, n, *consts, c_float(thr), c_uint(seed), table, c_uint(slots))
-    want = cpu.compensate_select(a_cpu, b_cpu, g, kind, c0, c1, scale, thr, slots, seed)
+    flag, want_flag = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    run("compensate_select", a, b, g, n, *consts, c_float(thr), c_uint(seed), table, c_uint(slots), flag,
+        c_int(1))
+    want = cpu.compensate_select(a_cpu, b_cpu, g, kind, c0, c1, scale, thr, slots, seed, nonfinite=want_flag)
     assert [i for i in table.tolist() if i >= 0] == want.tolist()  # the CPU kernel sends the filled slots
+    assert torch.equal(flag, want_flag) and torch.equal(flag, twins.nonfinite(g))  # of the raw gradient
     assert torch.equal(a.view(torch.int32), a_cpu.view(torch.int32))
     if kind != cpu.RESIDUAL:
         assert torch.equal(b.view(torch.int32), b_cpu.view(torch.int32))

@@ -26,10 +26,10 @@ from tests.unit.test_fused_optimizer import OPTIMS, _run
 needs_kernels = pytest.mark.skipif(not cpu.status().startswith("compiled"), reason=cpu.status())
 
 
-def _compensate_select_twin(a, b, g, kind, c0, c1, scale, threshold=0.0, slots=0, seed=0):
+def _compensate_select_twin(a, b, g, kind, c0, c1, scale, threshold=0.0, slots=0, seed=0, nonfinite=None):
     """`ops.compensate_select` on the CPU kernel: the state updated in place and DRAGONN's int32 table
-    (slot murmur3_32(i, seed) % slots holds the largest i that hashed there, -1 empty)."""
-    picked = cpu.compensate_select(a, b, g, kind, c0, c1, scale, threshold, slots, seed)
+    (slot murmur3_32(i, seed) % slots holds the largest i that hashed there, -1 empty); the flag."""
+    picked = cpu.compensate_select(a, b, g, kind, c0, c1, scale, threshold, slots, seed, nonfinite=nonfinite)
     table = torch.full((max(slots, 1),), -1, dtype=torch.int32)
     if slots:
         table[murmur3_32(picked, seed) % slots] = picked.to(torch.int32)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
-from ctypes import c_float, c_longlong, c_uint, c_void_p
+from ctypes import c_float, c_int, c_longlong, c_uint, c_void_p
 
 import numpy as np
 import pytest
@@ -50,7 +50,7 @@ extern "C" void cb_set_launch(unsigned int grid, unsigned int block, unsigned in
 GRID, BLOCK = 3, 5  # 15 sequential "threads": every grid-stride loop wraps several times
 
 SIGNATURES = {
-    "dragonn_select": [c_void_p, c_longlong, c_float, c_uint, c_void_p, c_uint],
+    "dragonn_select": [c_void_p, c_longlong, c_float, c_uint, c_void_p, c_uint, c_void_p, c_int],
     "compact_abs_ge": [c_void_p, c_longlong, c_float, c_void_p, c_void_p, c_longlong],
     "pack_signs": [c_void_p, c_longlong, c_void_p, c_longlong],
     "pack_bits": [c_void_p, c_longlong, c_void_p, c_longlong],
@@ -114,15 +114,24 @@ def test_every_source_compiles_and_exports_the_launched_kernels(host_lib):
         assert hasattr(host_lib, name), f"{name} is not exported by any extensions/cuda/*.cu"
 
 
+@pytest.mark.parametrize("poison", [None, float("nan"), float("-inf")])
 @pytest.mark.parametrize("n", [1, 999, 5000])
-def test_dragonn_select_matches_the_torch_twin(run, n):
+def test_dragonn_select_matches_the_torch_twin(run, n, poison):
     x = _x(n, seed=n)
+    if poison is not None:
+        x[n // 2] = poison
     threshold = torch.tensor([1.5])  # the tie at +-1.5 passes (>=)
     slots, seed = 37, 0x9747B28C
     table = np.full(slots, -1, dtype=np.int32)
-    run("dragonn_select", x.numpy(), n, c_float(1.5), c_uint(seed), table, c_uint(slots))
+    flag = np.zeros(1, dtype=np.int32)  # the non-finite check (codec/finite.py), on
+    run("dragonn_select", x.numpy(), n, c_float(1.5), c_uint(seed), table, c_uint(slots), flag, c_int(1))
     expected = dragonn_select_twin(x, threshold, slots, seed, Workspace())
     assert table[table >= 0].tolist() == expected.tolist()
+    assert flag.tolist() == twins.nonfinite(x).tolist()
+    unchecked, untouched = np.full(slots, -1, dtype=np.int32), np.full(1, 7, dtype=np.int32)
+    run("dragonn_select", x.numpy(), n, c_float(1.5), c_uint(seed), unchecked, c_uint(slots), untouched,
+        c_int(0))
+    assert unchecked.tolist() == table.tolist() and untouched.tolist() == [7]  # check=0: not written
 
 
 @pytest.mark.parametrize("cap", [10_000, 7])
@@ -273,7 +282,7 @@ def test_qsgd_twin_norms_are_the_compressor_norms():
 
 # --- the launchers (kernels/ops.py) end to end, with the host build standing in for CuPy ----------
 
-_CTYPE_OF = {np.int64: c_longlong, np.float32: c_float, np.uint32: c_uint}
+_CTYPE_OF = {np.int64: c_longlong, np.int32: c_int, np.float32: c_float, np.uint32: c_uint}
 
 
 @pytest.fixture
@@ -308,6 +317,12 @@ def test_launchers_match_the_twins(host_ops):
     x = _x(3001, seed=13)
     table = ops.dragonn_select(x, 1.5, 41, 7)
     assert table.dtype == torch.int32
+    flag = torch.zeros(1, dtype=torch.int32)
+    poisoned = x.clone()
+    poisoned[17] = float("inf")
+    assert torch.equal(ops.dragonn_select(x, 1.5, 41, 7, nonfinite=flag), table) and flag.item() == 0
+    ops.dragonn_select(poisoned, 1.5, 41, 7, nonfinite=flag)
+    assert flag.item() == 1
     twin = dragonn_select_twin(x, torch.tensor([1.5]), 41, 7, Workspace())
     assert table[table >= 0].long().tolist() == twin.tolist()
     expected = torch.nonzero(x.abs() >= 1.0).view(-1)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from compbench.base.values import KeyRange, show
+from compbench.codec.finite import FiniteLedger
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -138,6 +139,12 @@ class Compressor(Protocol):
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
 
+    @property
+    def finite(self) -> FiniteLedger:
+        """The gradients this step's compiled passes checked for NaN/Inf (codec/finite.py); opened
+        by `begin_step`, read by the trainer's non-finite check."""
+        ...
+
 
 class CompressorBase:
     """Shared defaults. Subclasses set `name` and `caps` and implement compress/decompress."""
@@ -158,9 +165,21 @@ class CompressorBase:
         cls.caps = derive(cls.caps, cls)
 
     def begin_step(self, step: int, epoch: float) -> None:
-        """Called by the trainer before each optimizer step (for seeds, warm-ups, schedules)."""
+        """Called by the trainer before each optimizer step (for seeds, warm-ups, schedules); opens
+        this step's non-finite ledger."""
         self.step = step
         self.epoch = epoch
+        self.finite.begin_step()
+
+    @property
+    def finite(self) -> FiniteLedger:
+        """This compressor's `FiniteLedger` (made on first use: subclasses need not call an
+        __init__ here). The sparsifiers whose selection pass is a compiled kernel record there the
+        tensors that pass checked for NaN/Inf; the others record nothing."""
+        ledger = self.__dict__.get("_finite")
+        if ledger is None:
+            ledger = self.__dict__["_finite"] = FiniteLedger()
+        return ledger
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         raise NotImplementedError

@@ -10,6 +10,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from compbench.codec.finite import FiniteCheck, flag
 from compbench.kernels import cpu, cuda_kernels_enabled
 
 
@@ -26,6 +27,9 @@ class Deferred:
 
     kind, c0, c1, scale: `kernels.cpu.compensate_select`'s (RESIDUAL: beta, gamma; DGC: momentum,
     unused, the clipping factor or 1.0). `a`, `b`: the flat state (b empty for RESIDUAL).
+
+    `check` (`summary`, `select`): the compressor's non-finite check of the raw gradient g, which
+    the pass tests as it reads it (codec/finite.py), on both devices.
     """
 
     def __init__(self, a: Tensor, b: Tensor, g: Tensor, kind: int, c0: float, c1: float, scale: float,
@@ -53,31 +57,34 @@ class Deferred:
                                      self.c1, self.scale)
 
     def _run(self, threshold: float, slots: int, seed: int, samples: Tensor | None = None, start: int = 0,
-             stride: int = 1) -> tuple[Tensor, Tensor | None]:
+             stride: int = 1, check: FiniteCheck | None = None) -> tuple[Tensor, Tensor | None]:
         assert self.result is None, "a deferred compensation runs once"
         self.result = self.out
+        nonfinite = flag(check, self.g.device)
         if not cuda_kernels_enabled(self.g):  # the CPU's (`memory.base.fusable` chose one of the two)
             return self.out, cpu.compensate_select(self.a, self.b, self.g, self.kind, self.c0, self.c1,
-                                                   self.scale, threshold, slots, seed, samples, start, stride)
+                                                   self.scale, threshold, slots, seed, samples, start, stride,
+                                                   nonfinite)
         table = _cuda().compensate_select(self.a, self.b, self.g, self.kind, self.c0, self.c1, self.scale,
-                                          threshold, slots, seed)
+                                          threshold, slots, seed, nonfinite=nonfinite)
         if samples is not None:  # the strided sample, read from the result (no block maxima on a GPU)
             samples.copy_(self.out.reshape(-1)[start::stride][: samples.numel()])
         # DRAGONN's filled slots, in slot order as on the CPU: the compaction must learn how many (a
         # host synchronization: the payload's size)
         return self.out, table[table >= 0].long() if slots else None
 
-    def summary(self, samples: Tensor | None = None, start: int = 0,
-                stride: int = 1) -> tuple[Tensor, Tensor | None]:
+    def summary(self, samples: Tensor | None = None, start: int = 0, stride: int = 1,
+                check: FiniteCheck | None = None) -> tuple[Tensor, Tensor | None]:
         """Run the pass: (compensated tensor, fp32 maxima of abs over each whole block of 64 elements,
         `kernels.cpu.block_absmax` of it; None on a GPU). Given fp32 `samples` (m elements), the pass
         also writes the compensated values at start + t * stride into them (DGC's strided threshold
         sample, which would otherwise be a second, strided read of the result)."""
-        return self._run(0.0, 0, 0, samples, start, stride)
+        return self._run(0.0, 0, 0, samples, start, stride, check)
 
-    def select(self, threshold: float, slots: int, seed: int) -> tuple[Tensor, Tensor]:
+    def select(self, threshold: float, slots: int, seed: int,
+               check: FiniteCheck | None = None) -> tuple[Tensor, Tensor]:
         """Run the pass: (compensated tensor, `kernels.cpu.dragonn_select` of it: the selected indices)."""
-        y, selected = self._run(threshold, slots, seed)
+        y, selected = self._run(threshold, slots, seed, check=check)
         assert selected is not None
         return y, selected
 

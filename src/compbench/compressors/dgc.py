@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from compbench.codec.base import Ctx, check_ratio, make_ctx
+from compbench.codec.finite import FiniteCheck, flag
 from compbench.compll import runtime
 from compbench.compressors.sparse import AbsIndex, SparseCompressor, Workspace, make_generator, sparse_payload
 from compbench.kernels import cpu, cpu_kernels_enabled
@@ -32,7 +33,7 @@ def sample_layout(numel: int, ratio: float, sample_ratio: float) -> tuple[int, i
 
 def _select(
     values: Tensor | None, k: int, ratio: float, sample_ratio: float, gen: torch.Generator, ws: Workspace,
-    deferred: Deferred | None = None,
+    deferred: Deferred | None = None, check: FiniteCheck | None = None,
 ) -> Tensor:
     """Hot step: flat int64 indices DGC sends (at most k), selected by magnitude abs(values), at
     ratio `ratio` (`values` may be the gradient itself or its magnitudes: abs changes nothing then).
@@ -48,7 +49,9 @@ def _select(
     whose query then re-reads only the blocks that reach the threshold) and gathers the strided
     sample on its way (the same values, so the same indices). With a memory's `deferred`
     compensation (then `values` is None) that pass is the memory's own (`codec.deferred.Deferred`),
-    and the indices index `deferred.result`."""
+    and the indices index `deferred.result`. `check`: the trainer's non-finite check of the
+    gradient, done by that summary pass (codec/finite.py); the generated selection without it does
+    not take it (the trainer then reads the gradient itself)."""
     sel = runtime.select("dgc")
     if deferred is None:
         assert values is not None
@@ -59,11 +62,14 @@ def _select(
             return runtime.select_indices(sel, flat, ratio, wanted, k, gen)
 
         def summarize(samples: Tensor | None, start: int, stride: int) -> tuple[Tensor, Tensor | None]:
-            return flat, cpu.block_absmax(flat, samples, start, stride)
+            return flat, cpu.block_absmax(flat, samples, start, stride, flag(check, flat.device))
     else:
         n, device = deferred.numel, deferred.device
         _, wanted = sample_layout(n, ratio, sample_ratio)
-        summarize = deferred.summary
+        fused = deferred
+
+        def summarize(samples: Tensor | None, start: int, stride: int) -> tuple[Tensor, Tensor | None]:
+            return fused.summary(samples, start, stride, check)
     where = runtime.strided_sample(sel, n, wanted, gen)
     sample = None
     if where is None:
@@ -134,7 +140,8 @@ class DGC(SparseCompressor):
         r = self.ratio
         k = self.k_for(flat.numel())
         gen = make_generator(self.seed, self.step, name)
-        idx = _select(flat, k, r, self.sample_ratio, gen, self._ws)
+        idx = _select(flat, k, r, self.sample_ratio, gen, self._ws,
+                      check=self.finite.check(name, flat.numel()))
         return sparse_payload(flat.index_select(0, idx), idx, self.value_dtype), make_ctx(x, name)
 
     def compress_deferred(self, deferred: Deferred, name: str) -> tuple[list[Tensor], Ctx]:
@@ -142,7 +149,7 @@ class DGC(SparseCompressor):
         selection's summary pass: the same payload, one pass fewer over the gradient."""
         gen = make_generator(self.seed, self.step, name)
         idx = _select(None, self.k_for(deferred.numel), self.ratio, self.sample_ratio, gen, self._ws,
-                      deferred=deferred)
+                      deferred=deferred, check=self.finite.check(name, deferred.numel))
         y = deferred.result
         assert y is not None
         return sparse_payload(y.reshape(-1).index_select(0, idx), idx, self.value_dtype), make_ctx(y, name)

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from compbench.codec.base import Ctx, check_ratio, make_ctx, num_selected
 from compbench.codec.buffers import check_out
+from compbench.codec.finite import FiniteCheck, flag
 from compbench.compressors.sparse import (
     AbsIndex,
     SparseCompressor,
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 
 
 def _select(
-    x: Tensor, threshold: Tensor, slots: int, seed: int, ws: Workspace, density: float = 0.0
+    x: Tensor, threshold: Tensor, slots: int, seed: int, ws: Workspace, density: float = 0.0,
+    check: FiniteCheck | None = None,
 ) -> Tensor:
     """Hot step (one kernel pass on GPU): every element with abs(x) >= threshold writes its index into
     slot murmur3_32(index, seed) % slots; returns the indices left in the filled slots (slot order).
@@ -45,15 +47,18 @@ def _select(
     candidates: `AbsIndex` finds them from per-block maxima, numpy hashes the ~k of them. On a GPU the
     filled slots are compacted, which reads their count on the host (the payload's size: one
     synchronization per tensor, the method's only one; the threshold is read there too).
+
+    `check`: the trainer's non-finite check of x, done by the kernels' pass (codec/finite.py); the
+    twin does not take it (the trainer then reads x itself).
     """
     flat = x.detach().reshape(-1)
     if cuda_kernels_enabled(flat):
         from compbench.kernels import ops
 
-        table = ops.dragonn_select(flat, float(threshold), slots, seed)
+        table = ops.dragonn_select(flat, float(threshold), slots, seed, flag(check, flat.device))
         return table[table >= 0].long()
     if cpu_kernels_enabled(flat):
-        return cpu.dragonn_select(flat, float(threshold), slots, seed)
+        return cpu.dragonn_select(flat, float(threshold), slots, seed, flag(check, flat.device))
     cand = AbsIndex(flat, ws, density=density).indices_ge(threshold)
     table = torch.full((slots,), -1, dtype=torch.int64, device=flat.device)
     if cand.numel():
@@ -180,7 +185,8 @@ class DRAGONN(SparseCompressor):
         else:
             seed = stable_seed(self.seed, self.step, name)
             threshold = sampled_threshold(flat, m, math.ceil(m * r), seed)
-        idx = _select(flat, threshold, 4 * self.k_for(n), self._hash_seed(name), self._ws, density=r)
+        idx = _select(flat, threshold, 4 * self.k_for(n), self._hash_seed(name), self._ws, density=r,
+                      check=self.finite.check(name, n))
         return sparse_payload(flat.index_select(0, idx), idx), make_ctx(x, name)
 
     def compress_deferred(self, deferred: Deferred, name: str) -> tuple[list[Tensor], Ctx]:
@@ -198,7 +204,8 @@ class DRAGONN(SparseCompressor):
         # = sampled_threshold(compensated, m, j, seed): the same stream, the same j-th largest.
         samples = deferred.at(sample_indices(n, m, seed & M32, deferred.device))
         threshold = kth_largest(samples.abs(), j)
-        y, idx = deferred.select(float(threshold), 4 * self.k_for(n), self._hash_seed(name))
+        y, idx = deferred.select(float(threshold), 4 * self.k_for(n), self._hash_seed(name),
+                                 check=self.finite.check(name, n))
         return sparse_payload(y.reshape(-1).index_select(0, idx), idx), make_ctx(y, name)
 
     def decompress_all(self, payloads: list[list[Tensor]], ctx: Ctx, out: Tensor | None = None) -> Tensor:

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from compbench.codec.base import ERROR_FEEDBACK_RECIPE, Capabilities, CompressorBase, Ctx, num_selected
 from compbench.codec.buffers import acc_dtype, check_out
+from compbench.codec.finite import FiniteCheck, flag
 from compbench.kernels import cpu, cpu_kernels_enabled, cuda_kernels_enabled
 
 if TYPE_CHECKING:
@@ -139,9 +140,13 @@ class AbsIndex:
 
     `summary`: the block maxima of x when already computed (`codec.deferred.Deferred.summary`, the
     same array as `kernels.cpu.block_absmax(x)`), so the summary pass is not run again.
+
+    `check`: the trainer's non-finite check of x, done by the compiled summary pass when it runs
+    (codec/finite.py); taken by nothing else.
     """
 
-    def __init__(self, x: Tensor, ws: Workspace, density: float = 0.0, summary: Tensor | None = None) -> None:
+    def __init__(self, x: Tensor, ws: Workspace, density: float = 0.0, summary: Tensor | None = None,
+                 check: FiniteCheck | None = None) -> None:
         self.flat = x.detach().reshape(-1)
         self.ws = ws
         self.density = float(density)
@@ -161,7 +166,9 @@ class AbsIndex:
             rows = self.flat[: nb * _BLOCK].view(nb, _BLOCK)
             self._rows = rows.numpy()
             self._tail = self.flat[nb * _BLOCK :].numpy()
-            self._summary = summary if summary is not None else torch.from_numpy(self._block_maxima(rows))
+            if summary is None:
+                summary = torch.from_numpy(self._block_maxima(rows, check))
+            self._summary = summary
             self._bmax = self._summary.numpy()
 
     @staticmethod
@@ -171,9 +178,9 @@ class AbsIndex:
         return (flat.device.type == "cpu" and flat.dtype == torch.float32 and flat.is_contiguous()
                 and flat.numel() >= 16 * _BLOCK and float(density) * _BLOCK < 0.3)
 
-    def _block_maxima(self, rows: Tensor) -> np.ndarray:
+    def _block_maxima(self, rows: Tensor, check: FiniteCheck | None) -> np.ndarray:
         if cpu_kernels_enabled(self.flat):  # one read pass; NaN-free maxima select the same blocks
-            return cpu.block_absmax(self.flat).numpy()
+            return cpu.block_absmax(self.flat, nonfinite=flag(check, self.flat.device)).numpy()
         hi = self.ws.get(rows.shape[0], torch.float32, "cpu", "blockmax")
         lo = self.ws.get(rows.shape[0], torch.float32, "cpu", "blockmin")
         torch.amax(rows, dim=1, out=hi)
@@ -237,7 +244,7 @@ def topk_among(values: Tensor, candidates: Tensor, k: int) -> Tensor:
 
 
 def exact_topk_indices(values: Tensor | None, k: int, ws: Workspace,
-                       deferred: Deferred | None = None) -> Tensor:
+                       deferred: Deferred | None = None, check: FiniteCheck | None = None) -> Tensor:
     """Exact top-k of abs(values) (ties broken arbitrarily), ~25x faster than `torch.topk` at n = 25M
     on CPU.
 
@@ -247,6 +254,8 @@ def exact_topk_indices(values: Tensor | None, k: int, ws: Workspace,
     its summary); last resort full topk.
 
     `deferred` (then `values` is None): a memory's compensation, run as the summary pass.
+    `check`: the trainer's non-finite check of the gradient, taken by that summary pass where it is a
+    compiled kernel (codec/finite.py).
     """
     flat: Tensor | None = None
     if deferred is not None:
@@ -265,13 +274,13 @@ def exact_topk_indices(values: Tensor | None, k: int, ws: Workspace,
     stride = max(1, n // max(math.ceil(0.01 * n), math.ceil(64 * n / k)))
     summary = None
     if deferred is not None:
-        y, summary = deferred.summary()
+        y, summary = deferred.summary(check=check)
         flat = y.reshape(-1)
     assert flat is not None
     samples = flat[::stride].abs()
     m = samples.numel()
     j = math.ceil(2.0 * k * m / n) + 4
-    index = AbsIndex(flat, ws, density=2.0 * k / n, summary=summary)
+    index = AbsIndex(flat, ws, density=2.0 * k / n, summary=summary, check=check)
     while j < m:
         cand = index.indices_ge(kth_largest(samples, j))
         if cand.numel() >= k:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from compbench.codec.base import Ctx, check_ratio, make_ctx
+from compbench.codec.finite import FiniteCheck
 from compbench.compressors.sparse import (
     SparseCompressor,
     Workspace,
@@ -19,9 +20,10 @@ if TYPE_CHECKING:
     from compbench.codec.deferred import Deferred
 
 
-def _select(x: Tensor, k: int, ws: Workspace) -> Tensor:
-    """Hot step: flat int64 indices of the exact top-k of abs(x)."""
-    return exact_topk_indices(x.detach().reshape(-1), k, ws)  # it thresholds magnitudes itself
+def _select(x: Tensor, k: int, ws: Workspace, check: FiniteCheck | None = None) -> Tensor:
+    """Hot step: flat int64 indices of the exact top-k of abs(x) (`check`: codec/finite.py's, taken
+    by the compiled summary pass where it runs)."""
+    return exact_topk_indices(x.detach().reshape(-1), k, ws, check=check)  # it thresholds magnitudes itself
 
 
 class TopK(SparseCompressor):
@@ -41,7 +43,7 @@ class TopK(SparseCompressor):
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.detach().reshape(-1)
-        idx = _select(flat, self.k_for(flat.numel()), self._ws)
+        idx = _select(flat, self.k_for(flat.numel()), self._ws, self.finite.check(name, flat.numel()))
         return sparse_payload(flat[idx], idx), make_ctx(x, name)
 
     def wire_bytes(self, numel: int) -> int:
@@ -49,7 +51,8 @@ class TopK(SparseCompressor):
 
     def compress_deferred(self, deferred: Deferred, name: str) -> tuple[list[Tensor], Ctx]:
         """`compress` of a memory's compensation, run inside the selection's summary pass."""
-        idx = exact_topk_indices(None, self.k_for(deferred.numel), self._ws, deferred=deferred)
+        idx = exact_topk_indices(None, self.k_for(deferred.numel), self._ws, deferred=deferred,
+                                 check=self.finite.check(name, deferred.numel))
         y = deferred.result
         assert y is not None
         return sparse_payload(y.reshape(-1)[idx], idx), make_ctx(y, name)

@@ -117,11 +117,19 @@ def status() -> str:
     return f"compiled: {library()}" if why is None else f"torch twins: {why}"
 
 
-def dragonn_select(flat: Tensor, threshold: float, slots: int, seed: int) -> Tensor:
+# The kernels' `nonfinite` argument when nothing is checked (0 elements). Given a 1-element int32
+# tensor instead, a pass sets it to 1 when an element it reads is NaN or +-Inf and never clears it
+# (compbench.codec.finite; twin: `kernels.twins.nonfinite`).
+NO_CHECK = torch.empty(0, dtype=torch.int32)
+
+
+def dragonn_select(flat: Tensor, threshold: float, slots: int, seed: int,
+                   nonfinite: Tensor | None = None) -> Tensor:
     """int64: the indices in the filled slots of a table where slot murmur3_32(i, seed) % slots
-    holds the largest i with |x_i| >= threshold, in slot order. Twin: `compressors.dragonn._select`'s
-    CPU path."""
-    return torch.ops.compbench_cpu.dragonn_select(flat, threshold, slots, seed)
+    holds the largest i with |x_i| >= threshold, in slot order; `nonfinite` set when an element is
+    NaN or +-Inf (see NO_CHECK). Twin: `compressors.dragonn._select`'s CPU path."""
+    flag = NO_CHECK if nonfinite is None else nonfinite
+    return torch.ops.compbench_cpu.dragonn_select(flat, threshold, slots, seed, flag)
 
 
 def sampled_threshold(flat: Tensor, m: int, j: int, seed: int) -> Tensor:
@@ -134,12 +142,14 @@ NO_SAMPLES = torch.empty(0)  # block_absmax / compensate_select without a stride
 
 
 def block_absmax(flat: Tensor, samples: Tensor | None = None, sample_start: int = 0,
-                 sample_stride: int = 1) -> Tensor:
+                 sample_stride: int = 1, nonfinite: Tensor | None = None) -> Tensor:
     """fp32: the largest abs of each whole block of 64 elements, NaN ignored; given fp32 `samples` of
-    m elements, the same pass writes flat[sample_start + t * sample_stride] into them for t < m.
-    Twin: AbsIndex's amax/amin (and the strided slice)."""
+    m elements, the same pass writes flat[sample_start + t * sample_stride] into them for t < m;
+    `nonfinite` set when an element is NaN or +-Inf (see NO_CHECK). Twin: AbsIndex's amax/amin (and
+    the strided slice)."""
     gathered = NO_SAMPLES if samples is None else samples
-    return torch.ops.compbench_cpu.block_absmax(flat, gathered, sample_start, sample_stride)
+    flag = NO_CHECK if nonfinite is None else nonfinite
+    return torch.ops.compbench_cpu.block_absmax(flat, gathered, sample_start, sample_stride, flag)
 
 
 def blocks_abs_ge(flat: Tensor, block_max: Tensor, threshold: float) -> Tensor:
@@ -211,15 +221,19 @@ RESIDUAL, DGC, DGC_NESTEROV = 0, 1, 2
 
 def compensate_select(a: Tensor, b: Tensor, g: Tensor, kind: int, c0: float, c1: float, scale: float,
                       threshold: float = 0.0, slots: int = 0, seed: int = 0, samples: Tensor | None = None,
-                      sample_start: int = 0, sample_stride: int = 1) -> Tensor:
+                      sample_start: int = 0, sample_stride: int = 1,
+                      nonfinite: Tensor | None = None) -> Tensor:
     """The memory's state (`a` residual or momentum, `b` velocity; unused for RESIDUAL) updated in
     place with `g`, and in the same pass: slots == 0, `block_absmax` of the compensated tensor (and,
     given fp32 `samples` of m elements, result[sample_start + t * sample_stride] for t < m written
-    into them); slots > 0, `dragonn_select` of it. Twin: memory/residual.py and memory/dgc.py's
+    into them); slots > 0, `dragonn_select` of it. `nonfinite` is set when an element of the raw
+    gradient `g` is NaN or +-Inf (see NO_CHECK). Twin: memory/residual.py and memory/dgc.py's
     `compensate`, then those kernels (and the strided slice) on the result."""
     gathered = NO_SAMPLES if samples is None else samples
+    flag = NO_CHECK if nonfinite is None else nonfinite
     return torch.ops.compbench_cpu.compensate_select(a, b, g, kind, c0, c1, scale, threshold, slots,
-                                                     seed & 0xFFFFFFFF, gathered, sample_start, sample_stride)
+                                                     seed & 0xFFFFFFFF, gathered, sample_start, sample_stride,
+                                                     flag)
 
 
 def compensate_at(a: Tensor, b: Tensor, g: Tensor, indices: Tensor, kind: int, c0: float, c1: float,

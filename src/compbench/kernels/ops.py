@@ -23,16 +23,30 @@ def _flat_f32(x: Tensor) -> Tensor:
     return flat if flat.dtype == torch.float32 and flat.is_contiguous() else flat.float().contiguous()
 
 
-def dragonn_select(x: Tensor, threshold: float, slots: int, seed: int) -> Tensor:
+def _check_args(nonfinite: Tensor | None, anything: Tensor) -> tuple:
+    """The kernels' (nonfinite pointer, check) arguments: a 1-element int32 flag on the device that
+    the kernel sets to 1 when an element it reads is NaN or +-Inf (compbench.codec.finite), or, with
+    None, any valid pointer and check = 0."""
+    if nonfinite is None or nonfinite.numel() == 0:
+        return as_cupy(anything), np.int32(0)
+    if nonfinite.dtype != torch.int32 or nonfinite.numel() != 1 or nonfinite.device != anything.device:
+        raise ValueError("nonfinite: a 1-element int32 tensor on the kernel's device")
+    return as_cupy(nonfinite), np.int32(1)
+
+
+def dragonn_select(x: Tensor, threshold: float, slots: int, seed: int,
+                   nonfinite: Tensor | None = None) -> Tensor:
     """int32 table of `slots` entries: slot murmur3_32(i, seed) % slots holds the largest i with
-    |x_i| >= threshold, -1 if none. Twin: `compressors.dragonn._select`'s torch path."""
+    |x_i| >= threshold, -1 if none; `nonfinite` (1-element int32, or None) set to 1 when an element
+    is NaN or +-Inf. Twin: `compressors.dragonn._select`'s torch path (the flag:
+    `twins.nonfinite`)."""
     flat = _flat_f32(x)
     n = flat.numel()
     if n >= 2**31:
         raise ValueError(f"dragonn sends int32 indices: a tensor of {n} elements is too large; split it")
     table = torch.full((slots,), -1, dtype=torch.int32, device=flat.device)
     args = (as_cupy(flat), np.int64(n), np.float32(threshold), np.uint32(seed & 0xFFFFFFFF),
-            as_cupy(table), np.uint32(slots))
+            as_cupy(table), np.uint32(slots), *_check_args(nonfinite, table))
     launch("dragonn", "dragonn_select", n, flat.device, args)
     return table
 
@@ -178,15 +192,18 @@ def _memory_args(a: Tensor, b: Tensor, g: Tensor, kind: int, c0: float, c1: floa
 
 
 def compensate_select(a: Tensor, b: Tensor, g: Tensor, kind: int, c0: float, c1: float, scale: float,
-                      threshold: float = 0.0, slots: int = 0, seed: int = 0) -> Tensor:
+                      threshold: float = 0.0, slots: int = 0, seed: int = 0,
+                      nonfinite: Tensor | None = None) -> Tensor:
     """The memory updated in place and, with slots > 0, DRAGONN's int32 table of the compensated
     tensor (-1: empty) in the same pass; an empty tensor for slots == 0 (the GPU compacts later).
-    Twin: `kernels.cpu.compensate_select` (same state bytes; the table as `dragonn_select`'s)."""
+    `nonfinite` (1-element int32, or None) set to 1 when an element of the raw gradient `g` is NaN
+    or +-Inf. Twin: `kernels.cpu.compensate_select` (same state bytes; the table as
+    `dragonn_select`'s; the same flag)."""
     n = g.numel()
     state, consts = _memory_args(a, b, g, kind, c0, c1, scale)
     table = torch.full((max(slots, 1),), -1, dtype=torch.int32, device=g.device)
     args = (*state, np.int64(n), *consts, np.float32(threshold), np.uint32(seed & 0xFFFFFFFF), as_cupy(table),
-            np.uint32(slots))
+            np.uint32(slots), *_check_args(nonfinite, table))
     launch("memory", "compensate_select", n, g.device, args)
     return table if slots else table[:0]
 

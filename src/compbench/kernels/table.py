@@ -45,8 +45,8 @@ class Kernel:
         return f"{self.name}{self.cpu}"
 
     def declaration(self) -> str:
-        """The C++ declaration the schema implies (Tensor -> const at::Tensor&, Tensor(a!) and
-        Tensor(b!), Tensor(c!) -> at::Tensor&, float -> double, int -> int64_t, bool -> bool; a tuple of
+        """The C++ declaration the schema implies (Tensor -> const at::Tensor&, Tensor(a!) to
+        Tensor(d!) -> at::Tensor&, float -> double, int -> int64_t, bool -> bool; a tuple of
         tensors -> std::tuple, () -> void)."""
         match = _ARGS.fullmatch(self.schema)
         assert match is not None, f"{self.name}: schema {self.schema!r} is not (args) -> returns"
@@ -56,11 +56,14 @@ class Kernel:
 
 
 KERNELS: tuple[Kernel, ...] = (
-    Kernel("dragonn_select", "compressors.dragonn._select (candidates by block maxima, numpy hashing)",
-           "(Tensor x, float threshold, int slots, int seed) -> Tensor", "select.cpp",
+    Kernel("dragonn_select", "compressors.dragonn._select (candidates by block maxima, numpy hashing); "
+           "its nonfinite flag: kernels.twins.nonfinite",
+           "(Tensor x, float threshold, int slots, int seed, Tensor(a!) nonfinite) -> Tensor", "select.cpp",
            "dragonn.cu", "dragonn_select"),
-    Kernel("block_absmax", "compressors.sparse.AbsIndex (amax of each 64-element block; the strided slice)",
-           "(Tensor x, Tensor(a!) samples, int sample_start, int sample_stride) -> Tensor", "select.cpp"),
+    Kernel("block_absmax", "compressors.sparse.AbsIndex (amax of each 64-element block; the strided slice); "
+           "its nonfinite flag: kernels.twins.nonfinite",
+           "(Tensor x, Tensor(a!) samples, int sample_start, int sample_stride, Tensor(b!) nonfinite) "
+           "-> Tensor", "select.cpp"),
     Kernel("blocks_abs_ge", "compressors.sparse.AbsIndex.indices_ge (numpy: the blocks taken, compared)",
            "(Tensor x, Tensor block_max, float threshold) -> Tensor", "select.cpp"),
     Kernel("sampled_threshold", "compressors.dragonn.sampled_threshold (numpy sample of the stream)",
@@ -83,10 +86,10 @@ KERNELS: tuple[Kernel, ...] = (
            "(Tensor x, int levels, int bucket_size, int seed) -> (Tensor, Tensor)", "quantize.cpp"),
     Kernel("qsgd_codes", "kernels.twins.qsgd_codes", cuda="quantize.cu", launcher="qsgd_codes"),
     Kernel("compensate_select", "memory.dgc / memory.residual update, then the selection's torch path "
-           "(comm.base.encode without fusion)",
+           "(comm.base.encode without fusion); its nonfinite flag: kernels.twins.nonfinite of g",
            "(Tensor(a!) a, Tensor(b!) b, Tensor g, int kind, float c0, float c1, float scale, "
-           "float threshold, int slots, int seed, Tensor(c!) samples, int sample_start, int sample_stride) "
-           "-> Tensor", "memory.cpp", "memory.cu", "compensate_select"),
+           "float threshold, int slots, int seed, Tensor(c!) samples, int sample_start, int sample_stride, "
+           "Tensor(d!) nonfinite) -> Tensor", "memory.cpp", "memory.cu", "compensate_select"),
     Kernel("compensate_at", "the memory's update read at the sampled indices (torch path)",
            "(Tensor a, Tensor b, Tensor g, Tensor indices, int kind, float c0, float c1, "
            "float scale) -> Tensor",
@@ -126,7 +129,8 @@ def _split(args: str) -> list[str]:
 
 def _cpp_type(t: str) -> str:
     types = {"Tensor": "const at::Tensor&", "Tensor(a!)": "at::Tensor&", "Tensor(b!)": "at::Tensor&",
-             "Tensor(c!)": "at::Tensor&", "float": "double", "int": "int64_t", "bool": "bool",
+             "Tensor(c!)": "at::Tensor&", "Tensor(d!)": "at::Tensor&",
+             "float": "double", "int": "int64_t", "bool": "bool",
              "int[]": "at::IntArrayRef"}
     if t not in types:
         raise ValueError(f"kernel table: schema type {t!r} has no C++ type here; add it to _cpp_type")

@@ -79,3 +79,10 @@ def tbq_step(r: Tensor, g: Tensor, tau: float) -> Tensor:
     q = (r >= tau).view(torch.int8) - (r <= -tau).view(torch.int8)
     r.sub_(q.to(r.dtype), alpha=tau)
     return pack_2bit_torch(ternary_codes(q))
+
+
+def nonfinite(x: Tensor) -> Tensor:
+    """1-element int32: 1 when an element of `x` is NaN or +-Inf, else 0: the flag a kernel's
+    `nonfinite` argument receives (dragonn_select, block_absmax, compensate_select: of its `g`), as
+    an extra pass (an oracle's)."""
+    return (~torch.isfinite(x)).any().to(torch.int32).reshape(1)

@@ -111,7 +111,9 @@ class Part:
         return self._buffer()
 
     def submit(self, pipeline: GradientPipeline, dense: bool) -> None:
-        pipeline.submit(self.name, self.gradient(), fused=self.fused, dense=dense or self.dense)
+        members = [(n, p.numel()) for n, p in self.members] if self.fused else None
+        pipeline.submit(self.name, self.gradient(), fused=self.fused, dense=dense or self.dense,
+                        members=members)
 
     def write_back_from(self, averaged: dict[str, Tensor]) -> None:
         """This part's average (`averaged` holds the step's results by name) into the .grads."""

@@ -85,12 +85,17 @@ class GradientPipeline:
             return self.step >= sel.dense_steps and grad.numel() > sel.compress_threshold
         return sel.compresses(grad, self.step)
 
-    def submit(self, name: str, grad: Tensor, *, fused: bool = False, dense: bool = False) -> None:
+    def submit(self, name: str, grad: Tensor, *, fused: bool = False, dense: bool = False,
+               members: list[tuple[str, int]] | None = None) -> None:
         """Start `grad` on its way. `fused`: a flat group of tensors (see `compresses`); `dense`: send
-        it uncompressed whatever the rules say (MergeComp's first step)."""
+        it uncompressed whatever the rules say (MergeComp's first step). `members`: the (name, numel)
+        of the gradients a fused group's flat buffer holds, in order, so that a compiled pass's
+        non-finite check of the buffer checks them (codec/finite.py)."""
         self.stats.bytes_dense += grad.numel() * 4
         compress = not dense and self.compresses(grad, fused)
         if compress:
+            if members is not None:
+                self.compressor.finite.group(name, members)
             grad = self._prepare(grad)
         with self._communicating(exposed=not self.in_backward):
             handle = self.comm.reduce(grad, name, self.memory) if compress else self._dense(grad, name)
