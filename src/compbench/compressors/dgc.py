@@ -96,6 +96,11 @@ class DGC(SparseCompressor):
     exponential decay from 0.25 by default: 0.25, 0.0625, 0.0156, 0.0039, 0.001 for W = 5, r = 1e-3
     (DGC's published warm-up); from epoch W on it is r. The epoch comes from `begin_step`.
     The yaml's `min_dims: 2` makes the trainer send 1-D tensors dense, but compress works on any shape.
+
+    Host waits (the method needs them): the adaptation decides on the number of candidates, and the
+    payload's size is that number, so on a GPU the compaction of the candidates (a nonzero) is read by
+    the host once per tensor and adaptation, inside the backward hook that compresses it
+    (scripts/host_waits.py counts them: 2 a step for the test MLP's two matrices).
     """
 
     name = "dgc"
