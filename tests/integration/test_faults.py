@@ -168,10 +168,11 @@ def test_ctrl_c_stops_the_whole_sweep(tmp_path):
     assert not alive
 
 
-def test_sigkill_of_the_launcher_takes_its_workers_and_the_next_launch_cleans_up(tmp_path, monkeypatch):
+def test_sigkill_of_the_launcher_and_its_reaper_takes_its_workers_and_the_next_launch_cleans_up(
+        tmp_path, monkeypatch):
     scratch_root = tmp_path / "tmp"
     scratch_root.mkdir()
-    proc = start_compbench("train", *TINY, "engine=torch", "epochs=50", f"output_dir={tmp_path / 'run'}",
+    proc = start_compbench("train", *TINY, "engine=torch", "epochs=1000", f"output_dir={tmp_path / 'run'}",
                            env={"TMPDIR": str(scratch_root)})
     parent, deadline = psutil.Process(proc.pid), time.monotonic() + 120
     while len(workers := [c for c in parent.children(recursive=True)
@@ -180,11 +181,15 @@ def test_sigkill_of_the_launcher_takes_its_workers_and_the_next_launch_cleans_up
         time.sleep(0.2)
     scratch = list(scratch_root.glob("compbench-*"))
     assert len(scratch) == 1  # the torch file store, with its owner's pid
+    # its reaper would remove the folder (tests/integration/test_left_behind.py): killed first here
+    reaper = [c for c in parent.children() if "compbench.launch.reaper" in " ".join(c.cmdline())]
+    assert len(reaper) == 1
+    reaper[0].kill()  # blocked waiting for its parent, it runs no more code (a zombie until then)
     proc.kill()
     proc.communicate(timeout=30)
     _, alive = psutil.wait_procs(workers, timeout=15)  # PR_SET_PDEATHSIG: no orphans left training
     assert not alive
-    assert scratch[0].exists()  # SIGKILL gives no chance to clean up: the next launch does it
+    assert scratch[0].exists()  # no reaper, and SIGKILL gives no chance to clean up: the next launch does it
     import tempfile
 
     from compbench.launch.processes import run_processes

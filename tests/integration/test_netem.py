@@ -118,7 +118,7 @@ def test_stale_namespaces_of_dead_processes_are_removed():
     name = f"compbench-{dead.pid}-abcdef"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
-        assert name in netem.remove_stale()
+        assert f"namespace {name}" in netem.remove_stale()
         assert name not in netem.list_namespaces()
     finally:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)

@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from compbench.base.values import require_int
 from compbench.catalog import registry
 from compbench.codec.base import check_ratio
 from compbench.compose.checks import check_writable_file, is_json_with
+from compbench.launch.leftovers import scratch_dir
 
 
 def main(overrides: list[str]) -> int:
@@ -157,7 +157,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any] | None:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = str(spec["threads"])
     env["THP_MEM_ALLOC_ENABLE"] = "1" if spec["thp"] else "0"
-    with tempfile.TemporaryDirectory(prefix="compbench-bench-") as tmp:
+    with scratch_dir("compbench-bench-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "compbench.bench.micro", str(spec_path), str(out_path)]

@@ -13,6 +13,7 @@
   compbench claims [--suite cnn|text] [--quick]  published findings re-run as experiments, with a verdict each
   compbench race [--suite text|cnn] [--quick]   which method reaches a target first over which link
   compbench cluster up|down|status|run          K emulated machines (namespaces, shaped links, sshd)
+  compbench clean                               remove what killed runs left (namespaces, /tmp folders)
   compbench completion bash                     shell completion: eval "$(compbench completion bash)"
 """
 
@@ -28,15 +29,15 @@ from compbench.base.errors import report_user_error
 from compbench.cli.run import train
 
 _COMMANDS = ("train", "list", "launch", "bench", "gen", "plan", "report", "claims", "race", "cluster",
-             "completion", "_complete")
-_USAGE = ("usage: compbench {train,list,launch,bench,gen,plan,report,claims,race,cluster,completion} [-m] "
-          "[--cfg] [key=value ...]  (compbench --help)")
+             "clean", "completion", "_complete")
+_USAGE = ("usage: compbench {train,list,launch,bench,gen,plan,report,claims,race,cluster,clean,completion} "
+          "[-m] [--cfg] [key=value ...]  (compbench --help)")
 # Subcommands with their own argument handling: module with `main(argv) -> int`.
 _DELEGATED = {"launch": "compbench.cli.commands:launch", "bench": "compbench.bench.main:main",
               "gen": "compbench.compll.main:main",
               "plan": "compbench.plan.main:main", "report": "compbench.report.main:main",
               "claims": "compbench.claims.runner:main", "race": "compbench.race.main:main",
-              "cluster": "compbench.cluster.main:main"}
+              "cluster": "compbench.cluster.main:main", "clean": "compbench.cli.clean:main"}
 
 
 def run_command(argv: list[str]) -> int:

@@ -23,7 +23,7 @@ complete -o nospace -o default -F _compbench_complete compbench
 """
 
 SUBCOMMANDS = ("train", "list", "launch", "bench", "gen", "plan", "report", "claims", "race", "cluster",
-               "completion")
+               "clean", "completion")
 FLAGS = {"train": ("-m", "--cfg", "--info", "--help"),
          "claims": ("--suite", "--quick", "--out", "--only", "--seeds"),
          "race": ("--suite", "--quick", "--out", "--only", "--links", "--seeds"),

@@ -15,6 +15,7 @@ Every job is checked before anything starts (compbench.cli.sweep.run_sweep), and
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,8 @@ class PluginSweep:
         master = self.master(root)
         context = HydraContext(config_loader=self.loader, callbacks=Callbacks(master))
         launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=context, task_function=TrainJob(dict(zip(names, jobs, strict=True))), config=master)
+            hydra_context=context, task_function=TrainJob(dict(zip(names, jobs, strict=True)), os.getpid()),
+            config=master)
         folders = [[f"hydra.sweep.subdir={hydra_quoted(n)}"] for n in names]
         returns = launcher.launch(folders, initial_job_idx=0)
         return [int(r.return_value) if r.status == JobStatus.COMPLETED else 1 for r in returns]
@@ -116,14 +118,21 @@ def prepare(overrides: list[str]) -> PluginSweep | None:
 @dataclass
 class TrainJob:
     """The task function a plugin runs (pickled into its processes): the job of the folder Hydra
-    made for it, by name."""
+    made for it, by name. The process running it dies with the sweep's (`sweep_pid`), SIGKILL
+    included: a plugin's pool (joblib's loky workers) would otherwise go on alone, each with its
+    job's workers."""
 
     jobs: dict[str, list[str]]
+    sweep_pid: int
 
     def __call__(self, _hydra_cfg: Any) -> int:
         from hydra.core.hydra_config import HydraConfig
 
         from compbench.cli.run import train
+        from compbench.launch.processes import die_with_process
+
+        if os.getpid() != self.sweep_pid:  # a plugin that runs jobs in the sweep's own process: nothing to do
+            die_with_process(self.sweep_pid)
 
         out = Path(HydraConfig.get().runtime.output_dir)
         return train([*self.jobs[out.name], f"output_dir={hydra_quoted(str(out))}"])

@@ -32,7 +32,7 @@ from compbench.base.args import ArgumentParser, decimal, whole
 from compbench.base.errors import INTERRUPTED_EXIT
 from compbench.cluster import nodes
 from compbench.cluster.nodes import Cluster
-from compbench.launch.processes import raise_interrupt
+from compbench.launch.processes import raise_interrupt, worker_preexec
 from compbench.network.delay import has_tun
 from compbench.network.netem import check_buffer, check_delay, check_rate
 
@@ -69,6 +69,9 @@ def main(argv: list[str]) -> int:
         gone = nodes.remove()
         print(f"cluster: removed {len(gone)} namespace(s)" if gone else "cluster: none was up")
         return 0
+    from compbench.launch.leftovers import remove_stale
+
+    remove_stale()  # what dead runs left: their namespaces and folders, a cluster whose owner died
     current = nodes.load()
     if nodes.is_orphaned(current):
         nodes.remove()  # half-built, or its owner was killed
@@ -145,18 +148,17 @@ def _cluster_for_run(current: Cluster | None, wanted: Cluster) -> Iterator[Clust
         nodes.remove()
 
 
-def _default_sigint() -> None:
-    # A job started from a background shell has SIGINT ignored; its children must answer Ctrl-C.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _run_on(cluster: Cluster, command: list[str], on: range | list[int], elastic: bool = False) -> int:
     """Run `command` on the given nodes; the first to fail stops the rest (`elastic`: n1's end stops
     the rest, another node's failure is noted). Returns the failed node's exit code (or 0)."""
     procs: dict[int, subprocess.Popen] = {}
     try:
+        # Each command answers Ctrl-C (a job started from a background shell has SIGINT ignored) and
+        # dies with this process (SIGKILL included); what it started on the nodes goes with the
+        # cluster's namespaces (its reaper: compbench.launch.reaper).
+        preexec = worker_preexec(os.getpid(), hold_sigint=False)
         for i in on:
-            procs[i] = subprocess.Popen([*cluster.exec_prefix(i), *command], preexec_fn=_default_sigint)
+            procs[i] = subprocess.Popen([*cluster.exec_prefix(i), *command], preexec_fn=preexec)
         while procs:
             for i, p in list(procs.items()):
                 code = p.poll()

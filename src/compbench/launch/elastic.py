@@ -38,16 +38,15 @@ import secrets
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from compbench.launch.leftovers import scratch_dir
 from compbench.launch.processes import (
     NODE_ENV,
-    SCRATCH_PREFIX,
     raise_interrupt,
     read_error,
     say_shaped_link,
@@ -122,7 +121,7 @@ def _hosts_namespace(launcher: str, processes: str, hosts: list[str], np: int, g
     """The job's private namespace (shaped to np x gbps) with every host's address, and a scratch
     folder; one line says where the launcher's processes run."""
     with ShapedNamespace(gbps * np if gbps is not None else None, latency_us) as ns, \
-            tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as scratch:
+            scratch_dir() as scratch:
         ns.add_addresses(hosts)
         if gbps is not None:
             say_shaped_link(ns.name, gbps, np, latency_us)

@@ -9,9 +9,9 @@ stops them all.
 Local jobs stay local: Horovod's rendezvous server listens on 127.0.0.1 only (horovod's own binds
 every interface, unauthenticated, and answers HEAD requests for files in the working directory).
 Workers die with the parent (PR_SET_PDEATHSIG), so a SIGKILLed launcher leaves no training
-orphans; its scratch folder (`$TMPDIR/compbench-*`, the torch file store) is removed by the next
-launch on this machine. A worker's `error:` line goes to a file the parent reads, so the user sees
-it once (not once per rank).
+orphans; its scratch folder (`$TMPDIR/compbench-*`, the torch file store) and namespaces are removed
+by its reaper (compbench.launch.reaper), else by the next launch or `compbench clean`. A worker's
+`error:` line goes to a file the parent reads, so the user sees it once (not once per rank).
 
 Under horovodrun / torchrun the environment already describes the job and compbench runs the
 worker in-process instead: that is the multi-machine path.
@@ -27,11 +27,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -175,24 +173,26 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-SCRATCH_PREFIX = "compbench-"
-_OWNER_FILE = "owner.pid"
+def die_with_process(pid: int) -> None:
+    """SIGKILL this process once process `pid` ends (at once if it has), whichever thread of `pid`
+    started it. For a process a pool started (a launcher plugin's loky workers): PR_SET_PDEATHSIG
+    fires when the thread that forked the child ends, and which of the pool's threads that was is the
+    pool's business. A daemon thread waits on a pidfd of `pid`; once per process and pid."""
+    from compbench.launch.reaper import wait_for
+
+    key = (os.getpid(), pid)
+    if key in _dying_with:
+        return
+    _dying_with.add(key)
+
+    def watch() -> None:
+        wait_for(pid)
+        os.kill(os.getpid(), signal.SIGKILL)  # its own children follow (PR_SET_PDEATHSIG)
+
+    threading.Thread(target=watch, name=f"die-with-{pid}", daemon=True).start()
 
 
-def _remove_stale_scratch() -> None:
-    """Remove scratch folders of launchers that died without cleaning up (SIGKILL): each holds
-    its owner's pid; a folder whose owner is gone and that belongs to this user is removed."""
-    root = Path(tempfile.gettempdir())
-    for d in root.glob(f"{SCRATCH_PREFIX}*"):
-        try:
-            if d.stat().st_uid != os.getuid() or not (d / _OWNER_FILE).is_file():
-                continue
-            pid = int((d / _OWNER_FILE).read_text())
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except (OSError, ValueError):
-            continue  # another user's folder, a half-written pid file, a live owner
+_dying_with: set[tuple[int, int]] = set()
 
 
 def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
@@ -276,10 +276,11 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
                   netns: Placement | None = None, hold_sigint: bool = False) -> tuple[int, str]:
     """Run `argv` as `np` ranks of an `engine` job on this machine and watch them. With `netns`
     (compbench.network.netem's ShapedNamespace or RankLinks) each rank runs in its namespace there."""
+    from compbench.launch.leftovers import remove_stale, scratch_dir
+
     server: LoopbackRendezvous | None = None
-    _remove_stale_scratch()
-    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as store_dir:
-        Path(store_dir, _OWNER_FILE).write_text(str(os.getpid()))
+    remove_stale()  # what a dead run left (SIGKILLed with its reaper)
+    with scratch_dir() as store_dir:
         if engine == "horovod":
             envs, server = _horovod_envs(np, netns)
         else:

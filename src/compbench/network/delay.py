@@ -35,7 +35,11 @@ MODES = ("auto", "netem", "line")
 
 @cache
 def has_netem() -> bool:
-    """Whether the kernel takes a netem qdisc (tried on the loopback of a scratch namespace)."""
+    """Whether the kernel takes a netem qdisc (tried on the loopback of a scratch namespace, which
+    this process's reaper removes if the process is killed meanwhile)."""
+    from compbench.launch.reaper import guard
+
+    guard()
     name = f"compbench-{os.getpid()}-probe"
     try:
         subprocess.run(["ip", "netns", "add", name], capture_output=True, check=True)

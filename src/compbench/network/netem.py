@@ -16,7 +16,8 @@ worker far away from the others).
 
 Only the private namespaces are touched: the machine's own loopback and interfaces never are. The
 namespaces (`compbench-<pid>-<hex>[-sw|-rK]`) are deleted when the job ends, also on failure or Ctrl-C;
-namespaces left by a compbench process that was SIGKILLed are removed the next time one is made.
+those of a compbench process that was SIGKILLed by its reaper (compbench.launch.reaper) at once, or
+else by the next run or `compbench clean` (compbench.launch.leftovers).
 Needs root and iproute2 (`ip`, `tc`); `net.emulate_latency_us` needs the kernel's netem qdisc or
 /dev/net/tun for compbench's delay line (compbench.network.delay), which then runs the job on a link
 per worker (RankLinks, routed through the line)."""
@@ -30,6 +31,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -40,7 +42,8 @@ from compbench.base.values import show
 from compbench.network.delay import LINE_MTU, DelayLine, Impairment
 
 _PREFIX = "compbench"
-_NAME = re.compile(rf"^{_PREFIX}-(\d+)-[0-9a-f]{{6}}(-sw|-r\d+)?$")  # a job's namespace, or its rank links'
+# a job's namespace, its rank links', or the netem probe's (compbench.network.delay.has_netem)
+_NAME = re.compile(rf"^{_PREFIX}-(\d+)-(?:[0-9a-f]{{6}}(?:-sw|-r\d+)?|probe)$")
 RANK_SUBNET = "10.213.8"  # the rank links' addresses, inside a job's own namespaces only
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` shows NETNS_ETC/NAME/hosts as /etc/hosts
 _CLONE_NEWNET = 0x40000000
@@ -235,33 +238,42 @@ def shape_link(namespace: str, device: str, gbps: float, latency_us: float = 0.0
             raise
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def list_namespaces() -> list[str]:
     """Names of the network namespaces `ip netns` knows (all of them, not only compbench's)."""
     proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
 
 
-def remove_stale() -> list[str]:
-    """Delete compbench namespaces whose creating process is gone (it was SIGKILLed); returns them.
-    Only names of compbench's own pattern are considered, and only when their pid is dead."""
-    removed = []
-    for name in list_namespaces():
+def remove_stale(owner: int | None = None) -> list[str]:
+    """Delete compbench namespaces whose creating process is gone (SIGKILLed), or, with `owner`, those
+    of that process, after killing what still runs in them; and their /etc/netns entries, also
+    those whose namespace went without them. Returns what went ("namespace NAME", "entry PATH").
+    Only names of compbench's own pattern are considered."""
+    from compbench.launch.leftovers import is_stale
+
+    def stale(name: str) -> bool:
         m = _NAME.match(name)
-        if m and not _pid_alive(int(m.group(1))):
-            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-            shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
-            removed.append(name)
+        return m is not None and is_stale(int(m.group(1)), owner)
+
+    removed = []
+    for name in filter(stale, list_namespaces()):
+        kill_inside(name)
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+        removed.append(f"namespace {name}")
+    for entry in NETNS_ETC.glob(f"{_PREFIX}-*"):
+        if stale(entry.name):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(f"entry {entry}")
     return removed
+
+
+def kill_inside(namespace: str) -> None:
+    """SIGKILL every process in `namespace` (what a dead run left running there)."""
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
+    for pid in pids.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 class _Built:
@@ -269,7 +281,11 @@ class _Built:
     the build itself fails half-way."""
 
     def __enter__(self) -> Self:
-        remove_stale()
+        from compbench.launch.leftovers import remove_stale as remove_leftovers
+        from compbench.launch.reaper import guard
+
+        remove_leftovers()
+        guard()  # before the first namespace: a SIGKILL from here on leaves nothing
         try:
             self._build()
         except BaseException:

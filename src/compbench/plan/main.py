@@ -15,7 +15,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from compbench.base.values import require_int
 from compbench.catalog import registry
 from compbench.codec.base import check_ratio
 from compbench.compose.checks import check_writable_file, is_json_with
+from compbench.launch.leftovers import scratch_dir
 from compbench.schedulers.secopa_cost import TOPOLOGIES, Decision, plan_gradients, summarize, write_plan
 from compbench.schedulers.secopa_fit import fit_primitives, lines_from_json
 
@@ -121,7 +121,7 @@ def _model_on_meta(cfg: DictConfig) -> nn.Module:
 def _probe_engine(cfg: DictConfig, world: int) -> dict[str, Any] | None:
     from compbench.launch.processes import run_processes
 
-    with tempfile.TemporaryDirectory(prefix="compbench-plan-") as tmp:
+    with scratch_dir("compbench-plan-") as tmp:
         out = Path(tmp) / "net.json"
         engine = json.dumps(registry.plain(cfg.engine))
         argv = [sys.executable, "-m", "compbench.plan.probe", str(out), engine]
