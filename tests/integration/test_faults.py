@@ -182,7 +182,7 @@ def test_sigkill_of_the_launcher_and_its_reaper_takes_its_workers_and_the_next_l
     scratch = list(scratch_root.glob("compbench-*"))
     assert len(scratch) == 1  # the torch file store, with its owner's pid
     # its reaper would remove the folder (tests/integration/test_left_behind.py): killed first here
-    reaper = [c for c in parent.children() if "compbench.launch.reaper" in " ".join(c.cmdline())]
+    reaper = [c for c in parent.children() if "compbench.base.reaper" in " ".join(c.cmdline())]
     assert len(reaper) == 1
     reaper[0].kill()  # blocked waiting for its parent, it runs no more code (a zombie until then)
     proc.kill()

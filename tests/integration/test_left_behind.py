@@ -1,4 +1,4 @@
-"""Nothing is left behind when a run's parent is SIGKILLed (compbench.launch.reaper, .leftovers): a
+"""Nothing is left behind when a run's parent is SIGKILLed (compbench.base.reaper, .leftovers): a
 joblib sweep's pool and its jobs' workers, a delay-line run's workers, line, namespaces and folders,
 a cluster run's commands, sshd, line and namespaces are all gone within a bounded wait; `compbench
 clean` removes what dead runs left and nothing of a live one."""
@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from compbench.base.leftovers import OWNER_FILE, remove_stale
 from compbench.cluster import nodes
-from compbench.launch.leftovers import OWNER_FILE, remove_stale
 from compbench.network import delay
 from compbench.network.netem import NETNS_ETC, can_shape, list_namespaces
 from tests.helpers import TINY, compbench, default_sigint
@@ -145,7 +145,7 @@ def test_a_killed_delay_line_run_leaves_no_worker_line_namespace_or_folder(tmp_p
 
         _wait_until(up, job, log)
         procs = _tree(job.pid)
-        assert _named(procs, "compbench.launch.reaper")
+        assert _named(procs, "compbench.base.reaper")
         assert len(_things_of({job.pid})) >= 6, _things_of({job.pid})  # 3 namespaces, 2 entries, a folder
         _kill_and_find_nothing(job, procs)
     finally:

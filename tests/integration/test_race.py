@@ -34,5 +34,5 @@ def test_a_small_race_writes_its_report(tmp_path):
 def test_bad_links_are_one_line(tmp_path):
     proc = compbench("race", "--links", "fast", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "error: --links fast must be a comma-separated list of links, each a rate in Mbit/s > 0 and "
-        "optionally a one-way delay in ms >= 0 after a colon, e.g. --links 10,200:25"]
+        "error: --links fast must be a comma-separated list of links, each a rate in Mbit/s from 1 to 1e+06 "
+        "and optionally a one-way delay in ms >= 0 after a colon, e.g. --links 10,200:25"]

@@ -25,11 +25,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from compbench.base.leftovers import scratch_dir
 from compbench.base.values import require_int
 from compbench.catalog import registry
 from compbench.codec.base import check_ratio
 from compbench.compose.checks import check_writable_file, is_json_with
-from compbench.launch.leftovers import scratch_dir
 
 
 def main(overrides: list[str]) -> int:

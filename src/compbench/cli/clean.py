@@ -2,7 +2,7 @@
 
 A run removes what it made when it ends, and a SIGKILLed one's reaper right after; this is for what
 neither could remove (the reaper was killed too). It removes only compbench's own things whose owner
-pid is dead (compbench.launch.leftovers): network namespaces `compbench-<pid>-*` and their
+pid is dead (compbench.base.leftovers): network namespaces `compbench-<pid>-*` and their
 /etc/netns entries (as root), scratch folders `$TMPDIR/compbench-*` with an owner.pid file, an
 emulated cluster whose `compbench cluster run` (or unfinished `up`) died. A live run's things, a
 cluster up until `compbench cluster down` and other users' folders stay. Safe at any time; exit 0.
@@ -18,7 +18,7 @@ from compbench.base.args import ArgumentParser
 
 def main(argv: list[str]) -> int:
     ArgumentParser(prog="compbench clean", description=__doc__).parse_args(argv)
-    from compbench.launch.leftovers import remove_stale
+    from compbench.base.leftovers import remove_stale
 
     removed = remove_stale()
     for item in removed:

@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
         gone = nodes.remove()
         print(f"cluster: removed {len(gone)} namespace(s)" if gone else "cluster: none was up")
         return 0
-    from compbench.launch.leftovers import remove_stale
+    from compbench.base.leftovers import remove_stale
 
     remove_stale()  # what dead runs left: their namespaces and folders, a cluster whose owner died
     current = nodes.load()
@@ -155,7 +155,7 @@ def _run_on(cluster: Cluster, command: list[str], on: range | list[int], elastic
     try:
         # Each command answers Ctrl-C (a job started from a background shell has SIGINT ignored) and
         # dies with this process (SIGKILL included); what it started on the nodes goes with the
-        # cluster's namespaces (its reaper: compbench.launch.reaper).
+        # cluster's namespaces (its reaper: compbench.base.reaper).
         preexec = worker_preexec(os.getpid(), hold_sigint=False)
         for i in on:
             procs[i] = subprocess.Popen([*cluster.exec_prefix(i), *command], preexec_fn=preexec)

@@ -20,7 +20,7 @@ Layout (nothing outside these namespaces is touched but the files named here):
   built, builder.pid there names the building process.
 
 `remove()` deletes all of it (processes in the namespaces first). A cluster whose owner died (SIGKILL)
-is removed by the owner's reaper (compbench.launch.reaper), else by the next run of any kind or
+is removed by the owner's reaper (compbench.base.reaper), else by the next run of any kind or
 `compbench clean` (`remove_orphaned`); a half-built one without a builder's pid by the next `up`,
 `run` or `down`.
 """
@@ -127,7 +127,7 @@ def owner_pid() -> int | None:
 
 def is_orphaned(cluster: Cluster | None) -> bool:
     """A half-built cluster whose builder is gone (or unknown), or one whose owning process is gone."""
-    from compbench.launch.leftovers import pid_alive
+    from compbench.base.leftovers import pid_alive
 
     owner = owner_pid()
     if cluster is None:
@@ -138,7 +138,7 @@ def is_orphaned(cluster: Cluster | None) -> bool:
 def remove_orphaned(owner: int | None = None) -> list[str]:
     """Remove the cluster if its owner (or builder) is dead, or is `owner`; a cluster up until `down`
     and one of unknown owner stay. Returns what went."""
-    from compbench.launch.leftovers import is_stale
+    from compbench.base.leftovers import is_stale
 
     pid = owner_pid()
     if pid is None or not is_stale(pid, owner):
@@ -154,7 +154,7 @@ def _run(*argv: str) -> None:
 
 def create(cluster: Cluster) -> None:
     """Build the cluster; on any failure (Ctrl-C included) everything made so far is removed."""
-    from compbench.launch.reaper import guard
+    from compbench.base.leftovers import guard
 
     guard()  # a SIGKILL of this process from here on: its reaper removes the cluster (owner_pid)
     try:

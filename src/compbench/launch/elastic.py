@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from compbench.launch.leftovers import scratch_dir
+from compbench.base.leftovers import scratch_dir
 from compbench.launch.processes import (
     NODE_ENV,
     raise_interrupt,

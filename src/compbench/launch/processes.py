@@ -10,7 +10,7 @@ Local jobs stay local: Horovod's rendezvous server listens on 127.0.0.1 only (ho
 every interface, unauthenticated, and answers HEAD requests for files in the working directory).
 Workers die with the parent (PR_SET_PDEATHSIG), so a SIGKILLed launcher leaves no training
 orphans; its scratch folder (`$TMPDIR/compbench-*`, the torch file store) and namespaces are removed
-by its reaper (compbench.launch.reaper), else by the next launch or `compbench clean`. A worker's
+by its reaper (compbench.base.reaper), else by the next launch or `compbench clean`. A worker's
 `error:` line goes to a file the parent reads, so the user sees it once (not once per rank).
 
 Under horovodrun / torchrun the environment already describes the job and compbench runs the
@@ -178,7 +178,7 @@ def die_with_process(pid: int) -> None:
     started it. For a process a pool started (a launcher plugin's loky workers): PR_SET_PDEATHSIG
     fires when the thread that forked the child ends, and which of the pool's threads that was is the
     pool's business. A daemon thread waits on a pidfd of `pid`; once per process and pid."""
-    from compbench.launch.reaper import wait_for
+    from compbench.base.reaper import wait_for
 
     key = (os.getpid(), pid)
     if key in _dying_with:
@@ -276,7 +276,7 @@ def run_processes(argv: list[str], engine: str, np: int, threads: int | None = N
                   netns: Placement | None = None, hold_sigint: bool = False) -> tuple[int, str]:
     """Run `argv` as `np` ranks of an `engine` job on this machine and watch them. With `netns`
     (compbench.network.netem's ShapedNamespace or RankLinks) each rank runs in its namespace there."""
-    from compbench.launch.leftovers import remove_stale, scratch_dir
+    from compbench.base.leftovers import remove_stale, scratch_dir
 
     server: LoopbackRendezvous | None = None
     remove_stale()  # what a dead run left (SIGKILLed with its reaper)

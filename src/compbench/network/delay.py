@@ -37,7 +37,7 @@ MODES = ("auto", "netem", "line")
 def has_netem() -> bool:
     """Whether the kernel takes a netem qdisc (tried on the loopback of a scratch namespace, which
     this process's reaper removes if the process is killed meanwhile)."""
-    from compbench.launch.reaper import guard
+    from compbench.base.leftovers import guard
 
     guard()
     name = f"compbench-{os.getpid()}-probe"

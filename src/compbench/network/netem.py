@@ -16,8 +16,8 @@ worker far away from the others).
 
 Only the private namespaces are touched: the machine's own loopback and interfaces never are. The
 namespaces (`compbench-<pid>-<hex>[-sw|-rK]`) are deleted when the job ends, also on failure or Ctrl-C;
-those of a compbench process that was SIGKILLed by its reaper (compbench.launch.reaper) at once, or
-else by the next run or `compbench clean` (compbench.launch.leftovers).
+those of a compbench process that was SIGKILLed by its reaper (compbench.base.reaper) at once, or
+else by the next run or `compbench clean` (compbench.base.leftovers).
 Needs root and iproute2 (`ip`, `tc`); `net.emulate_latency_us` needs the kernel's netem qdisc or
 /dev/net/tun for compbench's delay line (compbench.network.delay), which then runs the job on a link
 per worker (RankLinks, routed through the line)."""
@@ -249,7 +249,7 @@ def remove_stale(owner: int | None = None) -> list[str]:
     of that process, after killing what still runs in them; and their /etc/netns entries, also
     those whose namespace went without them. Returns what went ("namespace NAME", "entry PATH").
     Only names of compbench's own pattern are considered."""
-    from compbench.launch.leftovers import is_stale
+    from compbench.base.leftovers import is_stale
 
     def stale(name: str) -> bool:
         m = _NAME.match(name)
@@ -281,8 +281,8 @@ class _Built:
     the build itself fails half-way."""
 
     def __enter__(self) -> Self:
-        from compbench.launch.leftovers import remove_stale as remove_leftovers
-        from compbench.launch.reaper import guard
+        from compbench.base.leftovers import guard
+        from compbench.base.leftovers import remove_stale as remove_leftovers
 
         remove_leftovers()
         guard()  # before the first namespace: a SIGKILL from here on leaves nothing

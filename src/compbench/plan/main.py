@@ -22,11 +22,11 @@ import torch
 from omegaconf import DictConfig, open_dict
 from torch import nn
 
+from compbench.base.leftovers import scratch_dir
 from compbench.base.values import require_int
 from compbench.catalog import registry
 from compbench.codec.base import check_ratio
 from compbench.compose.checks import check_writable_file, is_json_with
-from compbench.launch.leftovers import scratch_dir
 from compbench.schedulers.secopa_cost import TOPOLOGIES, Decision, plan_gradients, summarize, write_plan
 from compbench.schedulers.secopa_fit import fit_primitives, lines_from_json
 

@@ -12,7 +12,7 @@ apart from what others made and from what a live run still uses:
 
 `remove_stale()` removes what belongs to dead pids (every run that makes such things calls it first,
 and so does `compbench clean`); `remove_stale(owner=PID)` what belongs to PID, dead or a zombie (the
-reaper of PID, compbench.launch.reaper, once PID has ended). Processes still running in a namespace
+reaper of PID, compbench.base.reaper, once PID has ended). Processes still running in a namespace
 that goes are killed first."""
 
 from __future__ import annotations
@@ -20,12 +20,28 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 SCRATCH_PREFIX = "compbench-"
 OWNER_FILE = "owner.pid"
+_guarded: set[int] = set()  # the pids that have a reaper (a forked child is a process of its own)
+
+
+def guard() -> None:
+    """Start this process's reaper, once."""
+    pid = os.getpid()
+    if pid in _guarded:
+        return
+    _guarded.add(pid)
+    # Its own session, no terminal, no pipes of ours: a caller reading this process's output to its
+    # end must not wait for the reaper as well.
+    subprocess.Popen([sys.executable, "-m", "compbench.base.reaper", str(pid)], cwd="/",
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
 
 
 def pid_alive(pid: int) -> bool:
@@ -49,8 +65,6 @@ def scratch_dir(prefix: str = SCRATCH_PREFIX) -> Iterator[str]:
     """A temporary folder (`$TMPDIR/<prefix>XXXX`, prefix starting with `compbench-`) that names its
     owner: removed on exit, or by this process's reaper, the next run or `compbench clean` once the
     owner is dead."""
-    from compbench.launch.reaper import guard
-
     assert prefix.startswith(SCRATCH_PREFIX), prefix
     guard()
     with tempfile.TemporaryDirectory(prefix=prefix) as folder:
@@ -75,17 +89,21 @@ def remove_stale_scratch(owner: int | None = None) -> list[str]:
     return removed
 
 
+# Who removes which leftovers, as "module:function(owner) -> list[str]" (the lazy registry's form,
+# compbench.catalog.registry): the namespaces' and the cluster's owners sit in higher layers than
+# this one, which every layer that makes leftovers imports. Both need root (namespaces).
+REMOVERS = ("compbench.network.netem:remove_stale", "compbench.cluster.nodes:remove_orphaned")
+
+
 def remove_stale(owner: int | None = None) -> list[str]:
     """Remove everything compbench made whose owner is dead (or is `owner`): namespaces and their
     /etc/netns entries, scratch folders, an owned emulated cluster. Returns what went, one item a
     line ("namespace NAME", "folder PATH", ...). Namespaces only as root (they need it)."""
-    from compbench.network.netem import can_shape
-    from compbench.network.netem import remove_stale as remove_namespaces
+    import importlib
 
     removed = [f"folder {path}" for path in remove_stale_scratch(owner)]
-    if can_shape():
-        removed += remove_namespaces(owner)
-        from compbench.cluster import nodes
-
-        removed += nodes.remove_orphaned(owner)
+    if os.geteuid() == 0 and shutil.which("ip") is not None:
+        for target in REMOVERS:
+            module, _, function = target.partition(":")
+            removed += getattr(importlib.import_module(module), function)(owner)
     return removed

@@ -1,10 +1,10 @@
-"""A process's reaper: what a compbench process made on this machine (compbench.launch.leftovers:
+"""A process's reaper: what a compbench process made on this machine (compbench.base.leftovers:
 network namespaces, /etc/netns entries, scratch folders, an emulated cluster it owns) goes when that
 process ends, however it ends. SIGKILL runs no handler and no `finally`, so the removal cannot be
 the process's own.
 
-`guard()` starts, once per process and before the first thing is made, `python -m
-compbench.launch.reaper PID`: a small process in a session of its own (a terminal's Ctrl-C or a kill
+`compbench.base.leftovers.guard()` starts, once per process and before the first thing is made, `python -m
+compbench.base.reaper PID`: a small process in a session of its own (a terminal's Ctrl-C or a kill
 of the job's process group does not reach it) that waits on a pidfd of PID, then removes what carries
 PID and exits. After a clean end it finds nothing. The processes a run starts end with it by
 themselves (PR_SET_PDEATHSIG, the delay line's closed input); what still runs in a namespace that
@@ -17,23 +17,7 @@ from __future__ import annotations
 import os
 import select
 import signal
-import subprocess
 import sys
-
-_guarded: set[int] = set()  # the pids that have a reaper (a forked child is a process of its own)
-
-
-def guard() -> None:
-    """Start this process's reaper, once."""
-    pid = os.getpid()
-    if pid in _guarded:
-        return
-    _guarded.add(pid)
-    # Its own session, no terminal, no pipes of ours: a caller reading this process's output to its
-    # end must not wait for the reaper as well.
-    subprocess.Popen([sys.executable, "-m", "compbench.launch.reaper", str(pid)], cwd="/",
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
 
 
 def wait_for(pid: int) -> None:
@@ -52,7 +36,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the run; the reaper comes after it
     pid = int(argv[0])
     wait_for(pid)
-    from compbench.launch.leftovers import remove_stale
+    from compbench.base.leftovers import remove_stale
 
     remove_stale(owner=pid)
     return 0
