@@ -34,6 +34,17 @@ def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: range) -> 
         opt.step()
 
 
+def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return build_optimizer(param_groups(model, False, lambda p: True, OPTIM), **OPTIM)
+
+
+def _trained(steps: range) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = _model()
+    opt = _optimizer(model)
+    _train(model, opt, steps)
+    return model, opt
+
+
 def _flat(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     state = [opt.state[p][key] for p in model.parameters() for key in sorted(opt.state[p])]
     return [p.detach().clone() for p in model.parameters()] + state
@@ -42,20 +53,15 @@ def _flat(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tens
 @needs_kernels
 def test_a_loaded_checkpoint_continues_bit_for_bit(monkeypatch):
     monkeypatch.setenv("COMPBENCH_KERNELS", "1")
-    straight = _model()
-    opt = build_optimizer(param_groups(straight, False, lambda p: True, OPTIM), **OPTIM)
-    _train(straight, opt, range(6))
-
-    first = _model()
-    opt1 = build_optimizer(param_groups(first, False, lambda p: True, OPTIM), **OPTIM)
-    _train(first, opt1, range(3))
+    straight, opt = _trained(range(6))
+    first, opt1 = _trained(range(3))
     saved = copy.deepcopy(opt1.state_dict())  # torch's format: the float32 step tensor, as before
     assert all(s["step"].dtype == torch.float32 and s["step"].dim() == 0 for s in saved["state"].values())
     resumed = _model()
     with torch.no_grad():
         for a, b in zip(resumed.parameters(), first.parameters(), strict=True):
             a.copy_(b)
-    opt2 = build_optimizer(param_groups(resumed, False, lambda p: True, OPTIM), **OPTIM)
+    opt2 = _optimizer(resumed)
     opt2.load_state_dict(saved)
     _train(resumed, opt2, range(3, 6))
     for a, b in zip(_flat(resumed, opt2), _flat(straight, opt), strict=True):
@@ -65,9 +71,7 @@ def test_a_loaded_checkpoint_continues_bit_for_bit(monkeypatch):
 @needs_kernels
 def test_the_step_tensor_is_read_once_not_every_step(monkeypatch):
     monkeypatch.setenv("COMPBENCH_KERNELS", "1")
-    model = _model()
-    opt = build_optimizer(param_groups(model, False, lambda p: True, OPTIM), **OPTIM)
-    _train(model, opt, range(3))
+    model, opt = _trained(range(3))
     opt.load_state_dict(copy.deepcopy(opt.state_dict()))
     reads = []
     real = torch.Tensor.__float__
