@@ -280,3 +280,17 @@ def test_a_run_is_judged_loaded_by_todays_rule_on_its_recorded_loads():
     assert not run(2.3, 2.1, flag=True).loaded  # the previous run in the load before: not another job
     assert run(0.5, 3.0, flag=False).loaded
     assert Run("ddp-adamw", Link(100.0), 0, {"summary": {"status": "completed", "loaded": True}}).loaded
+
+
+def test_the_report_says_the_cpu_priority_the_runs_recorded():
+    """race.md said `nice -20` (the race's default) for runs made with nice=10."""
+    from types import SimpleNamespace
+
+    from compbench.race.report import _niceness
+
+    def cell(*nices):
+        return SimpleNamespace(done=[SimpleNamespace(results={"environment": {"nice": n}}) for n in nices])
+
+    assert _niceness({("a", None): cell(10, 10), ("b", None): cell(10)}) == "nice +10"
+    assert _niceness({("a", None): cell(-20), ("b", None): cell(0)}) == "nice -20, 0"
+    assert _niceness({("a", None): cell(None)}) == "a CPU priority they did not record"

@@ -24,7 +24,7 @@ import csv
 import json
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,15 @@ class Run:
     def measured_steps(self) -> int:
         """Steps after the warm-up ones: what the medians are taken over."""
         return max(0, int(self.summary.get("steps") or 0) - WARMUP_STEPS)
+
+
+def _niceness(table: Mapping[tuple[str, Link], Cell]) -> str:
+    """The CPU priority the runs recorded (environment.nice: what ran, not the race's default)."""
+    values = sorted({(r.results or {}).get("environment", {}).get("nice") for c in table.values()
+                     for r in c.done} - {None})
+    if not values:
+        return "a CPU priority they did not record"
+    return "nice " + ", ".join(f"{v:+d}" if v else "0" for v in values)
 
 
 def load(entries: Sequence[tuple[str, Link, int, Path]]) -> list[Run]:
@@ -308,7 +317,7 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
     if loaded:
         lines += [f"**{loaded} of {sum(len(c.done) for c in table.values())} runs ran on a loaded machine** "
                   "(the load at their end, less their own threads, above the cores those leave free by half "
-                  "a core: the `loaded runs` column). Their workers ran first on the cores (nice -20) and "
+                  f"a core: the `loaded runs` column). Their workers ran at {_niceness(table)} and "
                   "their budget counted the unloaded clock (budget_clock=unloaded), but their wall-clock "
                   "figures are the machine's as much as the method's, so their step times, rates and times "
                   "to target are the estimates of an unloaded step (communication's wall time plus the "
