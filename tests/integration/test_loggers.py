@@ -5,6 +5,7 @@ metrics and results.json, as a lab's tracking would take them."""
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
@@ -15,6 +16,9 @@ pytestmark = pytest.mark.dist
 
 def test_a_sweep_lands_in_the_csv_and_mlflow_loggers(tmp_path):
     pytest.importorskip("mlflow")
+    import time
+
+    began_ms = time.time() * 1e3
     sweep = tmp_path / "sweep"
     proc = compbench("train", "-m", *TINY, "max_steps=4", "eval_points=1", "checkpoint=false",
                      "compressor=none,fp16", "loggers=[tensorboard,csv,mlflow]", f"outputs_root={tmp_path}",
@@ -27,6 +31,10 @@ def test_a_sweep_lands_in_the_csv_and_mlflow_loggers(tmp_path):
         assert {r["tag"] for r in rows} >= {"train/loss", "time/step_ms", "eval/acc1"}
         assert [int(r["step"]) for r in rows if r["tag"] == "train/loss"] == [0, 1, 2, 3]
         assert (job / "tb").is_dir()  # TensorBoard stays beside them
+        logged = json.loads((job / "results.json").read_text())["logged"]
+        assert set(logged) == {"tensorboard", "csv", "mlflow"}
+    # the summary names every place a run was logged
+    assert proc.stdout.count("  csv          ") == 2 and proc.stdout.count("  mlflow       ") == 2
 
     import os
 
@@ -39,8 +47,19 @@ def test_a_sweep_lands_in_the_csv_and_mlflow_loggers(tmp_path):
     assert sorted(r.data.params["compressor"] for r in runs) == ["fp16", "none"]
     for run in runs:
         assert run.info.status == "FINISHED"
-        assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [0, 1, 2, 3]
+        history = client.get_metric_history(run.info.run_id, "train/loss")
+        assert [m.step for m in history] == [0, 1, 2, 3]
+        # wall-clock timestamps (MLflow's time axis), the training clock as a metric of its own
+        assert all(began_ms <= m.timestamp <= time.time() * 1e3 for m in history)
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "time/train_s")] == [0, 1, 2, 3]
         assert "eval/acc1" in run.data.metrics and run.data.tags["compbench.commit"]
+        # every resolved setting as a parameter, the summary's medians as run-level metrics, the load
+        params, metrics = run.data.params, run.data.metrics
+        assert params["max_steps"] == "4" and params["optim.lr"] and params["dataset.train_size"] == "256"
+        summary = json.loads(client.download_artifacts(run.info.run_id, "results.json", str(tmp_path)) and
+                             (tmp_path / "results.json").read_text())["summary"]
+        assert metrics["summary/step_ms"] == pytest.approx(summary["step_ms"])
+        assert run.data.tags["compbench.loaded"] in ("true", "false")
         assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["results.json"]
 
 

@@ -59,6 +59,8 @@ TAGS: dict[str, tuple[str, str]] = {
                                     "as its communication's wall time plus the process CPU time of the "
                                     "rest over the compute threads"),
     "comm/bytes_sent": ("bytes", "bytes one worker put on the wire this step (payloads, headers, padding)"),
+    "comm/bytes_sent_total": ("bytes", "bytes one worker put on the wire since the run began (resumes "
+                              "included)"),
     "comm/bytes_dense": ("bytes", "fp32 bytes of the same gradients uncompressed, per worker and step"),
     "comm/ratio_effective": ("x", "at each step that sends: the dense bytes of the steps since the last one "
                                   "that sent over this step's bytes (a round's, for a periodic mode)"),
@@ -244,9 +246,11 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
         from compbench.records.floors import format_floors
 
         lines += format_floors(results["floors"])
-    lines += [f"  run folder   {run_dir}",
-              f"  results      {run_dir / 'results.json'}",
-              f"  tensorboard  {run_dir / 'tb'}  (tensorboard --logdir {run_dir.parent})"]
+    lines += [f"  run folder   {run_dir}", f"  results      {run_dir / 'results.json'}"]
+    # every place the scalars went (results.json `logged`; a run of an older compbench: TensorBoard's)
+    tensorboard = f"{run_dir / 'tb'}  (tensorboard --logdir {run_dir.parent})"
+    logged = results.get("logged") or {"tensorboard": tensorboard}
+    lines += [f"  {name:<12} {where}" for name, where in logged.items()]
     return "\n".join(lines)
 
 

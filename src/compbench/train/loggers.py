@@ -7,8 +7,10 @@ store (a lab's server, or a local file store), so a lab's tracking takes compben
     compbench train loggers=[tensorboard,mlflow] mlflow.uri=http://tracking:5000 mlflow.experiment=comp
 
 MLflow is an optional extra (`pip install 'compbench[mlflow]'`: mlflow-skinny, no server): its
-parameters are the run's hparams, its metrics every scalar at its step, its tags compbench's commit
-and the run folder, and results.json its artifact. Without `mlflow.uri` the store is
+parameters are every resolved setting (`group.key`) and the hparams, its metrics every scalar at its
+step and wall-clock time with the training clock as `time/train_s`, and the summary's figures as
+`summary/KEY`; its tags compbench's commit, the run folder and whether the machine was loaded, and
+results.json its artifact. Without `mlflow.uri` the store is
 `OUTPUTS_ROOT/mlruns` (`mlflow ui --backend-store-uri OUTPUTS_ROOT/mlruns`).
 """
 
@@ -148,14 +150,21 @@ class CSVLogger:
 
 
 class MLflowLogger:
-    """One MLflow run per compbench run, in `experiment` of the tracking store at `uri`: the hparams
-    as parameters, every scalar as a metric at its step (sent in batches), compbench's commit and the
-    run folder as tags, results.json as an artifact; ended FINISHED, or FAILED without results."""
+    """One MLflow run per compbench run, in `experiment` of the tracking store at `uri`: every resolved
+    setting as a parameter (`settings`: the run's config, flattened to `group.key`; the hparams over
+    them), every scalar as a metric at its step and wall-clock time (`start` + its training seconds,
+    sent in batches) with the training clock as a metric of its own (`time/train_s`), compbench's
+    commit and the run folder as tags; at the end the summary's figures as run-level metrics
+    (`summary/KEY`: the medians, not a last step's value), whether the machine was loaded as a tag,
+    results.json as an artifact; ended FINISHED, or FAILED without results."""
 
     BATCH = 1000  # MLflow's most metrics per log_batch call
+    PARAMS = 100  # MLflow's most parameters per log_batch call
+    VALUE = 6000  # MLflow's longest parameter value
 
     def __init__(self, run_dir: Path, hparams: Mapping[str, Any], uri: str, experiment: str,
-                 tags: Mapping[str, Any]) -> None:
+                 tags: Mapping[str, Any], settings: Mapping[str, Any] | None = None,
+                 start: float | None = None) -> None:
         if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch (maintenance mode)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         # a server that stops answering costs a bounded wait per call, not MLflow's 7 tries of 120 s
@@ -171,16 +180,26 @@ class MLflowLogger:
         self.run = self.client.create_run(experiment_id, run_name=run_dir.name,
                                           tags={"compbench.run_dir": str(run_dir),
                                                 **{f"compbench.{k}": str(v) for k, v in tags.items()}})
-        params = [mlflow.entities.Param(k, str(v)) for k, v in hparams.items() if v is not None]
-        self.client.log_batch(self.run.info.run_id, params=params)
+        given = {**_flat_settings(settings or {}), **{k: v for k, v in hparams.items() if v is not None}}
+        params = [mlflow.entities.Param(k, str(v)[: self.VALUE]) for k, v in given.items()]
+        for i in range(0, len(params), self.PARAMS):
+            self.client.log_batch(self.run.info.run_id, params=params[i:i + self.PARAMS])
         self.run_dir = run_dir
+        self.start = time.time() if start is None else start
         self.pending: list[Any] = []
+        self._clock_step = -1  # the last step whose training clock went out
         self._metric = mlflow.entities.Metric
 
     def scalar(self, tag: str, value: float, step: int, train_s: float) -> None:
         if self.lost:
             return
-        self.pending.append(self._metric(tag, float(value), int(train_s * 1e3), int(step)))
+        stamp = int((self.start + train_s) * 1e3)  # wall-clock milliseconds, as MLflow reads them
+        self.pending.append(self._metric(tag, float(value), stamp, int(step)))
+        # the training clock beside each step's loss (the one series every training step has; the
+        # curve's series count samples or tokens, not steps): an x axis of its own
+        if tag == "train/loss" and step != self._clock_step:
+            self._clock_step = step
+            self.pending.append(self._metric("time/train_s", float(train_s), stamp, int(step)))
         if len(self.pending) >= self.BATCH:
             self._guarded(self._flush)
 
@@ -188,7 +207,14 @@ class MLflowLogger:
         def end() -> None:
             self._flush()
             if results is not None:
-                self.client.log_text(self.run.info.run_id, json.dumps(results, default=str), "results.json")
+                run_id, now = self.run.info.run_id, int(time.time() * 1e3)
+                summary = results.get("summary") or {}
+                figures = [self._metric(f"summary/{k}", float(v), now, 0) for k, v in summary.items()
+                           if isinstance(v, int | float) and not isinstance(v, bool)]
+                for i in range(0, len(figures), self.BATCH):
+                    self.client.log_batch(run_id, metrics=figures[i:i + self.BATCH])
+                self.client.set_tag(run_id, "compbench.loaded", str(bool(summary.get("loaded"))).lower())
+                self.client.log_text(run_id, json.dumps(results, default=str), "results.json")
             self.client.set_terminated(self.run.info.run_id, "FINISHED" if results is not None else "FAILED")
 
         if not self.lost:
@@ -209,6 +235,28 @@ class MLflowLogger:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             print(f"warning: MLflow at {self.uri} stopped taking this run's records ({first}); the run goes "
                   f"on, its records are in {self.run_dir}", flush=True)
+
+
+def _flat_settings(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The run's config as `group.key` -> value (lists as their text), None left out."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flat_settings(value, f"{name}."))
+        elif value is not None:
+            out[name] = value
+    return out
+
+
+def places(names: Sequence[str], run_dir: Path, mlflow: Mapping[str, Any],
+           outputs_root: str) -> dict[str, str]:
+    """Where each logger put the run's scalars, for the summary's last lines (results.json `logged`)."""
+    where = {"tensorboard": f"{run_dir / 'tb'}  (tensorboard --logdir {run_dir.parent})",
+             "csv": str(run_dir / "scalars.csv"),
+             "mlflow": f"{mlflow_uri(mlflow.get('uri'), outputs_root)}, experiment "
+                       f"{mlflow.get('experiment')}, run {run_dir.name}"}
+    return {name: where[name] for name in names}
 
 
 def mlflow_uri(uri: str | None, outputs_root: str) -> str:
@@ -292,8 +340,10 @@ def _check_store(uri: str, given: str | None) -> None:
 
 
 def build(names: Sequence[str], run_dir: Path, hparams: Mapping[str, Any], start: float,
-          mlflow: Mapping[str, Any], outputs_root: str) -> list[Logger]:
-    """The loggers `names` picks (checked by `check`), in that order."""
+          mlflow: Mapping[str, Any], outputs_root: str,
+          settings: Mapping[str, Any] | None = None) -> list[Logger]:
+    """The loggers `names` picks (checked by `check`), in that order; `settings`: the run's resolved
+    config (MLflow's parameters)."""
     from compbench.records.provenance import source
 
     out: list[Logger] = []
@@ -305,7 +355,8 @@ def build(names: Sequence[str], run_dir: Path, hparams: Mapping[str, Any], start
         else:
             uri = mlflow_uri(mlflow.get("uri"), outputs_root)
             try:
-                out.append(MLflowLogger(run_dir, hparams, uri, str(mlflow.get("experiment")), source()))
+                out.append(MLflowLogger(run_dir, hparams, uri, str(mlflow.get("experiment")), source(),
+                                        settings, start))
             except Exception as e:  # noqa: BLE001 - as MLflowLogger._guarded: the run goes on without it
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
                 print(f"warning: MLflow at {uri} did not take this run ({first}); the run goes on, its "

@@ -103,7 +103,8 @@ class Trainer:
         if self.rank0:
             hparams = run_hparams(cfg, engine.size)
             self.recorder = recorder or Recorder(run_dir, hparams, loggers.build(
-                cfg.loggers, run_dir, hparams, time.time(), registry.plain(cfg.mlflow), s.outputs_root))
+                cfg.loggers, run_dir, hparams, time.time(), registry.plain(cfg.mlflow), s.outputs_root,
+                run_config(cfg)))
         self.elastic = bool(cfg.engine.get("elastic"))  # engine.elastic: Horovod Elastic or TorchElastic
         self.faults = registry.build(cfg.fault)  # injected failures and stragglers (compbench.train.faults)
         # engine.elastic (compbench.train.elastic): where training continues after a recovery, the
@@ -328,6 +329,7 @@ class Trainer:
             r.scalar("time/step_unloaded_ms", unloaded_ms, st)
             r.scalar("time/comm_cpu_ms", s.comm_cpu_ms or 0.0, st)
         r.scalar("comm/bytes_sent", s.bytes_sent, st)
+        r.scalar("comm/bytes_sent_total", self.progress.bytes_sent, st)  # the curve's x axis of bytes
         r.scalar("comm/bytes_dense", s.bytes_dense, st)
         self.dense_since += s.bytes_dense
         if s.bytes_sent:  # a round's ratio where a periodic mode talks once a round (not 4n / 1 byte)
@@ -447,7 +449,9 @@ class Trainer:
                    "summary_method": {k: SUMMARY[k] for k in summary if k in SUMMARY}
                    | ({"per_step": ROUND_MEAN} if period > 1 else {}),
                    "scheduler": self.sync.summary(), "exchange": asdict(self.sync.exchange_plan()),
-                   "curve": self.progress.curve}
+                   "curve": self.progress.curve,
+                   "logged": loggers.places(self.cfg.loggers, self.run_dir, registry.plain(self.cfg.mlflow),
+                                            self.settings.outputs_root)}
         if self.data_info is not None:
             results["data"] = self.data_info  # language models: tokenizer, vocabulary size, split
         results["floors"] = self.floors(summary)

@@ -99,10 +99,23 @@ def run_hparams(cfg: Mapping[str, Any], world_size: int) -> dict[str, Any]:
               epochs=cfg["epochs"], seed=cfg["seed"])
     if cfg["net"].get("emulate_gbps") is not None:
         hp["net.emulate_gbps"] = cfg["net"]["emulate_gbps"]
-    if cfg["net"].get("emulate_rank_gbps") is not None:  # a list: HParams shows text
-        hp["net.emulate_rank_gbps"] = ",".join(f"{g:g}" for g in cfg["net"]["emulate_rank_gbps"])
+    for key in ("emulate_rank_gbps", "emulate_rank_latency_us"):  # lists: HParams shows text
+        if cfg["net"].get(key) is not None:
+            hp[f"net.{key}"] = ",".join(f"{g:g}" for g in cfg["net"][key])
+    for key in ("emulate_latency_us", "emulate_jitter_us", "emulate_loss"):  # the link's other half
+        if cfg["net"].get(key):
+            hp[f"net.{key}"] = cfg["net"][key]
     if "experiment" in choices:
         hp["experiment"] = choices["experiment"]
     if choices.get("sync", "step") != "step":  # a per-step run's row stays as it was
         hp["sync"] = choices["sync"]
+        # the mode's own settings: a DiLoCo and a Streaming DiLoCo run differ only there
+        hp.update({f"sync.{k}": _hparam(v) for k, v in cfg["sync"].items() if k != "_target_"})
+    if cfg.get("max_steps") is not None:  # what bounded the run (epochs alone misreports it)
+        hp["max_steps"] = cfg["max_steps"]
     return hp
+
+
+def _hparam(value: Any) -> Any:
+    """A setting as HParams and MLflow take it: lists and mappings as their text."""
+    return value if value is None or isinstance(value, bool | int | float | str) else str(value)
