@@ -19,8 +19,8 @@ which dragonn's step is measured against. A second table puts every phase of the
 to its floor (compbench.records.floors: the memory passes it must make at this machine's read pass, the wire
 time at the shaped link); each row's non-finite check (`time/check_ms`, its median: on_nonfinite=raise,
 folded into the compressors' compiled first pass, compbench.codec.finite); then the step-time targets,
-checked (`e2e_table`: issue 48's per link: the check <= 0.5 ms, dragonn <= 1.5x compute-only, dgc <=
-1.15x dragonn). The tables, the machine's
+checked (`e2e_table`, per link: the check <= 0.5 ms, dragonn <= 1.5x compute-only, dgc <= 1.15x
+dragonn: the hot path at its floor on the CPU). The tables, the machine's
 load before and after, and every run directory go to `output` (default
 outputs/bench_e2e/DATE-TIME/: table.md, results.json). Timings on a shared machine are noisy:
 compare the ratios of one table, measured side by side.

@@ -138,7 +138,7 @@ def targets(runs: Runs) -> list[str]:
         with_memory, alone = (runs.phase_ms("shaped", k, "compress") for k in ("dgc", "dgc_encode"))
         bounded("shaped: dgc's compress with memory=dgc <= 1.3x without",
                 with_memory / alone if with_memory and alone else None, 1.3)
-        # The earlier bound on dragonn, tighter than issue 48's 1.5x: kept, ticked on its own.
+        # The earlier bound on dragonn, tighter than step_targets' 1.5x: kept, ticked on its own.
         compute, dragonn = runs.compute_ms(), runs.median("shaped", "dragonn")
         bounded("shaped: dragonn's step <= 1.4x the compute-only step (aim 1.25)",
                 dragonn / compute if dragonn and compute else None, 1.4)
@@ -169,7 +169,7 @@ def targets(runs: Runs) -> list[str]:
 
 def step_targets(runs: Runs, link: str, tick: Callable[[str, bool | None], None],
                  bounded: Callable[..., None]) -> None:
-    """Issue 48's targets on `link`, as ratios of one run: the non-finite check within 0.5 ms of
+    """The hot path's targets on `link`, as ratios of one run: the non-finite check within 0.5 ms of
     dragonn's and dgc's steps (folded into their compiled first pass, codec/finite.py); dragonn's
     step within 1.5x the compute-only step; dgc's within 1.15x dragonn's (it replaces the earlier
     1.25x)."""

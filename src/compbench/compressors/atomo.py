@@ -12,11 +12,11 @@ from compbench.codec.base import Capabilities, CompressorBase, Ctx, make_ctx
 from compbench.compressors.lowrank import (
     cpu_generator,
     dense_payload,
-    host_to,
     matrix_shape,
     process_rank,
     stable_seed,
 )
+from compbench.engines.device import host_to
 
 
 def atomo_probabilities(sigma: Tensor, budget: float, rtol: float = 0.0) -> Tensor:

@@ -15,14 +15,6 @@ import torch
 from torch import Tensor
 
 
-def host_to(t: Tensor, device: torch.device) -> Tensor:
-    """A host tensor (a host-side draw) on `device`; to a GPU from pinned memory, queued without a
-    wait (a copy from pageable memory waits for the stream)."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 def matrix_shape(shape: torch.Size | tuple[int, ...]) -> tuple[int, int] | None:
     """(rows, cols) of the 2-D view of a tensor of `shape`, or None for 0-D and 1-D tensors."""
     if len(shape) < 2:

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from compbench.codec.base import Capabilities, CompressorBase, Ctx, make_ctx
-from compbench.compressors.lowrank import cpu_generator, dense_payload, host_to, matrix_shape, stable_seed
+from compbench.compressors.lowrank import cpu_generator, dense_payload, matrix_shape, stable_seed
+from compbench.engines.device import host_to
 
 Reduce = Callable[[Tensor], Tensor]
 

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from compbench.codec.base import ERROR_FEEDBACK_RECIPE, Capabilities, Ctx, check_ratio, make_ctx
 from compbench.compressors.sparse import Sparsifier, make_generator
+from compbench.engines.device import host_to
 
 
 def _draw_indices(n: int, k: int, gen: torch.Generator) -> Tensor:
@@ -74,12 +75,7 @@ class RandK(Sparsifier):
         """The k indices every rank uses for tensor `name` at the current step (drawn on the CPU so
         that CPU and GPU runs agree)."""
         gen = make_generator(self.seed, self.step, name)
-        idx = _draw_indices(numel, self.k_for(numel), gen)
-        if torch.device(device).type == "cuda":
-            # a copy from pageable memory waits for the stream; from pinned memory it is queued (torch's
-            # pinned allocator keeps the buffer until the copy is done)
-            return idx.pin_memory().to(device, non_blocking=True)
-        return idx.to(device)
+        return host_to(_draw_indices(numel, self.k_for(numel), gen), device)
 
     def compress(self, x: Tensor, name: str) -> tuple[list[Tensor], Ctx]:
         flat = x.detach().reshape(-1)

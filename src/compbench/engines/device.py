@@ -25,6 +25,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from compbench.base.settings import DEVICES
 from compbench.base.values import show
@@ -58,6 +59,17 @@ class Placement:
     def describe(self) -> str:
         """The start line's words, e.g. `device cuda (2 workers on 2 GPUs, one each)`."""
         return f"device {self.kind} ({self.why})"
+
+
+def host_to(t: Tensor, device: torch.device | str) -> Tensor:
+    """A host tensor `t` (a header, a host-side draw) on `device` without making the host wait: a copy
+    to a GPU goes from pinned memory, queued on the current stream (torch's pinned-memory allocator
+    keeps the buffer until the copy is done); a plain `.to(device)` from pageable memory waits for
+    the stream, inside a backward hook too."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def visible_gpus() -> int:

@@ -14,7 +14,7 @@ from torch import Tensor
 from compbench.base.values import KeyRange
 from compbench.engines import wire
 from compbench.engines.base import EngineBase, Handle, own_group
-from compbench.engines.device import Placement, torch_backend
+from compbench.engines.device import Placement, host_to, torch_backend
 
 _TAG_HEADER, _TAG_BLOB = 11, 12
 # DDP's default bucket (bucket_cap_mb=25): the largest piece one dense allreduce sends.
@@ -233,7 +233,7 @@ class TorchEngine(EngineBase):
                 for work in dist.batch_isend_irecv(ops):
                     work.wait()
 
-        head_out = wire.host_to(wire.header(payload), device)  # pinned, queued: no wait for the upload
+        head_out = host_to(wire.header(payload), device)  # pinned, queued: no wait for the upload
         blob_out = wire.to_bytes(payload, device)
         head_in = torch.empty_like(head_out)
         _paired([dist.P2POp(dist.isend, head_out, dst, tag=_TAG_HEADER),

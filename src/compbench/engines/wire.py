@@ -10,6 +10,8 @@ import torch
 from torch import Tensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from compbench.engines.device import host_to
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int16,
           torch.int8, torch.uint8, torch.bool)
 MAX_TENSORS = 8
@@ -44,16 +46,6 @@ def parse_headers(heads: Tensor) -> list[list[Spec]]:
 def _specs(values: list[int]) -> list[Spec]:
     count = values[0]
     return [(values[1 + 2 * i], DTYPES[values[2 + 2 * i]]) for i in range(count)]
-
-
-def host_to(t: Tensor, device: torch.device | str) -> Tensor:
-    """A host tensor `t` on `device` without making the host wait: a copy to a GPU goes from pinned
-    memory, queued on the current stream (torch's pinned-memory allocator keeps the buffer until the
-    copy is done); a plain `.to(device)` from pageable memory waits for the stream."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def nbytes(specs: list[Spec]) -> int:
