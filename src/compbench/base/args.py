@@ -34,3 +34,8 @@ def whole(text: str) -> int:
     if not _WHOLE.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
     return int(text)
+
+
+def override_key(override: str) -> str:
+    """The key a Hydra override sets, without its prefix (`+nice=1`, `~nice`, `nice=10`: nice)."""
+    return override.partition("=")[0].lstrip("+~")

@@ -29,7 +29,7 @@ import csv
 from collections.abc import Mapping
 from pathlib import Path
 
-from compbench.base.args import ArgumentParser
+from compbench.base.args import ArgumentParser, override_key
 from compbench.base.errors import INTERRUPTED_EXIT
 from compbench.claims.elastic import SUITE as ELASTIC
 from compbench.claims.field import FIELD
@@ -88,7 +88,7 @@ def _keep_fixed(suite: Suite, overrides: list[str]) -> None:
     """Refuse an override of a setting the suite's claims are about (`Suite.fixed`)."""
     fixed = {f.partition("=")[0]: f for f in suite.fixed}
     for override in overrides:
-        key = override.partition("=")[0].lstrip("+~")
+        key = override_key(override)
         if key in fixed and override.lstrip("+") != fixed[key]:
             raise ValueError(f"{override}: the {suite.name} suite's claims are about {fixed[key]}; drop "
                              f"{key} (or run the methods yourself with compbench train)")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compbench.base.args import override_key
 from compbench.records.rundir import hydra_quoted
 
 BASIC = "basic"  # Hydra's in-process sequential launcher: compbench's own runner does that job
@@ -31,7 +32,7 @@ _INSTALL = "joblib: pip install hydra-joblib-launcher; submitit_local, submitit_
 
 
 def is_launcher_override(override: str) -> bool:
-    key = override.partition("=")[0].lstrip("+~")
+    key = override_key(override)
     return key == "hydra/launcher" or key.startswith("hydra.launcher.")
 
 

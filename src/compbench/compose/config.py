@@ -312,7 +312,8 @@ def check(cfg: DictConfig) -> DictConfig:
                  registry.locate(cfg.scheduler._target_).traits, registry.plain(cfg.optim),
                  sync_cls.sync_traits, registry.option_config("optim", picked["optim"]))
     _check_one_machine(picked, comm_cls.traits)
-    _check_elastic(cfg, sync_cls.sync_traits, comm_cls.traits)
+    per_epoch = _per_epoch(cfg, int(np))  # the data's size read once: the fault, warm-up and resume checks
+    _check_elastic(cfg, sync_cls.sync_traits, comm_cls.traits, per_epoch)
     registry.build(cfg.scheduler)  # e.g. scheduler.groups=foo stops here, before any output exists
     _check_dataset(cfg)
     if cfg.model.get("pretrained"):
@@ -334,7 +335,7 @@ def check(cfg: DictConfig) -> DictConfig:
     from compbench.train.checkpoint import check_resume
 
     # last: the checkpoint's run is compared with this one as normalized above
-    check_resume(cfg, model, _per_epoch(cfg, int(cfg.engine.get("np", 1))))
+    check_resume(cfg, model, per_epoch)
     return cfg
 
 
@@ -413,7 +414,7 @@ def _check_muon_has_matrices(cfg: DictConfig, model: Any) -> None:
                          "parameter would take AdamW; use optim=adamw")
 
 
-def _warn_long_warmup(cfg: DictConfig, np: int, run_steps: tuple[int, str] | None) -> None:
+def _warn_long_warmup(cfg: DictConfig, per_epoch: int | None, run_steps: tuple[int, str] | None) -> None:
     """A warm-up that outlasts the run is legal and does nothing useful (the learning rate never
     reaches its setting): a warning, once, naming the keys."""
     optim = cfg.optim
@@ -422,7 +423,6 @@ def _warn_long_warmup(cfg: DictConfig, np: int, run_steps: tuple[int, str] | Non
     if optim.get("warmup_steps"):
         warm, key = int(optim.warmup_steps), f"optim.warmup_steps={optim.warmup_steps}"
     elif optim.get("warmup_epochs"):
-        per_epoch = _per_epoch(cfg, np)
         if per_epoch is None:
             return
         warm = int(optim.warmup_epochs * per_epoch)
@@ -442,19 +442,19 @@ def _per_epoch(cfg: DictConfig, np: int) -> int | None:
     return None if n is None else n // np // cfg.batch_size
 
 
-def _run_steps(cfg: DictConfig, np: int) -> tuple[int, str] | None:
+def _run_steps(cfg: DictConfig, per_epoch: int | None) -> tuple[int, str] | None:
     """How many steps the run takes and what bounds it (`max_steps=N`, or `epochs=E` of the data's
-    full batches), None where the data's size is only known to the workers (ImageNet)."""
+    `per_epoch` full batches), None where the data's size is only known to the workers (ImageNet)."""
     steps = cfg.get("max_steps")
-    per_epoch = _per_epoch(cfg, np)
     if per_epoch is not None:
         if steps is None or cfg.epochs * per_epoch < steps:
             return cfg.epochs * per_epoch, f"epochs={cfg.epochs} of {per_epoch} steps"
     return (steps, f"max_steps={steps}") if steps is not None else None
 
 
-def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
-    """engine.elastic and the fault group, against the job and what its parts declare."""
+def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits, per_epoch: int | None) -> None:
+    """engine.elastic and the fault group, against the job (`per_epoch`: its data's full batches per
+    epoch and worker) and what its parts declare."""
     from compbench.launch.processes import external_engine
     from compbench.network.netem import can_shape
 
@@ -462,9 +462,9 @@ def _check_elastic(cfg: DictConfig, sync: SyncTraits, comm: CommTraits) -> None:
     np = int(cfg.engine.get("np", 1))
     external = external_engine() is not None
     faults = registry.build(cfg.fault)
-    run_steps = _run_steps(cfg, np)
+    run_steps = _run_steps(cfg, per_epoch)
     faults.check(np, elastic, run_steps, cfg.choices["engine"])
-    _warn_long_warmup(cfg, np, run_steps)
+    _warn_long_warmup(cfg, per_epoch, run_steps)
     if faults.rejoins and external:
         raise ValueError("fault.rejoin_after_s/_steps: under horovodrun or torchrun you start the worker "
                          "that joins (your host discovery script, another torchrun agent); drop the setting")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from compbench.base.args import ArgumentParser, decimal, whole
+from compbench.base.args import ArgumentParser, decimal, override_key, whole
 from compbench.base.errors import INTERRUPTED_EXIT
 from compbench.cli.matrix import Job, check_jobs, run_jobs
 from compbench.network.netem import RATE_GBPS
@@ -71,12 +71,12 @@ def main(argv: list[str]) -> int:
                  "nice=-20"]
     # A key given on the command line replaces the race's own (nice=10, a longer budget), said once;
     # the links are the race's to set (--links).
-    given = {_key(o) for o in args.overrides}
+    given = {override_key(o) for o in args.overrides}
     link_keys = sorted(given & LINK_KEYS)
     if link_keys:
         raise ValueError(f"{link_keys[0]} is set by the race's links; drop it and pass --links "
                          "MBPS[:DELAY_MS],...")
-    race_keys = [k for k in race_keys if _key(k) not in given]
+    race_keys = [k for k in race_keys if override_key(k) not in given]
     jobs: list[Job] = [(run_dir, [*race.base, *race.methods[m], *link.overrides, *race_keys, *args.overrides,
                                   f"seed={seed}"])
                        for m, link, seed, run_dir in entries]
@@ -88,11 +88,6 @@ def main(argv: list[str]) -> int:
     print(text)
     print(f"race: {out / 'race.md'}, {out / 'race.csv'}, plots in {out / 'plots'}", flush=True)
     return code
-
-
-def _key(override: str) -> str:
-    """An override's key, without Hydra's prefixes (`+nice=1`, `~nice`)."""
-    return override.partition("=")[0].lstrip("+~")
 
 
 def _select(only: str | None, race: Race) -> list[str]:
