@@ -3,8 +3,8 @@ network namespaces, /etc/netns entries, scratch folders, an emulated cluster it 
 process ends, however it ends. SIGKILL runs no handler and no `finally`, so the removal cannot be
 the process's own.
 
-`compbench.base.leftovers.guard()` starts, once per process and before the first thing is made, `python -m
-compbench.base.reaper PID`: a small process in a session of its own (a terminal's Ctrl-C or a kill
+`compbench.base.leftovers.guard()` starts, once per process and before the first thing is made,
+`python -m compbench.base.reaper PID`: a small process in a session of its own (a terminal's Ctrl-C or a kill
 of the job's process group does not reach it) that waits on a pidfd of PID, then removes what carries
 PID and exits. After a clean end it finds nothing. The processes a run starts end with it by
 themselves (PR_SET_PDEATHSIG, the delay line's closed input); what still runs in a namespace that

@@ -152,10 +152,15 @@ SOCKET_BUFFER_MAX = 2**31 - 1
 _WINDOW_SHARE = 2
 
 
+def _in_flight(gbps: float, rtt_us: float) -> float:
+    """The bandwidth-delay product in bytes: what a link of `gbps` Gbit/s holds over a round trip."""
+    return gbps * 1e9 / 8 * rtt_us / 1e6
+
+
 def socket_buffer_bytes(gbps: float, rtt_us: float) -> int:
     """The largest socket buffer a link of `gbps` Gbit/s with round trips of `rtt_us` gets:
     _BDP_HEADROOM bandwidth-delay products, never below the defaults, at most SOCKET_BUFFER_MAX."""
-    bdp = gbps * 1e9 / 8 * rtt_us / 1e6
+    bdp = _in_flight(gbps, rtt_us)
     default = max(top for _, _, top in _TCP_BUFFERS.values())
     return min(SOCKET_BUFFER_MAX, max(default, int(_BDP_HEADROOM * bdp)))
 
@@ -163,12 +168,12 @@ def socket_buffer_bytes(gbps: float, rtt_us: float) -> int:
 def check_buffer(what: str, gbps: float, rtt_us: float, fix: str) -> None:
     """ValueError (one line: `what`, the limit, `fix`) where a link of `gbps` Gbit/s with round trips
     of `rtt_us` needs a TCP window above the kernel's largest socket buffer allows."""
-    bdp = gbps * 1e9 / 8 * rtt_us / 1e6
+    bdp = _in_flight(gbps, rtt_us)
     if _WINDOW_SHARE * bdp > SOCKET_BUFFER_MAX:
-        most = SOCKET_BUFFER_MAX / _WINDOW_SHARE * 8 / 1e9 * 1e6  # Gbit/s x microseconds
+        most_gbit = SOCKET_BUFFER_MAX / _WINDOW_SHARE * 8 / 1e9  # the largest rate x round trip
         raise ValueError(f"{what}: a link of {gbps:g} Gbit/s with round trips of {rtt_us / 1e3:g} ms holds "
                          f"{bdp / 2**20:.0f} MiB in flight, more than TCP's largest window here (half of the "
-                         f"kernel's 2 GiB socket buffer); {fix} (rate x round trip within {most / 1e6:.1f} "
+                         f"kernel's 2 GiB socket buffer); {fix} (rate x round trip within {most_gbit:.1f} "
                          "Gbit)")
 
 
