@@ -20,13 +20,14 @@ from compbench.base.values import is_number
 from compbench.catalog import registry
 from compbench.codec.base import check_ratio
 from compbench.compose.checks import check_settings
+from compbench.compose.sharded import check_fits, check_sharding
 
 if TYPE_CHECKING:
     from compbench.comm.base import CommTraits
     from compbench.sync import SyncTraits
 
-GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "engine", "optim", "net",
-          "fault")
+GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "sharding", "engine",
+          "optim", "net", "fault")
 # The config groups a plugin's conf folder may add options to (compbench.plugins).
 PLUGIN_GROUPS = (*GROUPS, "experiment")
 
@@ -299,6 +300,7 @@ def check(cfg: DictConfig) -> DictConfig:
                                 ("comm", (), ("engine", "compressor", "stats")),
                                 ("scheduler", (), ()),
                                 ("sync", (), ("pipeline", "scheduler", "engine", "stats")),
+                                ("sharding", (), ()),
                                 ("engine", ("np",), ("placement",)), ("fault", (), ())):
         registry.check_settings(cfg[group], f"{group}={picked[group]}", drop=drop, passed=passed,
                                 declared=tuple(registry.option_config(group, picked[group])))
@@ -312,6 +314,7 @@ def check(cfg: DictConfig) -> DictConfig:
                  registry.locate(cfg.scheduler._target_).traits, registry.plain(cfg.optim),
                  sync_cls.sync_traits, registry.option_config("optim", picked["optim"]))
     _check_one_machine(picked, comm_cls.traits)
+    sharding = check_sharding(cfg, sync_cls.sync_traits, int(np))
     per_epoch = _per_epoch(cfg, int(np))  # the data's size read once: the fault, warm-up and resume checks
     _check_elastic(cfg, sync_cls.sync_traits, comm_cls.traits, per_epoch)
     registry.build(cfg.scheduler)  # e.g. scheduler.groups=foo stops here, before any output exists
@@ -330,6 +333,8 @@ def check(cfg: DictConfig) -> DictConfig:
                              "its model.* settings (`compbench train --cfg job`)") from None
         _check_model_takes_data(cfg, model)
     sync_cls.check_model(model, **{k: v for k, v in registry.plain(cfg.sync).items() if k != "_target_"})
+    if not cfg.model.get("pretrained"):  # a built model's memory is already taken
+        check_fits(cfg, model, sharding, int(np))
     _check_muon_has_matrices(cfg, model)
     _check_rounds_fit(cfg, sync_cls.sync_traits)
     from compbench.train.checkpoint import check_resume

@@ -63,10 +63,28 @@ class TorchEngine(EngineBase):
         self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.size))
         self._capacity: dict[str, int] = {}  # allgather_payload_async: frame bytes per name
         self._groups: dict[tuple[int, ...], Any] = {}  # allreduce_group: process groups by ranks
+        # The process group every collective runs in: the world (None), or one group of a
+        # partition (`within`: HSDP's replica groups, whose ranks hold the same shard).
+        self.group: Any = None
+
+    def within(self, groups: list[list[int]]) -> TorchEngine:
+        """This engine's collectives restricted to this rank's group of the partition `groups`:
+        rank and size are the group's, ranks named in calls (broadcast roots, ring peers) too.
+        `new_group` is collective over the world: every rank calls this with the same partition."""
+        import copy
+
+        mine = own_group(groups, self.rank, self.size)
+        handles = {tuple(g): dist.new_group(sorted(g)) for g in groups}
+        scoped = copy.copy(self)
+        scoped.group = handles[tuple(mine)]
+        scoped.rank, scoped.size = sorted(mine).index(self.rank), len(mine)
+        scoped.local_rank, scoped.local_size = scoped.rank, scoped.size
+        scoped._capacity, scoped._groups = {}, {}
+        return scoped
 
     def allreduce_async(self, t: Tensor, name: str, average: bool = True) -> Handle:
         out = t.clone()  # like Horovod: the caller's tensor is left alone
-        work = dist.all_reduce(out, async_op=True)
+        work = dist.all_reduce(out, group=self.group, async_op=True)
 
         def finish() -> Tensor:
             work.wait()
@@ -82,7 +100,7 @@ class TorchEngine(EngineBase):
         pieces = [t]
         if t.is_contiguous() and t.device.type == "cpu":
             pieces = list(t.view(-1).split(max(1, DENSE_CHUNK_BYTES // t.element_size())))
-        works = [dist.all_reduce(piece, async_op=True) for piece in pieces]
+        works = [dist.all_reduce(piece, group=self.group, async_op=True) for piece in pieces]
 
         def finish() -> Tensor:
             for work in works:
@@ -95,7 +113,7 @@ class TorchEngine(EngineBase):
         # all_gather needs equal shapes: exchange first dimensions, pad to the largest, trim after.
         sizes = torch.tensor([t.shape[0] for t in tensors], dtype=torch.int64)
         all_sizes = [torch.empty_like(sizes) for _ in range(self.size)]
-        dist.all_gather(all_sizes, sizes)
+        dist.all_gather(all_sizes, sizes, group=self.group)
         per_rank = [s.tolist() for s in all_sizes]
         pending = []
         for i, t in enumerate(tensors):
@@ -104,7 +122,8 @@ class TorchEngine(EngineBase):
             if t.shape[0] < longest:
                 padded = torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))])
             bufs = [torch.empty_like(padded) for _ in range(self.size)]
-            pending.append((dist.all_gather(bufs, padded.contiguous(), async_op=True), bufs))
+            work = dist.all_gather(bufs, padded.contiguous(), group=self.group, async_op=True)
+            pending.append((work, bufs))
 
         def finish() -> list[list[Tensor]]:
             for work, _ in pending:
@@ -135,7 +154,7 @@ class TorchEngine(EngineBase):
         used = blob.numel()
         first = blob[:capacity] if used >= capacity else torch.cat([blob, blob.new_zeros(capacity - used)])
         out = first.new_empty(self.size * capacity)
-        work = dist.all_gather(list(out.chunk(self.size)), first, async_op=True)
+        work = dist.all_gather(list(out.chunk(self.size)), first, group=self.group, async_op=True)
 
         def finish() -> tuple[list[list[Tensor]], int]:
             work.wait()
@@ -150,7 +169,7 @@ class TorchEngine(EngineBase):
                 rest = blob[capacity:]
                 rest = torch.cat([rest, rest.new_zeros(over - rest.numel())])
                 tail = rest.new_empty(self.size * over)
-                dist.all_gather(list(tail.chunk(self.size)), rest)
+                dist.all_gather(list(tail.chunk(self.size)), rest, group=self.group)
                 rows = torch.cat([rows, tail.view(self.size, over)], dim=1)
                 sent += over
             most = max(lengths)
@@ -165,11 +184,11 @@ class TorchEngine(EngineBase):
         longest; the padding and the length are booked: they are on the wire."""
         blob = wire.frame(payload, header=True)
         lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        dist.all_gather(lengths, torch.tensor([blob.numel()], dtype=torch.int64))
+        dist.all_gather(lengths, torch.tensor([blob.numel()], dtype=torch.int64), group=self.group)
         longest = max(int(n) for n in lengths)
         padded = torch.cat([blob, blob.new_zeros(longest - blob.numel())]) if longest > blob.numel() else blob
         out = padded.new_empty(self.size * longest)
-        work = dist.all_gather(list(out.chunk(self.size)), padded, async_op=True)
+        work = dist.all_gather(list(out.chunk(self.size)), padded, group=self.group, async_op=True)
 
         def finish() -> tuple[list[list[Tensor]], int]:
             work.wait()
@@ -186,7 +205,7 @@ class TorchEngine(EngineBase):
         out = blob.new_empty((self.size * blob.shape[0], *blob.shape[1:]))
         rows = blob.shape[0]
         parts = [out[r * rows : (r + 1) * rows] for r in range(self.size)]
-        work = dist.all_gather(parts, blob, async_op=True)
+        work = dist.all_gather(parts, blob, group=self.group, async_op=True)
 
         def finish() -> tuple[list[list[Tensor]], int]:
             work.wait()
@@ -200,19 +219,20 @@ class TorchEngine(EngineBase):
         if received is None:  # the sizes first, unless the caller knows them
             send = torch.tensor(splits, dtype=torch.int64)
             recv = torch.empty_like(send)
-            dist.all_to_all_single(recv, send)
+            dist.all_to_all_single(recv, send, group=self.group)
             received = recv.tolist()
         out = t.new_empty((sum(received), *t.shape[1:]))
-        dist.all_to_all_single(out, t.contiguous(), output_split_sizes=received, input_split_sizes=splits)
+        dist.all_to_all_single(out, t.contiguous(), output_split_sizes=received, input_split_sizes=splits,
+                               group=self.group)
         return out, received
 
     def broadcast_(self, t: Tensor, root: int = 0, name: str = "bcast") -> Tensor:
-        dist.broadcast(t, src=root)
+        dist.broadcast(t, group=self.group, group_src=root)
         return t
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         box = [obj]
-        dist.broadcast_object_list(box, src=root)
+        dist.broadcast_object_list(box, group=self.group, group_src=root)
         return box[0]
 
     def shift(self, payload: list[Tensor], dst: int, src: int, name: str) -> list[Tensor]:
@@ -236,13 +256,15 @@ class TorchEngine(EngineBase):
         head_out = host_to(wire.header(payload), device)  # pinned, queued: no wait for the upload
         blob_out = wire.to_bytes(payload, device)
         head_in = torch.empty_like(head_out)
-        _paired([dist.P2POp(dist.isend, head_out, dst, tag=_TAG_HEADER),
-                 dist.P2POp(dist.irecv, head_in, src, tag=_TAG_HEADER)])
+        _paired([dist.P2POp(dist.isend, head_out, group=self.group, group_peer=dst, tag=_TAG_HEADER),
+                 dist.P2POp(dist.irecv, head_in, group=self.group, group_peer=src, tag=_TAG_HEADER)])
         specs = wire.parse_header(head_in.cpu())  # the blob's size: the hop's one host read
         blob_in = torch.empty(wire.nbytes(specs), dtype=torch.uint8, device=device)
         # A side with nothing to move leaves its op out; the peer's header says so on both sides.
-        _paired([*([dist.P2POp(dist.isend, blob_out, dst, tag=_TAG_BLOB)] if blob_out.numel() else []),
-                 *([dist.P2POp(dist.irecv, blob_in, src, tag=_TAG_BLOB)] if blob_in.numel() else [])])
+        _paired([*([dist.P2POp(dist.isend, blob_out, group=self.group, group_peer=dst,
+                                             tag=_TAG_BLOB)] if blob_out.numel() else []),
+                 *([dist.P2POp(dist.irecv, blob_in, group=self.group, group_peer=src,
+                                             tag=_TAG_BLOB)] if blob_in.numel() else [])])
         return wire.from_bytes(blob_in, specs)
 
     def allreduce_group(self, t: Tensor, name: str, groups: list[list[int]]) -> Tensor:
@@ -250,6 +272,8 @@ class TorchEngine(EngineBase):
         world: every rank creates every group of the partition, in its order, the first time it
         appears (the partition is the same on every rank, so the calls match); the whole world is
         the default group."""
+        if self.group is not None:
+            raise ValueError("a scoped engine (TorchEngine.within) has no further groups")
         group = own_group(groups, self.rank, self.size)
         if len(group) == 1:
             return t.clone()
@@ -265,10 +289,10 @@ class TorchEngine(EngineBase):
         return out.div_(len(group))
 
     def barrier(self) -> None:
-        dist.barrier()
+        dist.barrier(group=self.group)
 
     def shutdown(self) -> None:
-        if dist.is_initialized():
+        if self.group is None and dist.is_initialized():  # a scoped engine's world ends with the world's
             # Tearing gloo down while a peer still talks to us aborts the process (std::terminate).
             dist.barrier()
             dist.destroy_process_group()

@@ -100,6 +100,21 @@ ELASTIC_TAGS: dict[str, tuple[str, str]] = {
     "elastic/lost_s": ("s", "at a recovery's step: seconds from the last commit to training again (the "
                             "dropped work, the failure's detection, the new rendezvous and the rebuild)"),
 }
+# Written by sharded runs (sharding=fsdp|hsdp: compbench.sync.sharded), at every step. Bytes as ZeRO++
+# counts volume: a unit's whole gathered weights per all-gather, its whole gradient per reduce-scatter.
+SHARDED_TAGS: dict[str, tuple[str, str]] = {
+    "comm/bytes_gathered": ("bytes", "FSDP's weight all-gathers this step (forward and backward), each "
+                                     "unit's whole gathered buffer as it travels (a part of bytes_sent)"),
+    "comm/bytes_scattered": ("bytes", "FSDP's gradient reduce-scatters this step, each unit's whole input as "
+                                      "it travels (a part of bytes_sent)"),
+    "comm/bytes_replica": ("bytes", "the synchronization across shard groups (HSDP's replicas): bytes_sent "
+                                    "less the gathered and scattered"),
+    "comm/bytes_cross_node": ("bytes", "the gathered and scattered bytes of collectives whose group spans "
+                                       "nodes"),
+    "time/gathered_ms": ("ms", "wall time inside the weight all-gathers (encode, collective, decode): inside "
+                               "compute's span, booked to compress, comm and decompress"),
+    "time/scattered_ms": ("ms", "wall time inside the gradient reduce-scatters, as time/gathered_ms"),
+}
 _EVALUATED = {**TAGS, **LM_TAGS, **REPLICA_TAGS}
 # Each evaluation's figures again, as series of their own against an x axis that compares runs from 0:
 # the training milliseconds, and the bytes one worker sent, at the evaluation.
@@ -107,7 +122,7 @@ BY_AXIS = {f"by_{axis}/{tag}": (unit, f"{about}; the step axis is {what}")
            for tag, (unit, about) in _EVALUATED.items() if tag.startswith(("eval/", "replica/"))
            for axis, what in (("train_ms", "training milliseconds"), ("bytes_sent", "bytes one worker sent"))}
 DESCRIBED = {**TAGS, **{k: v for k, v in LM_TAGS.items() if k not in TAGS}, **REPLICA_TAGS, **ELASTIC_TAGS,
-             **BY_AXIS}
+             **SHARDED_TAGS, **BY_AXIS}
 
 _MEDIAN = f"median of {{tag}} after {WARMUP_STEPS} warm-up steps ({{unit}})"
 # Per-step rates: units (samples or tokens) over the step's time.
@@ -133,6 +148,11 @@ SUMMARY: dict[str, str] = {
     "target": "the target (metric, value) and, where it was reached, the first evaluation that did: "
               "step, training seconds, wall seconds, samples or tokens, bytes sent",
     "final_loss": "train/loss at the last step (nats)",
+    "memory_mb": "per worker, in rank order: megabytes of its parameters, gradients and optimizer state (its "
+                 "shards where sharded) and of the activations and gathered weights forward saved, measured "
+                 "on the first steps, and the process's peak (peak_of: what measured it)",
+    "sharded": "sharding=fsdp|hsdp: the layout, and per step the bytes gathered, scattered, across replicas "
+               "and across nodes, and the milliseconds inside the all-gathers and reduce-scatters",
     "throughput": _MEDIAN.format(tag="train/throughput", unit="samples/s"),
     **{f"{p}_ms": _MEDIAN.format(tag=f"time/{p}_ms", unit="ms") for p in PHASES},
     "comm_cpu_ms": _MEDIAN.format(tag="time/comm_cpu_ms", unit="ms") + ": CPU work inside comm_ms",

@@ -67,6 +67,9 @@ class SyncTraits:
     elastic: the mode runs under engine.elastic=true (compbench.train.elastic): its state can be
       committed at a round's end and taken up by a world of another size. False for the baselines,
       whose engine-side state (DDP's reducer, Horovod's optimizer hooks) is fixed when they start.
+    shards: the mode runs across the shard groups of a sharded run (compbench.sync.sharded): on
+      each worker's local shards, as if they were whole tensors (its exchanges and updates treat
+      every element alike, or per tensor where a shard is as good a unit as the tensor).
     """
 
     pipeline: bool = True
@@ -80,6 +83,7 @@ class SyncTraits:
     recipe: Mapping[str, Any] = field(default_factory=dict)  # read-only by convention
     replicas_diverge: bool = False
     elastic: bool = True
+    shards: bool = False
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ class DiLoCo:
 
     name = "diloco"
     sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps", recipe=RECIPE,
-                                                   replicas_diverge=True)
+                                                   replicas_diverge=True, shards=True)
     check_options: ClassVar[Callable[..., None]] = staticmethod(check_options)  # a subclass adds settings
     scheduler = None
 

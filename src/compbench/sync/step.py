@@ -21,7 +21,7 @@ class StepSync:
     """Per-step synchronization: the seed papers' setting (and `wrap_compress_optimizer`'s)."""
 
     name = "step"
-    sync_traits: ClassVar[SyncTraits] = SyncTraits()
+    sync_traits: ClassVar[SyncTraits] = SyncTraits(shards=True)
 
     @staticmethod
     def check_options() -> None:

@@ -21,6 +21,7 @@ from compbench.data.loader import ShardedLoader
 from compbench.optim.clip import clip_grad_norm
 from compbench.optim.schedule import build_schedule
 from compbench.records import fault_events, provenance
+from compbench.records.memory import MemoryLedger
 from compbench.records.results import (
     PHASES,
     RATE_TAGS,
@@ -36,6 +37,8 @@ from compbench.records.results import (
 from compbench.records.stats import StepStats, clock_for
 from compbench.seam.build import build_datasets, build_model
 from compbench.sync.build import build_synchronizer
+from compbench.sync.fsdp_comms import DIRECTIONS
+from compbench.sync.sharded import ShardedSync, local
 from compbench.train import faults, loggers, machine
 from compbench.train.checkpoint import (
     CheckpointPlace,
@@ -93,6 +96,9 @@ class Trainer:
         self.ledger = self.pipeline.compressor.finite if self.pipeline is not None else None
         self.model = self.sync.setup(self.model)
         self.optimizer = self.sync.make_optimizer(self.model, registry.plain(cfg.optim))
+        # a sharded run (sharding=fsdp|hsdp): FSDP's collectives per direction, the shards' view
+        self.sharded = self.sync if isinstance(self.sync, ShardedSync) else None
+        self.footprint = MemoryLedger(self.device, self.model, self.optimizer)  # this worker's memory, split
         # optim.clip_grad_norm: what the optimizer's step reads is clipped (the averaged gradient per
         # step; each inner step's own gradient in diloco), compbench.optim.clip.
         self.clip = cfg.optim.get("clip_grad_norm")
@@ -141,6 +147,7 @@ class Trainer:
             self.checkpoint(epoch, batch)
         self.sync.drain()  # an exchange still in flight (diloco's overlap) ends before the engine does
         self.record_waits_for_last_rank()
+        self.memory_per_rank = self.footprint.gather(self.engine)  # a collective: every worker's figures
         self.others = machine.Others(None, None) if watch is None else watch.finish(self.engine)
         return self.finish(self.final, time.perf_counter() - self.t_start)
 
@@ -230,9 +237,11 @@ class Trainer:
             stats.begin_step()
             t0 = time.perf_counter()
             self.sync.begin_step(self.step, epoch + i / steps)
+            self.footprint.begin_step(self.step)
             with stats.time("compute"):
                 with self.autocast:
                     loss = self.task.loss(model(x), y)
+                self.footprint.end_forward()
                 self.optimizer.zero_grad()
                 self.sync.before_backward()  # overlapping schedulers arm their hooks
                 loss.backward()
@@ -247,6 +256,7 @@ class Trainer:
                 self.optimizer.step()
                 self.lr_schedule.step()
             self.sync.after_step()  # a periodic mode ends its round here
+            self.footprint.end_step()
             with stats.time("loss_read"):
                 loss_value = loss.item()  # the step's last wait on a GPU: inside its time
             stats.end_step()
@@ -287,7 +297,8 @@ class Trainer:
         memory takes the NaN in), which its pass finds finite, and every rank must agree on what
         this rank's own gradients hold before any memory is touched."""
         with self.stats.time("check"):
-            named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+            # a sharded run checks this worker's shards (each element is some worker's)
+            named = [(n, local(p.grad)) for n, p in self.model.named_parameters() if p.grad is not None]
             # closed here, for every mode: what is compressed after this point is not this check's
             checked, flags = self.ledger.close() if self.ledger is not None else ({}, [])
             if self.settings.on_nonfinite != "raise":
@@ -339,6 +350,13 @@ class Trainer:
         r.scalar("comm/calls_compressed", s.calls_compressed, st)
         r.scalar("comm/calls_dense", s.calls_dense, st)
         r.scalar("compress/sampled_reads", s.sampled_reads, st)
+        if self.sharded is not None:  # FSDP's collectives: weights gathered, gradients scattered
+            ledger = self.sharded.directions
+            for direction in DIRECTIONS:
+                r.scalar(f"comm/bytes_{direction}", ledger.bytes[direction], st)
+                r.scalar(f"time/{direction}_ms", ledger.ms(direction), st)
+            r.scalar("comm/bytes_replica", s.bytes_sent - sum(ledger.bytes.values()), st)
+            r.scalar("comm/bytes_cross_node", ledger.cross_node, st)
         if self.elastic:
             r.scalar("elastic/workers", self.engine.size, st)
 
@@ -349,7 +367,12 @@ class Trainer:
             self.engine.broadcast_(b.data, 0, f"bn.{name}")
         self.model.eval()
         metrics = self.eval_metrics()
-        if self.sync.sync_traits.replicas_diverge and self.engine.size > 1:
+        if self.sharded is not None and self.sync.sync_traits.replicas_diverge and self.sharded.replicas > 1:
+            # the replica groups' shards differ: averaged over each shard's replicas
+            assert self.sharded.view is not None
+            metrics.update(diagnose(self.sharded.view, self.sharded.replica_engine, self.eval_metrics,
+                                    self.sharded.shard_engine))
+        elif self.sync.sync_traits.replicas_diverge and self.engine.size > 1:
             # the workers' parameters differ: their average's metrics and their distance too
             metrics.update(diagnose(self.model, self.engine, self.eval_metrics))
         if self.recorder:
@@ -430,7 +453,14 @@ class Trainer:
             "stopped_by": self.progress.stopped,
             "train_s": round(self.progress.train_s, 3),
             "eval_s": round(self.progress.eval_s, 3),
+            "memory_mb": self.memory_per_rank,
         }
+        if self.sharded is not None:
+            summary["sharded"] = {**self.sharded.record(),
+                                  **{f"bytes_{d}_per_step": per_step(f"comm/bytes_{d}") for d in DIRECTIONS},
+                                  **{f"{d}_ms": per_step(f"time/{d}_ms") for d in DIRECTIONS},
+                                  "bytes_replica_per_step": per_step("comm/bytes_replica"),
+                                  "bytes_cross_node_per_step": per_step("comm/bytes_cross_node")}
         if self.elastic or self.faults.injects:
             summary["faults"] = faults.summary(self.recoveries, r.history.get("elastic/workers", []),
                                                self.step, self.engine.size)

@@ -24,15 +24,21 @@ AVERAGED_TAGS = ("eval/loss", "eval/acc1", "eval/ppl")  # the averaged model's m
 
 
 @torch.no_grad()
-def diagnose(model: nn.Module, engine: Engine,
-             evaluate: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """`replica/distance` and the averaged parameters' metrics (`evaluate()` run on them)."""
+def diagnose(model: nn.Module, engine: Engine, evaluate: Callable[[], dict[str, float]],
+             shard: Engine | None = None) -> dict[str, float]:
+    """`replica/distance` and the averaged parameters' metrics (`evaluate()` run on them).
+
+    A sharded run (compbench.sync.sharded) passes its shard view as `model`, the replica group's
+    engine as `engine` (the workers that hold the same shard) and the shard group's as `shard`: a
+    replica's squared distance and norm are the sums over its shards."""
     params = [p for p in model.parameters() if p.requires_grad]
     local = [p.detach().clone() for p in params]
     mean = flat_average(engine, "replicas", local).wait()
-    spread = torch.stack([(p - m).float().pow(2).sum()
-                          for p, m in zip(local, mean, strict=True)]).sum().sqrt()
-    norm = torch.stack([m.float().pow(2).sum() for m in mean]).sum().sqrt()
+    spread_sq = torch.stack([(p - m).float().pow(2).sum() for p, m in zip(local, mean, strict=True)]).sum()
+    squares = torch.stack([spread_sq, torch.stack([m.float().pow(2).sum() for m in mean]).sum()])
+    if shard is not None:
+        squares = shard.allreduce(squares, "replicas.shards", average=False)
+    spread, norm = squares.sqrt()
     ratio: Tensor = spread / norm if norm > 0 else spread
     distance = float(engine.allreduce(ratio.reshape(1), "replicas.distance")[0])
     try:
