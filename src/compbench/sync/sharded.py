@@ -214,6 +214,7 @@ class ShardedSync:
         self.sync_traits = inner.sync_traits
         self.pipeline, self.scheduler = inner.pipeline, inner.scheduler
         self.directions = DirectionLedger(stats, engine.local_size)
+        self.model: nn.Module | None = None
         self.view: ShardView | None = None
         self.scatters: list[CompbenchReduceScatter] = []
 
@@ -243,9 +244,9 @@ class ShardedSync:
             for i, unit in enumerate(units):  # gather the next units' weights while this one computes
                 unit.set_modules_to_forward_prefetch(units[i + 1: i + 1 + s.prefetch])
                 unit.set_modules_to_backward_prefetch(list(reversed(units[max(0, i - s.prefetch): i])))
-        self.view = ShardView(model)
+        self.model, self.view = root, ShardView(root)
         self.inner.setup(self.view)
-        return model
+        return root
 
     def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
         assert self.view is not None, "setup first"
@@ -256,6 +257,10 @@ class ShardedSync:
         self.inner.begin_step(step, epoch)
 
     def before_backward(self) -> None:
+        # The optimizer zeroed the view's gradients; FSDP accumulates into its own unless they are
+        # gone (a reduce-scatter adds to an existing sharded .grad).
+        assert self.model is not None
+        self.model.zero_grad(set_to_none=True)
         self.inner.before_backward()
 
     def synchronize(self) -> None:
