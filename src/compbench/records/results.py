@@ -212,6 +212,24 @@ def split_ms(summary: Mapping[str, Any]) -> dict[str, float] | None:
     return parts
 
 
+def _sharded_line(sh: dict[str, Any]) -> str:
+    across = (f" + across {sh['replicas']} replica groups {_bytes(sh['bytes_replica_per_step'])}"
+              if sh["replicas"] > 1 else "")
+    return (f"  sharded      {sh['layout']} stage {sh['stage']}, groups of {sh['shard_group']}: per step weights "
+            f"gathered {_bytes(sh['bytes_gathered_per_step'])} ({sh['gather']}) + gradients scattered "
+            f"{_bytes(sh['bytes_scattered_per_step'])} ({sh['scatter']}){across}")
+
+
+def _memory_line(per_rank: list[dict[str, Any]]) -> str:
+    """Rank 0's split, and the largest peak of any worker."""
+    m = per_rank[0]
+    parts = " + ".join(f"{k} {m[k]:.3g}" for k in ("parameters", "gradients", "optimizer", "activations",
+                                                     "gathered"))
+    peaks = [r["peak"] for r in per_rank if r.get("peak") is not None]
+    peak = f"; peak {max(peaks):.4g} MB ({m['peak_of']}, the largest of {len(per_rank)})" if peaks else ""
+    return f"  memory       rank 0: {parts} MB{peak}"
+
+
 def _bytes(n: float | None) -> str:
     if n is None:
         return "-"
@@ -238,6 +256,10 @@ def format_summary(results: Mapping[str, Any], run_dir: Path) -> str:
              *_result_lines(s, num),
              f"  bytes/step   {_bytes(s['bytes_sent_per_step'])} sent of {_bytes(s['bytes_dense_per_step'])} "
              f"dense per worker: effective ratio {num(s['ratio_effective'], '.1f')}x"]
+    if s.get("sharded"):
+        lines.append(_sharded_line(s["sharded"]))
+    if s.get("memory_mb"):
+        lines.append(_memory_line(s["memory_mb"]))
     split = split_ms(s)
     if split is not None:
         parts = " + ".join(f"{p} {v:.1f}" for p, v in split.items())

@@ -49,6 +49,16 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
             "ratio_effective": s.get("ratio_effective"), "final_acc1": s.get("final_acc1"),
             "error": s.get("error", ""),
         }
+        sharded = s.get("sharded")
+        if sharded:  # sharding=fsdp|hsdp: its layout and FSDP's bytes per direction
+            row.update(sharding=f"{sharded['layout']}/{sharded['shard_group']}",
+                       gathered_per_step=sharded.get("bytes_gathered_per_step"),
+                       scattered_per_step=sharded.get("bytes_scattered_per_step"))
+        memory = s.get("memory_mb") or []
+        if memory:  # what one worker holds (rank 0's) and the largest peak of any worker
+            row["state_mb"] = sum(memory[0][k] for k in ("parameters", "gradients", "optimizer"))
+            peaks = [m["peak"] for m in memory if m.get("peak") is not None]
+            row["peak_mb"] = max(peaks) if peaks else None
         if "final_eval_loss" in s:  # a language model
             row.update(tokens_per_s=s.get("tokens_per_s"), eval_loss=s.get("final_eval_loss"),
                        ppl=s.get("final_ppl"), ood_loss=s.get("final_ood_loss"))
@@ -72,6 +82,12 @@ def columns_for(rows: list[dict[str, Any]]) -> list[str]:
     columns = list(COLUMNS)
     if any(r.get("sync") != "step" for r in rows):
         columns.insert(columns.index("scheduler") + 1, "sync")
+    if any(r.get("sharding") for r in rows):  # sharded runs: their layout and bytes per direction
+        at = columns.index("bytes_per_step") + 1
+        columns[at:at] = ["gathered_per_step", "scattered_per_step"]
+        columns.insert(columns.index("engine"), "sharding")
+    if any(r.get("state_mb") is not None for r in rows):
+        columns[columns.index("final_acc1"):columns.index("final_acc1")] = ["state_mb", "peak_mb"]
     if not lm:
         return columns
     out = []

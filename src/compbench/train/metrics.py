@@ -107,6 +107,10 @@ def run_hparams(cfg: Mapping[str, Any], world_size: int) -> dict[str, Any]:
             hp[f"net.{key}"] = cfg["net"][key]
     if "experiment" in choices:
         hp["experiment"] = choices["experiment"]
+    if choices.get("sharding", "none") != "none":  # a sharded run's layout and FSDP's formats
+        sharding = cfg["sharding"]
+        hp.update({"sharding": choices["sharding"], **{f"sharding.{k}": sharding[k] for k in (
+            "stage", "gather", "scatter", "hpz") if k in sharding}})
     if choices.get("sync", "step") != "step":  # a per-step run's row stays as it was
         hp["sync"] = choices["sync"]
         # the mode's own settings: a DiLoCo and a Streaming DiLoCo run differ only there
