@@ -215,8 +215,8 @@ def split_ms(summary: Mapping[str, Any]) -> dict[str, float] | None:
 def _sharded_line(sh: dict[str, Any]) -> str:
     across = (f" + across {sh['replicas']} replica groups {_bytes(sh['bytes_replica_per_step'])}"
               if sh["replicas"] > 1 else "")
-    return (f"  sharded      {sh['layout']} stage {sh['stage']}, groups of {sh['shard_group']}: per step weights "
-            f"gathered {_bytes(sh['bytes_gathered_per_step'])} ({sh['gather']}) + gradients scattered "
+    return (f"  sharded      {sh['layout']} stage {sh['stage']}, groups of {sh['shard_group']}: per step "
+            f"weights gathered {_bytes(sh['bytes_gathered_per_step'])} ({sh['gather']}) + gradients scattered "
             f"{_bytes(sh['bytes_scattered_per_step'])} ({sh['scatter']}){across}")
 
 

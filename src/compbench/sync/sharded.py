@@ -118,9 +118,9 @@ class Sharding:
         """The layout against the job's workers and nodes (compose time, and again in the workers)."""
         if self.layout != "hsdp":
             if self.hpz and local_size >= world:
-                raise ValueError(f"sharding.hpz=true keeps a secondary shard per node where the shard group "
-                                 f"spans nodes, and this job's {world} workers are one node: drop sharding.hpz "
-                                 f"or run on `compbench cluster` with 2 or more nodes")
+                raise ValueError(f"sharding.hpz=true keeps a secondary shard per node where the shard "
+                                 f"group spans nodes, and this job's {world} workers are one node: drop "
+                                 f"sharding.hpz or run on `compbench cluster` with 2 or more nodes")
             if self.group_size != "node":
                 raise ValueError("sharding.group_size shapes HSDP's groups; sharding=fsdp shards over every "
                                  "worker: drop sharding.group_size or pass sharding=hsdp")
