@@ -24,8 +24,9 @@ GPT = ["model=gpt", "model.n_layer=2", "model.n_embd=32", "model.n_head=2", "dat
     (["sharding=hsdp", "engine.np=4", "sharding.group_size=3"],
      "sharding.group_size=3 must divide the 4 workers into 2 or more groups "
      "(e.g. sharding.group_size=2)"),
-    (["sharding=hsdp", "engine.np=4"], "sharding=hsdp shards inside each node and replicates across nodes, "
-                                       "and this job has one node (4 workers): run it on `compbench cluster`"),
+    (["sharding=hsdp", "engine.np=4"], "sharding=hsdp shards inside each node and replicates across "
+                                       "nodes, and this job has one node (4 workers): run it on `compbench "
+                                       "cluster`"),
     (["sharding=fsdp", "sharding.scatter=topk"], "sharding.scatter=topk is not one of none, fp16, bf16, "
                                                  "int8, int4, loco4"),
     (["sharding=fsdp", "sharding.stage=1"], "sharding.stage=1 must be 3"),
@@ -73,8 +74,8 @@ def test_a_model_unsharded_workers_cannot_hold_is_refused_with_the_sharded_figur
     numel = sum(p.numel() for p in model.parameters())
     monkeypatch.setattr("compbench.compose.sharded._available_bytes", lambda: 16 * numel * 2 - 1)
     refusal = (r"needs at least .* GB per worker \(parameters .* \+ gradients .* \+ optim=adamw state .*\), "
-               r".* for 2 workers on this machine, which has .* available; shard it: sharding=fsdp engine=torch "
-               r"holds")
+               r".* for 2 workers on this machine, which has .* available; shard it: sharding=fsdp "
+               r"engine=torch holds")
     with pytest.raises(ValueError, match=refusal):
         check_fits(cfg, model, Sharding(), 2)
     check_fits(cfg, model, Sharding(layout="fsdp"), 2)  # half of it fits

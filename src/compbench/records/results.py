@@ -216,8 +216,8 @@ def _sharded_line(sh: dict[str, Any]) -> str:
     across = (f" + across {sh['replicas']} replica groups {_bytes(sh['bytes_replica_per_step'])}"
               if sh["replicas"] > 1 else "")
     return (f"  sharded      {sh['layout']} stage {sh['stage']}, groups of {sh['shard_group']}: per step "
-            f"weights gathered {_bytes(sh['bytes_gathered_per_step'])} ({sh['gather']}) + gradients scattered "
-            f"{_bytes(sh['bytes_scattered_per_step'])} ({sh['scatter']}){across}")
+            f"weights gathered {_bytes(sh['bytes_gathered_per_step'])} ({sh['gather']}) + gradients "
+            f"scattered {_bytes(sh['bytes_scattered_per_step'])} ({sh['scatter']}){across}")
 
 
 def _memory_line(per_rank: list[dict[str, Any]]) -> str:
