@@ -110,3 +110,11 @@ def gpt2_small(vocab_size: int, block_size: int = 1024, n_layer: int = 12, n_emb
                n_head: int = 12, dropout: float = 0.0) -> nn.Module:
     """`model=gpt2_small`: GPT-2 small's shape (124M parameters at its 50257 tokens and 1024 positions)."""
     return gpt(vocab_size, block_size, n_layer, n_embd, n_head, dropout)
+
+
+def gpt_1b(vocab_size: int, block_size: int = 64, n_layer: int = 20, n_embd: int = 2048, n_head: int = 16,
+           dropout: float = 0.0) -> nn.Module:
+    """`model=gpt_1b`: 1.0B parameters (20 layers of width 2048): with AdamW, 16 GB per unsharded
+    worker (parameters, gradients, two moments in fp32), what two DDP workers cannot hold in 24 GiB
+    and two FSDP workers can (8 GB each)."""
+    return gpt(vocab_size, block_size, n_layer, n_embd, n_head, dropout)

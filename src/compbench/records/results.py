@@ -223,7 +223,7 @@ def _sharded_line(sh: dict[str, Any]) -> str:
 def _memory_line(per_rank: list[dict[str, Any]]) -> str:
     """Rank 0's split, and the largest peak of any worker."""
     m = per_rank[0]
-    parts = " + ".join(f"{k} {m[k]:.3g}" for k in ("parameters", "gradients", "optimizer", "activations",
+    parts = " + ".join(f"{k} {m[k]:.4g}" for k in ("parameters", "gradients", "optimizer", "activations",
                                                      "gathered"))
     peaks = [r["peak"] for r in per_rank if r.get("peak") is not None]
     peak = f"; peak {max(peaks):.4g} MB ({m['peak_of']}, the largest of {len(per_rank)})" if peaks else ""

@@ -484,7 +484,9 @@ class Trainer:
                                             self.settings.outputs_root)}
         if self.data_info is not None:
             results["data"] = self.data_info  # language models: tokenizer, vocabulary size, split
-        results["floors"] = self.floors(summary)
+        # a sharded run's passes are over shards and FSDP's buffers, which the floors' model of a
+        # pipeline over whole gradients does not describe: none rather than wrong ones
+        results["floors"] = self.floors(summary) if self.sharded is None else None
         if self.elastic or self.faults.injects:
             results["faults"] = {"injected": fault_events.read_events(self.run_dir),
                                  "recoveries": self.recoveries}
