@@ -429,7 +429,13 @@ def real_jobs_config(device: str) -> dict[str, list[str]]:
              "memory=residual", f"device={device}"],
             "1 worker over " + ("NCCL" if device == "cuda" else "gloo"):
             [ENGINE, "engine.np=1", f"device={device}",
-             f"engine.backend={'nccl' if device == 'cuda' else 'gloo'}"]}
+             f"engine.backend={'nccl' if device == 'cuda' else 'gloo'}"],
+            # FSDP2 on the device: compbench's quantized all-gather and reduce-scatter, the memory
+            # figures from the device's allocator
+            "1 worker, sharding=fsdp (int8 weights, int4 gradients) over " + ("NCCL" if device == "cuda"
+                                                                                else "gloo"):
+            [ENGINE, "engine.np=1", f"device={device}", "sharding=fsdp", "sharding.gather=int8",
+             "sharding.scatter=int4", f"engine.backend={'nccl' if device == 'cuda' else 'gloo'}"]}
 
 
 JOB_STEPS = ["max_steps=12", "eval_points=2"]

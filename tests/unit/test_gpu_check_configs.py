@@ -52,7 +52,9 @@ def test_every_configuration_of_the_check_composes_on_a_faked_gpu_without_horovo
     monkeypatch.setitem(sys.modules, "horovod.torch", None)
     gpu_check = _gpu_check()
     runs = gpu_check.configurations("cuda")
-    assert len(runs) == len(gpu_check.METHODS) + 3 + len(gpu_check.RESNET_METHODS)
+    jobs = gpu_check.real_jobs_config("cuda")
+    assert len(runs) == len(gpu_check.METHODS) + len(jobs) + len(gpu_check.RESNET_METHODS)
+    assert any("sharding=fsdp" in job for job in jobs.values())  # FSDP2 on the device
     refused = []
     for overrides in runs:
         assert "device=cuda" in overrides and "engine=torch" in overrides, overrides
@@ -130,8 +132,8 @@ def test_the_ring_hop_pairs_each_send_with_its_receive(monkeypatch):
         return [Done() for _ in ops]
 
     monkeypatch.setattr(dist, "batch_isend_irecv", batch)
-    def p2p(op, tensor, peer, tag=0):
-        return types.SimpleNamespace(op=op, tensor=tensor, peer=peer)
+    def p2p(op, tensor, peer=None, group=None, tag=0, group_peer=None):
+        return types.SimpleNamespace(op=op, tensor=tensor, peer=group_peer if peer is None else peer)
 
     monkeypatch.setattr(dist, "P2POp", p2p)
     engine = TorchEngine.__new__(TorchEngine)

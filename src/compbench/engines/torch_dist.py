@@ -39,6 +39,9 @@ class TorchEngine(EngineBase):
     """
 
     name = "torch"
+    # The process group every collective runs in: the world (None), or one group of a partition
+    # (`within`: a sharded run's shard groups, and its replica groups, whose ranks hold the same shard).
+    group: Any = None
     KEY_RANGES: ClassVar[dict[str, KeyRange]] = {
         "min_np": KeyRange(1, what="the fewest workers an elastic run continues with")}
 
@@ -63,9 +66,6 @@ class TorchEngine(EngineBase):
         self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.size))
         self._capacity: dict[str, int] = {}  # allgather_payload_async: frame bytes per name
         self._groups: dict[tuple[int, ...], Any] = {}  # allreduce_group: process groups by ranks
-        # The process group every collective runs in: the world (None), or one group of a
-        # partition (`within`: HSDP's replica groups, whose ranks hold the same shard).
-        self.group: Any = None
 
     def within(self, groups: list[list[int]]) -> TorchEngine:
         """This engine's collectives restricted to this rank's group of the partition `groups`:
