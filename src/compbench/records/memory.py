@@ -2,7 +2,7 @@
 activations, each measured from the tensors themselves, and the process's peak beside them.
 
 - parameters, gradients, optimizer state: the bytes of this worker's tensors (its shards where the
-  run is sharded), at the end of a step;
+  run is sharded), at the end of each of the first steps (the largest);
 - activations: the bytes autograd saved for backward during a forward pass (a saved-tensors hook
   on the first steps, storages counted once), less the weights: the worker's own parameters count as
   parameters, and the module's parameters that are not its own storage (a sharded unit's gathered
@@ -69,16 +69,16 @@ class MemoryLedger:
 
     def __init__(self, device: torch.device, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.device, self.model, self.optimizer = device, model, optimizer
-        self.step = 0
-        self.measured = dict.fromkeys(("activations", "gathered", "gradients", "optimizer"), 0)
+        self.seen = 0  # steps measured so far
+        self.measured = dict.fromkeys(("parameters", "gradients", "optimizer", "activations", "gathered"), 0)
         self._saved: dict[int, int] = {}
         self._weights: dict[int, int] = {}
         self._own: set[int] = set()
         self._hooks: Any = None
 
-    def begin_step(self, step: int) -> None:
-        self.step = step
-        if step < _MEASURED_STEPS and self._hooks is None:
+    def begin_step(self) -> None:
+        """The first steps this worker runs are measured (a resumed run's too)."""
+        if self.seen < _MEASURED_STEPS and self._hooks is None:
             self._saved, self._weights = {}, {}
             self._own = {_local(p).untyped_storage().data_ptr() for p in self.model.parameters()}
             self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
@@ -103,10 +103,14 @@ class MemoryLedger:
             self._saved, self._weights = {}, {}
 
     def end_step(self) -> None:
-        if self.step >= _MEASURED_STEPS:
+        if self.seen >= _MEASURED_STEPS:
             return
+        self.seen += 1
         grads = (_local(p.grad) for p in self.model.parameters() if p.grad is not None)
         self._keep("gradients", tensor_bytes(grads))
+        # after the step: a stage-2 unit's weights are sharded again (an evaluation's forward leaves
+        # them gathered, so the figure is not read at the end)
+        self._keep("parameters", tensor_bytes(_local(p) for p in self.model.parameters()))
         state = (_local(v) for s in self.optimizer.state.values() for v in s.values()
                  if isinstance(v, Tensor) and v.dim() > 0)
         self._keep("optimizer", tensor_bytes(state))
@@ -117,8 +121,7 @@ class MemoryLedger:
     def figures(self) -> dict[str, float]:
         """This worker's megabytes per part and the process's peak (NaN where unknown)."""
         peak = process_peak_bytes(self.device)
-        parts = {**self.measured, "parameters": tensor_bytes(_local(p) for p in self.model.parameters()),
-                 "peak": math.nan if peak is None else peak}
+        parts = {**self.measured, "peak": math.nan if peak is None else peak}
         return {k: parts[k] / MB for k in FIELDS}
 
     def gather(self, engine: Any) -> list[dict[str, Any]]:

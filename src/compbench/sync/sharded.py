@@ -74,7 +74,11 @@ class Sharding:
                    ("scale_dtype", self.scale_dtype, tuple(SCALE_DTYPES)))
         for key, value, allowed in choices:
             if value not in allowed:
-                raise ValueError(f"sharding.{key}={value} is not one of {', '.join(allowed)}")
+                # compbench's compressors send whole tensors' payloads, not a chunk per peer that
+                # the receiver sums: they compress what crosses shard groups, not FSDP's collectives
+                across = (f"; a compressor (compressor={value}) compresses what crosses shard groups: "
+                          f"sharding=hsdp compressor={value}" if key in ("gather", "scatter") else "")
+                raise ValueError(f"sharding.{key}={value} is not one of {', '.join(allowed)}{across}")
         if self.stage not in (2, 3):
             raise ValueError(f"sharding.stage={self.stage} must be 3 (ZeRO-3: parameters resharded after "
                              "forward) or 2 (kept until backward ends); ZeRO-1 sends what stage 2 sends and "

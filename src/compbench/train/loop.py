@@ -237,7 +237,7 @@ class Trainer:
             stats.begin_step()
             t0 = time.perf_counter()
             self.sync.begin_step(self.step, epoch + i / steps)
-            self.footprint.begin_step(self.step)
+            self.footprint.begin_step()
             with stats.time("compute"):
                 with self.autocast:
                     loss = self.task.loss(model(x), y)
