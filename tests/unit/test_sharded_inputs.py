@@ -45,6 +45,8 @@ GPT = ["model=gpt", "model.n_layer=2", "model.n_embd=32", "model.n_head=2", "dat
      "optim=muon reads whole tensors"),
     (["sharding=hsdp", "engine.np=4", "sharding.group_size=2", "scheduler=mergecomp"],
      "scheduler=mergecomp fuses gradients"),
+    (["sharding=fsdp", "sharding.hpz=true", "sharding.stage=2"], "sharding.hpz=true is a secondary shard "
+                                                                 "kept after forward"),
     (["sharding=fsdp", "engine.elastic=true"], "sharding=fsdp with engine.elastic=true"),
     (["sharding=fsdp", "+sharding.foo=1"], "sharding.foo is not a setting of sharding=fsdp"),
     (["sharding.gather=int8"], "sharding.gather is not a setting of sharding=none"),

@@ -93,6 +93,10 @@ class Sharding:
         if self.scatter in ("int4", "loco4") and self.scatter_block == 0:
             raise ValueError(f"sharding.scatter={self.scatter} needs blocks (4 bits hold too little range "
                              "for one scale per tensor); set sharding.scatter_block, e.g. 2048")
+        if self.hpz and self.stage != 3:
+            raise ValueError("sharding.hpz=true is a secondary shard kept after forward; sharding.stage=2 "
+                             "keeps the whole weights until backward ends: drop sharding.hpz or pass "
+                             "sharding.stage=3")
         if not isinstance(self.prefetch, int) or isinstance(self.prefetch, bool) or self.prefetch < 0:
             raise ValueError(f"sharding.prefetch={self.prefetch} must be a number of units (0: FSDP's own)")
         if not self.on and self != Sharding(layout="none", _target_=self._target_):
@@ -210,8 +214,8 @@ class ShardView(nn.Module):
 
 class ShardedSync:
     """A synchronization mode run across shard groups; see the module. Delegates the protocol to
-    `inner` (built on the replica-group engine) and owns FSDP: the wrapping, the custom collectives,
-    the per-direction bytes and the memory figures."""
+    `inner` (built on the replica-group engine) and owns FSDP: the wrapping, the custom collectives
+    and the bytes per direction."""
 
     def __init__(self, inner: Synchronizer, sharding: Sharding, engine: TorchEngine,
                  shard_engine: TorchEngine, replica_engine: TorchEngine, stats: StepStats) -> None:
