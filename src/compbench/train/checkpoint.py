@@ -9,6 +9,11 @@ Every stateful part saves and loads through its own `state_dict` / `load_state_d
 The file is written to a temporary name and renamed: a crash mid-write leaves the previous checkpoint
 intact. `position` is where training continues: (epoch, index of the next batch in that epoch).
 
+A sharded run (`sharding=fsdp|hsdp`) keeps its model and optimizer tensors out of the file: every
+worker writes its shards into a folder beside it through torch.distributed.checkpoint
+(compbench.train.sharded_checkpoint), which checkpoint.pt names; a checkpoint of `sharding=fsdp` can
+be resumed by another number of workers (`reshard_refusal` says when not).
+
 A checkpoint holds tensors and plain data only (dicts, lists, str, numbers, bool, None) and is read
 with `torch.load(weights_only=True)`: a crafted file cannot run code. `check_resume` (called by the
 config check, in the parent, before any folder is written) refuses a checkpoint that is unreadable, or
@@ -20,6 +25,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import secrets
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +35,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
+
+from compbench.sync.sharded import ShardedSync
+from compbench.train import sharded_checkpoint
 
 if TYPE_CHECKING:
     from compbench.engines.base import Engine
@@ -41,7 +50,8 @@ FORMAT = 3  # 2: holds the run's config; plain data only. 3: the synchronizer's 
 
 # The groups whose choice and parameters change a run's arithmetic (`net` only models or shapes the
 # network: a SeCoPa plan made from it is saved with the scheduler's state).
-_MATH_GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "engine", "optim")
+_MATH_GROUPS = ("model", "dataset", "compressor", "memory", "comm", "scheduler", "sync", "sharding", "engine",
+                "optim")
 # Group parameters that may change on resume: the weights come from the checkpoint, not from
 # `pretrained`; the same data may move (`root`); the world size is compared as the number of workers
 # that wrote the file (also right under an external launcher); a timeout, and whether the engine runs
@@ -55,17 +65,21 @@ def math_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The settings of a run (its config as plain data) that a resumed run must share, as
     `{override key: value}`, group choices first.
 
-    Compared: the choice of model, dataset, compressor, memory, comm, scheduler, engine and optim;
-    every parameter of those groups (the model's width, the compressor's ratio, the memory's beta,
-    the optimizer's lr, momentum, weight decay and schedule, the scheduler's groups or plan, ...)
-    except model.pretrained, dataset.root, engine.np, engine.timeout_s, engine.elastic and
-    engine.min_np; seed; batch_size; and,
-    separately, the number of workers.
+    Compared: the choice of model, dataset, compressor, memory, comm, scheduler, sync, sharding,
+    engine and optim; every parameter of those groups (the model's width, the compressor's ratio,
+    the memory's beta, the optimizer's lr, momentum, weight decay and schedule, the scheduler's
+    groups or plan, the sharding's formats, ...) except model.pretrained, dataset.root, engine.np,
+    engine.timeout_s, engine.elastic and engine.min_np; seed; batch_size; and, separately, the
+    number of workers (`reshard_refusal`). A config written before the `sharding` group existed
+    reads as sharding=none.
     Free to differ: epochs (to extend a run: a cosine or step schedule then follows the new length),
     max_steps, eval, eval_batch_size, checkpoint, checkpoint_every_steps, resume, output_dir,
     outputs_root, progress, num_workers, threads, flush_denormal, on_nonfinite (e.g. skip past a
     NaN), net.*, sweep settings, and the `ratio` shorthand (compared as compressor.ratio).
     """
+    if "sharding" not in config:  # written before sharded runs existed: unsharded
+        config = {**config, "sharding": {"layout": "none"},
+                  "choices": {**(config.get("choices") or {}), "sharding": "none"}}
     choices = config.get("choices") or {}
     out: dict[str, Any] = {g: choices.get(g) for g in _MATH_GROUPS}
     for group in _MATH_GROUPS:
@@ -110,7 +124,7 @@ def read_checkpoint(path: Path, who: str, map_location: torch.device | str = "cp
     (a GPU run resumes on the CPU and back); ValueError naming `who` (e.g. `resume=DIR`) for a file
     that is unsafe, truncated, or not a compbench checkpoint."""
     state = load_safely(path, who, map_location)
-    if not isinstance(state, dict) or "model" not in state or "position" not in state:
+    if not isinstance(state, dict) or not ("model" in state or "sharded" in state) or "position" not in state:
         raise ValueError(f"{who}: {path} is not a compbench checkpoint; pass a run directory or its {FILE}")
     if state.get("format") != FORMAT or not isinstance(state.get("config"), dict):
         raise ValueError(f"{who}: {path} was written by an older compbench (checkpoint format "
@@ -189,16 +203,19 @@ def check_resume(cfg: DictConfig, model: nn.Module | None = None, steps_per_epoc
         who = f"resume={cfg.resume}"
     assert path is not None
     state = read_checkpoint(path, who)
-    check_same_run(state, run_config(cfg), world_size(cfg), who)
-    check_schema(state, model, steps_per_epoch, who)
+    world = world_size(cfg)
+    check_same_run(state, run_config(cfg), world, who)
+    check_schema(state, model, steps_per_epoch, who, world, path.parent)
 
 
 def check_schema(state: dict[str, Any], model: nn.Module | None, steps_per_epoch: int | None,
-                 who: str) -> None:
+                 who: str, workers: int | None = None, folder: Path | None = None) -> None:
     """ValueError (one line) where a checkpoint of this run's settings is not what a checkpoint holds
     (a file edited or cut by hand): a position and step that are whole numbers within the run, each
     worker's state with a generator state, the model's parameters by name and shape, an optimizer's
-    state."""
+    state; a sharded run's record of them (`sharded_checkpoint.check_record`) and, given the
+    checkpoint's `folder`, its DCP folder there. `workers`: how many continue it (the position is
+    theirs: `continue_at`)."""
     def bad(what: str) -> ValueError:
         return ValueError(f"{who}: the checkpoint's {what}; it was not written whole by compbench: pass "
                           "another checkpoint or start a new run")
@@ -209,8 +226,9 @@ def check_schema(state: dict[str, Any], model: nn.Module | None, steps_per_epoch
     position, step = state.get("position"), state.get("step")
     if not (isinstance(position, dict) and whole(position.get("epoch")) and whole(position.get("batch"))):
         raise bad(f"position {position!r} is not an epoch and a batch, whole numbers >= 0")
-    if steps_per_epoch is not None and position["batch"] > steps_per_epoch:
-        raise bad(f"position (batch {position['batch']}) is past its epoch's {steps_per_epoch} batches")
+    batch = continue_at(state, workers, who)[1] if workers is not None else position["batch"]
+    if steps_per_epoch is not None and batch > steps_per_epoch:
+        raise bad(f"position (batch {batch}) is past its epoch's {steps_per_epoch} batches")
     if not whole(step):
         raise bad(f"step {step!r} is not a whole number >= 0")
     per_rank, world = state.get("per_rank"), state.get("world_size")
@@ -222,6 +240,14 @@ def check_schema(state: dict[str, Any], model: nn.Module | None, steps_per_epoch
         got = mine.get("torch_rng") if isinstance(mine, dict) else None
         if not (isinstance(got, torch.Tensor) and got.dtype == rng.dtype and got.shape == rng.shape):
             raise bad(f"worker {rank}'s generator state is not a generator's")
+    if "sharded" in state:
+        record = state["sharded"]
+        name = record.get("dcp") if isinstance(record, dict) else None
+        at = folder / name if folder is not None and isinstance(name, str) else None
+        wrong = sharded_checkpoint.check_record(record, model, at)
+        if wrong is not None:
+            raise bad(wrong)
+        return
     optimizer = state.get("optimizer")
     if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
             and isinstance(optimizer.get("param_groups"), list) and optimizer["param_groups"]):
@@ -243,10 +269,12 @@ def check_schema(state: dict[str, Any], model: nn.Module | None, steps_per_epoch
 
 
 def check_same_run(state: dict[str, Any], config: dict[str, Any], world: int, who: str) -> None:
-    """ValueError naming the first setting in which the checkpoint's run differs from this one."""
-    if state.get("world_size") != world:
-        raise ValueError(f"{who} was written by {state.get('world_size')} workers; resume with "
-                         f"engine.np={state.get('world_size')} (or start a new run)")
+    """ValueError naming the first setting in which the checkpoint's run differs from this one:
+    sharded or not, the number of workers (`reshard_refusal`), then `math_settings`."""
+    check_layout(state, (config.get("choices") or {}).get("sharding") or "none", who)
+    refusal = reshard_refusal(state, world, who)
+    if refusal is not None:
+        raise ValueError(refusal)
     then, now = math_settings(state["config"]), math_settings(config)
     for key in [*then, *(k for k in now if k not in then)]:
         if key not in then:
@@ -254,6 +282,69 @@ def check_same_run(state: dict[str, Any], config: dict[str, Any], world: int, wh
         if key not in now or now[key] != then[key]:
             setting = f"{key}={_show(then[key])}"
             raise ValueError(f"{who} was written with {setting}; resume with {setting} (or start a new run)")
+
+
+def check_layout(state: dict[str, Any], sharding: str, who: str) -> None:
+    """ValueError where a sharded run's checkpoint (its model and optimizer in a DCP folder) is
+    resumed without sharding or the reverse; `sharding`: this run's choice (none, fsdp, hsdp)."""
+    written = (state.get("config", {}).get("choices") or {}).get("sharding") or "none"
+    if "sharded" in state and sharding == "none":
+        raise ValueError(f"{who} was written by a sharded run (sharding={written}); resume with "
+                         f"sharding={written}")
+    if "sharded" not in state and sharding != "none":
+        raise ValueError(f"{who} was written by a run without sharding; resume with sharding=none "
+                         f"(drop sharding={sharding})")
+
+
+def reshard_refusal(state: dict[str, Any], world: int, who: str) -> str | None:
+    """Why `world` workers cannot continue a checkpoint (None: they can). The workers that wrote it
+    can; others only a sharding=fsdp run's whose synchronizer keeps no state of its own shards
+    besides the generators' (DCP reshards the model and the optimizer, not per-rank state such as
+    LoCo's errors: sharding.scatter=loco4), and from where its data order continues
+    (`continue_at`). HSDP's replica groups are fixed to its workers."""
+    written = state.get("world_size")
+    if written == world:
+        return None
+    fix = f"resume with engine.np={written}"
+    if "sharded" not in state:
+        return f"{who} was written by {written} workers; {fix} (or start a new run)"
+    record = state["sharded"] if isinstance(state["sharded"], dict) else {}
+    layout = (record.get("layout") or {}).get("layout")
+    if layout != "fsdp":
+        return (f"{who} was written by {written} workers of sharding={layout}, whose shard and replica "
+                f"groups are fixed to its workers; {fix}")
+    own = [{k: v for k, v in mine.items() if k not in ("torch_rng", "cuda_rng")}
+           for mine in state.get("per_rank") or [] if isinstance(mine, dict)]
+    if any(_holds_tensor(mine) for mine in own):
+        return (f"{who} was written by {written} workers whose synchronizer keeps state of their own "
+                f"shards (e.g. sharding.scatter=loco4's errors), which another number of workers cannot "
+                f"split; {fix}")
+    return None
+
+
+def _holds_tensor(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return any(_holds_tensor(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(_holds_tensor(v) for v in obj)
+    return False
+
+
+def continue_at(state: dict[str, Any], world: int, who: str) -> tuple[int, int]:
+    """The position (epoch, batch) `world` workers continue a checkpoint from: its own, or, where
+    another number of workers wrote it (a resharded resume), the batch at which the epoch's data
+    order has been used as far (every worker takes its share of one order per epoch: batch b of W
+    workers ends where batch b*W/world of `world` workers does); ValueError where no batch does."""
+    epoch, batch, written = state["position"]["epoch"], state["position"]["batch"], state["world_size"]
+    if written == world or not isinstance(written, int):
+        return epoch, batch
+    if batch * written % world:
+        raise ValueError(f"{who} stopped after batch {batch} of its epoch on {written} workers, where no "
+                         f"batch of {world} workers ends; resume with engine.np={written}, or from a "
+                         "checkpoint at an epoch's end")
+    return epoch, batch * written // world
 
 
 # -- writing and restoring (in the workers) ------------------------------------------------------
@@ -331,6 +422,12 @@ def shared_state(state: TrainingState, epoch: int, batch: int, world_size: int) 
     """What every rank holds alike (rank 0's is written): the position to continue from (epoch,
     index of the next batch), the step, the world that trained, model, optimizer, LR schedule,
     scheduler and progress. References to the live objects' state: copy it to keep it."""
+    return {**_shared_rest(state, epoch, batch, world_size), "model": state.model.state_dict(),
+            "optimizer": state.optimizer.state_dict()}
+
+
+def _shared_rest(state: TrainingState, epoch: int, batch: int, world_size: int) -> dict[str, Any]:
+    """`shared_state` but the model and the optimizer."""
     return {
         "position": {"epoch": epoch, "batch": batch},
         "step": state.step,
@@ -338,8 +435,6 @@ def shared_state(state: TrainingState, epoch: int, batch: int, world_size: int) 
         # compute threads per worker: a matrix product's float sums split by thread, so a run resumed
         # with other threads continues within rounding, not bit for bit (`Trainer.resume_position`)
         "threads": torch.get_num_threads(),
-        "model": state.model.state_dict(),
-        "optimizer": state.optimizer.state_dict(),
         "lr_schedule": state.lr_schedule.state_dict(),
         "scheduler": state.scheduler.state_dict() if state.scheduler is not None else {},
         "progress": state.progress.state_dict(),
@@ -347,13 +442,21 @@ def shared_state(state: TrainingState, epoch: int, batch: int, world_size: int) 
 
 
 def save_checkpoint(state: TrainingState, place: CheckpointPlace, epoch: int, batch: int) -> None:
-    """Collective: every rank calls it at the same point; rank 0 writes."""
+    """Collective: every rank calls it at the same point; rank 0 writes (a sharded run: every rank
+    writes its shards, `_save_sharded`)."""
+    if isinstance(state.sync, ShardedSync):
+        _save_sharded(state, state.sync, place, epoch, batch)
+        return
     per_rank = _gather_to_all(place.engine, rank_state(state, place.engine.device))
     if place.engine.rank != 0:
         return
     saved = {"format": FORMAT, "config": place.config, **shared_state(state, epoch, batch, place.engine.size),
              "per_rank": per_rank}
-    path = place.run_dir / FILE
+    _write_file(saved, place.run_dir / FILE)
+
+
+def _write_file(saved: dict[str, Any], path: Path) -> None:
+    """`saved` at `path` whole or not at all: a temporary file, fsynced, renamed over it."""
     tmp = path.with_suffix(".pt.tmp")
     torch.save(saved, tmp)
     with open(tmp, "rb") as f:
@@ -361,17 +464,75 @@ def save_checkpoint(state: TrainingState, place: CheckpointPlace, epoch: int, ba
     os.replace(tmp, path)
 
 
+def _save_sharded(state: TrainingState, sync: ShardedSync, place: CheckpointPlace, epoch: int,
+                  batch: int) -> None:
+    """A sharded run's checkpoint: every rank writes its shards of the model and the optimizer into
+    a new folder `checkpoint.<tag>.dcp.tmp` (DCP; `tag`: the step and rank 0's random word, sent
+    with the per-rank state), which returns on every rank once all the files and DCP's metadata are
+    written (its last collective is the barrier); then rank 0 alone renames the folder to
+    `checkpoint.<tag>.dcp` (a folder without `.tmp` is whole), writes checkpoint.pt naming it
+    (`_write_file`: the rename over the old file is the one commit), and removes the other
+    folders. Never is a folder that checkpoint.pt names written or renamed: a crash before the
+    commit leaves the previous checkpoint.pt and its folder, one after it the new ones (a folder
+    left over is removed at the next checkpoint)."""
+    engine = place.engine
+    tag = f"step{state.step}-{secrets.token_hex(4)}"
+    gathered = _gather_to_all(engine, (rank_state(state, engine.device), tag))
+    name = f"checkpoint.{gathered[0][1]}{sharded_checkpoint.SUFFIX}"
+    folder = place.run_dir / name
+    tmp = folder.with_name(name + sharded_checkpoint.TMP)
+    record = sharded_checkpoint.save(state.model, state.optimizer, sync, tmp)
+    if engine.rank != 0:
+        return
+    os.replace(tmp, folder)
+    _fsync_dir(place.run_dir)  # the folder's new name on disk before a file names it
+    saved = {"format": FORMAT, "config": place.config, **_shared_rest(state, epoch, batch, engine.size),
+             "sharded": {**record, "dcp": name}, "per_rank": [mine for mine, _ in gathered]}
+    _write_file(saved, place.run_dir / FILE)
+    _fsync_dir(place.run_dir)
+    sharded_checkpoint.remove_others(place.run_dir, name)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def load_checkpoint(state: TrainingState, engine: Engine, path: Path,
                     who: str) -> tuple[int, int, int | None]:
     """Restore everything saved into `state` (its objects in place, its `step`); returns the position
     (epoch, batch) to continue from and the compute threads per worker of the run that wrote it
     (None: not recorded). The parent's config check (`check_resume`) has already refused a
-    checkpoint of another run; the world size is checked again here, where it is known for sure."""
+    checkpoint of another run; the world size is checked again here, where it is known for sure,
+    and whether the run is sharded as the one that wrote it.
+
+    A sharded run loads its model and optimizer from the checkpoint's DCP folder
+    (`sharded_checkpoint.load`: on another number of workers, resharded, each rank then taking the
+    generators' state of rank `rank % written` and its synchronizer starting afresh, which
+    `reshard_refusal` allows only where the writers' held nothing else)."""
     saved = read_checkpoint(path, who, map_location=engine.device)
-    if saved["world_size"] != engine.size:
-        raise ValueError(f"{path} was written by {saved['world_size']} workers; "
-                         f"resume with engine.np={saved['world_size']}")
-    epoch, batch = restore_state(state, saved, saved["per_rank"][engine.rank], engine.device)
+    sync = state.sync if isinstance(state.sync, ShardedSync) else None
+    check_layout(saved, sync.sharding.layout if sync is not None else "none", who)
+    refusal = reshard_refusal(saved, engine.size, who)
+    if refusal is not None:
+        raise ValueError(refusal)
+    epoch, batch = continue_at(saved, engine.size, who)
+    written = saved["world_size"]
+    mine = saved["per_rank"][engine.rank % written]
+    if sync is None:
+        restore_state(state, saved, mine, engine.device)
+    else:
+        record = saved["sharded"]
+        folder = path.parent / record["dcp"]
+        wrong = sharded_checkpoint.check_record(record, None, folder)
+        if wrong is not None:
+            raise ValueError(f"{who}: the checkpoint's {wrong}; pass another checkpoint or start a new run")
+        sharded_checkpoint.load(state.model, state.optimizer, sync, record, folder)
+        _restore_rest(state, on_device(saved, engine.device), on_device(mine, engine.device), engine.device,
+                      own=written == engine.size)
     return epoch, batch, saved.get("threads")
 
 
@@ -384,12 +545,20 @@ def restore_state(state: TrainingState, shared: dict[str, Any], mine: dict[str, 
     shared, mine = on_device(shared, device), on_device(mine, device)  # a state another device wrote
     state.model.load_state_dict(shared["model"])
     state.optimizer.load_state_dict(shared["optimizer"])
+    _restore_rest(state, shared, mine, device)
+    return shared["position"]["epoch"], shared["position"]["batch"]
+
+
+def _restore_rest(state: TrainingState, shared: dict[str, Any], mine: dict[str, Any], device: torch.device,
+                  own: bool = True) -> None:
+    """`restore_state` after the model and the optimizer (on `device` already); `own` False: the
+    synchronizer keeps its fresh state (a resharded resume)."""
     state.lr_schedule.load_state_dict(shared["lr_schedule"])
     if state.scheduler is not None:
         state.scheduler.load_state_dict(shared["scheduler"])
-    state.sync.load_state_dict(mine)  # after the model and optimizer: a rank's own replace rank 0's
+    if own:
+        state.sync.load_state_dict(mine)  # after the model and optimizer: a rank's own replace rank 0's
     restore_rng(mine, device)
     state.step = shared["step"]
     if "progress" in shared:  # written by a compbench that records curves
         state.progress.load_state_dict(shared["progress"])
-    return shared["position"]["epoch"], shared["position"]["batch"]
