@@ -6,7 +6,7 @@ false: DDP's hooks, Horovod's optimizer) gets only the engine and the statistics
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -43,7 +43,8 @@ def build_synchronizer(nodes: Mapping[str, Any], engine: Engine, stats: StepStat
     shards, replicas = groups_of(engine.size, size)
     shard_engine, replica_engine = engine.within(shards), engine.within(replicas)
     inner = _build_mode(cfg, replica_engine, stats, guard_nonfinite)
-    return ShardedSync(inner, sharding, engine, shard_engine, replica_engine, stats)
+    # a ShardedSync's traits are its inner mode's, per instance (the protocol's are per class)
+    return cast(Synchronizer, ShardedSync(inner, sharding, engine, shard_engine, replica_engine, stats))
 
 
 def _build_mode(cfg: DictConfig, engine: Engine, stats: StepStats, guard_nonfinite: bool) -> Synchronizer:

@@ -249,16 +249,17 @@ class ShardedSync:
         after_forward: bool | int = (self.engine.local_size if s.hpz else True) if s.stage == 3 else False
         # fully_shard returns the module itself, as an FSDPModule (its class swapped in place)
         units = [fully_shard(u, mesh=mesh, reshard_after_forward=after_forward) for u in shard_units(model)]
-        root = fully_shard(model, mesh=mesh, reshard_after_forward=after_forward)
-        self.scatters = install_comms([*units, root], s.gather_format(), s.scatter_format(),
-                                      s.scatter == "loco4", self.directions, self.engine.device)
+        # the root last: it takes the parameters no unit holds
+        wrapped = [*units, fully_shard(model, mesh=mesh, reshard_after_forward=after_forward)]
+        self.scatters = install_comms(wrapped, s.gather_format(), s.scatter_format(), s.scatter == "loco4",
+                                      self.directions, self.engine.device)
         if s.prefetch:
             for i, unit in enumerate(units):  # gather the next units' weights while this one computes
                 unit.set_modules_to_forward_prefetch(units[i + 1: i + 1 + s.prefetch])
                 unit.set_modules_to_backward_prefetch(list(reversed(units[max(0, i - s.prefetch): i])))
-        self.model, self.view = root, ShardView(root)
+        self.model, self.view = model, ShardView(model)
         self.inner.setup(self.view)
-        return root
+        return model
 
     def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
         assert self.view is not None, "setup first"
