@@ -23,6 +23,14 @@ machine's link carries L * (N - L) of them. The model's five terms, per step:
   cluster every node shares the same cores, on a real one this is the intra-node share.
 The terms are linear in their coefficients, which are fitted by non-negative least squares on
 relative errors. A payload per rank `S` is the run's measured bytes per call (compbench books them).
+
+Sharded training (`sharding=fsdp|hsdp`) adds collectives inside shard groups of g consecutive ranks
+(groups aligned to machines; one that spans machines crosses each machine boundary once a round):
+`ring_allgather_into` (FSDP's weight all-gather into one buffer: g-1 rounds of a chunk),
+`ring_reduce_scatter` (its gradient reduce-scatter: the same arithmetic; a ring allreduce is the two),
+the all-to-all in groups (qgZ's quantized reduce-scatter), `fsdp_features` (a step of them, with
+the rounds a link's delay holds up) and `across_groups` (the `sync` mode's exchange among the
+replicas of each shard, g replica groups at once).
 """
 
 from __future__ import annotations
@@ -93,11 +101,18 @@ def ring_allgather(acc: dict[str, float], shape: Shape, nbytes: float, calls: fl
     _add(acc, shape, 2 * calls, 2 * calls * (n - 1), calls * cross, calls * machine)
 
 
-def alltoall(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0) -> None:
+def alltoall(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0,
+             group: int | None = None) -> None:
     """Every rank sends nbytes / N to each other rank at once: a machine's link carries L * (N-L)
-    of those messages out (and as many in)."""
-    n, per = shape.workers, shape.per_node
-    _add(acc, shape, calls, calls, calls * per * (n - per) * nbytes / n, calls * (n - 1) * nbytes)
+    of those messages out (and as many in). `group`: the same inside groups of g consecutive ranks
+    at once (qgZ's quantized reduce-scatter in a shard group), nbytes / g to each of g-1 peers; a
+    machine's link carries (its members of the group) x (the members elsewhere) messages, none where
+    a group lies inside a machine."""
+    n = shape.workers
+    g = n if group is None else max(1, min(group, n))
+    near = min(shape.per_node, g)  # a group's members on one machine (groups aligned to machines)
+    cross = near * (g - near) * nbytes / g if crosses_machines(shape, g) else 0.0
+    _add(acc, shape, calls, calls, calls * cross, calls * n * (g - 1) / g * nbytes)
 
 
 def to_leaders(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0) -> None:
@@ -105,6 +120,95 @@ def to_leaders(acc: dict[str, float], shape: Shape, nbytes: float, calls: float 
     per = shape.per_node
     if per > 1:
         _add(acc, shape, calls, calls, 0.0, calls * shape.nodes * (per - 1) * nbytes)
+
+
+def crosses_machines(shape: Shape, group: int) -> bool:
+    """Whether groups of `group` consecutive ranks span machines (machines hold `per_node` consecutive
+    ranks): a group larger than a machine does, and so does one that does not divide it (some group
+    straddles two)."""
+    return shape.nodes > 1 and shape.per_node % max(1, group) != 0
+
+
+def _ring_in_groups(acc: dict[str, float], shape: Shape, nbytes: float, calls: float, group: int | None
+                    ) -> None:
+    n = shape.workers
+    g = n if group is None else max(1, min(group, n))
+    rounds = g - 1  # each a chunk of nbytes / g per hop
+    cross = rounds * nbytes / g if crosses_machines(shape, g) else 0.0
+    _add(acc, shape, calls, calls * rounds, calls * cross, calls * n * rounds / g * nbytes)
+
+
+def ring_allgather_into(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0,
+                        group: int | None = None) -> None:
+    """An all-gather into one buffer of `nbytes` (torch's all_gather_into_tensor: every rank holds
+    nbytes / g of it, all the same length, so one collective: no sizes exchanged first) around a
+    ring of g consecutive ranks (`group`, default the world), every group at once: g-1 rounds, each
+    passing one chunk of nbytes / g along. Where a group spans machines its ring crosses each
+    machine boundary once: the busiest link carries (g-1)/g x nbytes; inside a machine, nothing.
+    All workers send N (g-1)/g x nbytes. FSDP's weight all-gather (nbytes: a unit's whole gathered
+    buffer, as compbench books it)."""
+    _ring_in_groups(acc, shape, nbytes, calls, group)
+
+
+def ring_reduce_scatter(acc: dict[str, float], shape: Shape, nbytes: float, calls: float = 1.0,
+                        group: int | None = None) -> None:
+    """A reduce-scatter of an input of `nbytes` per rank around a ring of g consecutive ranks
+    (`group`, default the world), every group at once: g-1 rounds, each passing a partial sum of
+    nbytes / g along, so that each rank ends with its reduced nbytes / g; the arithmetic of the
+    all-gather above (ring allreduce = this, then that). FSDP's dense gradient reduce-scatter
+    (nbytes: a unit's whole input, as compbench books it)."""
+    _ring_in_groups(acc, shape, nbytes, calls, group)
+
+
+def fsdp_features(shape: Shape, group: int, gather_bytes: float, gathers: float, scatter_bytes: float,
+                  scatters: float, scatter_alltoall: bool = False, node_gathers: float = 0.0
+                  ) -> dict[str, float]:
+    """One step of a sharded run's own collectives in its shard groups of `group` consecutive ranks:
+    `gathers` ring all-gathers of a unit's weights (`gather_bytes` each: the whole gathered buffer)
+    and `node_gathers` more inside each machine (ZeRO++ hpZ: backward gathers the secondary shard
+    its node keeps), `scatters` reduce-scatters of a unit's gradients (`scatter_bytes` each: the
+    whole input), a ring, or an all-to-all for a quantized one (qgZ, LoCo: each peer's chunk encoded
+    on its own). Each collective is queued (one fixed cost: FSDP calls torch.distributed directly,
+    no engine negotiation). `delayed_rounds` (not a fitted term): the rounds that cross a machine
+    link, which a link's delay holds up; inside a machine none."""
+    acc = _zero()
+    delayed = 0.0
+    ring_allgather_into(acc, shape, gather_bytes, gathers, group)
+    if crosses_machines(shape, group):
+        delayed += gathers * (group - 1)
+    if node_gathers:
+        inside = min(group, shape.per_node)
+        ring_allgather_into(acc, shape, gather_bytes, node_gathers, inside)
+        if crosses_machines(shape, inside):
+            delayed += node_gathers * (inside - 1)
+    if scatter_alltoall:
+        alltoall(acc, shape, scatter_bytes, scatters, group)
+        delayed += scatters if crosses_machines(shape, group) and group > 1 else 0.0
+    else:
+        ring_reduce_scatter(acc, shape, scatter_bytes, scatters, group)
+        delayed += scatters * (group - 1) if crosses_machines(shape, group) else 0.0
+    return {**acc, "delayed_rounds": delayed}
+
+
+def across_groups(row: dict, shape: Shape, group: int) -> dict[str, float]:
+    """The `sync` mode's exchange across shard groups of `group` consecutive ranks (HSDP): the ranks
+    at the same place in their groups hold the same shard and form a replica group of R = N / g
+    workers; the g replica groups run the row's collectives (`features`; the row's bytes: one
+    worker's, its shard's) at once. A replica group's consecutive members are g ranks apart: one
+    per machine where a shard group fills a machine or more, per_node / g on one machine otherwise;
+    the replica groups with a member on a machine, min(per_node, g), share its link, and all g of
+    them copy through the machines."""
+    n, per = shape.workers, shape.per_node
+    g = max(1, min(group, n))
+    replicas = n // g
+    if replicas <= 1:
+        return {**_zero(), "delayed_rounds": 0.0}
+    together = max(1, per // g)  # a replica group's members on one machine
+    machines = max(1, replicas // together)
+    terms = features(row, Shape(nodes=machines, workers=replicas, gbps=shape.gbps))
+    terms["cross_s"] *= min(per, g)
+    terms["machine_bytes"] *= g
+    return {**terms, "delayed_rounds": terms["rounds"] if machines > 1 else 0.0}
 
 
 def features(row: dict, shape: Shape) -> dict[str, float]:

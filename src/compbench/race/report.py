@@ -12,7 +12,9 @@ depend on the load, and a loaded run's step time (its rates too) is its estimate
 from its CPU time (compbench.records.stats.StepStats.unloaded_ms). A race in which no method reached
 the target says so (no verdict) instead of rating figures from a handful of steps. Then the model:
 its fitted coefficients, its step times beside the measured ones, the bandwidth below which each
-method reaches the target before the baseline, and a what-if table. Plots: the metric against training
+method reaches the target before the baseline, and a what-if table (compbench.race.model.WhatIf:
+time to target at other workers and machines, each method's memory per worker and whether it fits;
+a step's time and the memory at other model sizes). Plots: the metric against training
 seconds per link (every evaluation a marker, every seed its own line), utilization against bandwidth
 (each seed a point, the model's line), time to target per link (each seed a point, the mean a bar
 outline: seeds are never stacked).
@@ -32,7 +34,7 @@ from typing import Any
 from tabulate import tabulate
 
 from compbench.comm.cost_model import Fit
-from compbench.race.model import Profile, crossover_gbps, crossover_rtt_ms, fit_model
+from compbench.race.model import Profile, WhatIf, crossover_gbps, crossover_rtt_ms, fit_model
 from compbench.race.suites import Link, Race
 from compbench.race.to_target import MIN_MEASURED_STEPS, ToTarget, step_times, to_target
 from compbench.records import provenance
@@ -201,9 +203,21 @@ class Cell:
         return self.exposed_per_exchange_ms() if less is None else less * self.every
 
     def wire_per_exchange_ms(self, mbps: float) -> float | None:
-        """One worker's bytes of an exchange at the link's rate (each way)."""
+        """One worker's bytes of an exchange at the link's rate (each way); of a sharded run's own
+        collectives, booked as ZeRO++ counts volume (a unit's whole buffer), the (g-1)/g of it a
+        worker sends in a shard group of g."""
         sent = self.mean("bytes_sent_per_step")
-        return None if sent is None else sent * self.every * 8 / (mbps * 1e6) * 1e3
+        if sent is None:
+            return None
+        sharded = [r.summary.get("sharded") or {} for r in self.done]
+        if sharded and all(x.get("shard_group") for x in sharded):
+            own = statistics.fmean((x["shard_group"] - 1) / x["shard_group"]
+                                   * (float(x.get("bytes_gathered_per_step") or 0.0)
+                                      + float(x.get("bytes_scattered_per_step") or 0.0)) for x in sharded)
+            volume = statistics.fmean(float(x.get("bytes_gathered_per_step") or 0.0)
+                                      + float(x.get("bytes_scattered_per_step") or 0.0) for x in sharded)
+            sent += own - volume
+        return sent * self.every * 8 / (mbps * 1e6) * 1e3
 
     def per_unit_bytes(self) -> float | None:
         """Bytes all workers sent per token (or sample) trained on."""
@@ -287,7 +301,11 @@ Checks = Callable[[Table], list[tuple[str, bool | None, str]]]
 Predicted = dict[tuple[str, Link, int], tuple[float, float]]  # (method, link, seed) -> (own, cross) ms
 
 
-def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | None) -> str:
+def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | None,
+          whatif: WhatIf | None = None) -> str:
+    """race.md, race.csv, race_curves.csv and plots/ into `out`; race.md's text. `whatif`: the
+    configuration the model's what-if predicts (default: WhatIf's, 8 workers)."""
+    whatif = whatif or WhatIf()
     table = cells(runs, race)
     methods = list(dict.fromkeys(r.method for r in runs))
     links = sorted({r.link for r in runs})
@@ -324,7 +342,7 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
                   "rest's CPU time over the compute threads; race.csv: `step ms measured` beside `step ms "
                   "unloaded estimate`).", ""]
     lines += [tabulate(rows, headers=_header(race), tablefmt="github", disable_numparse=True), ""]
-    lines += _model_lines(race, table, methods, links, model, predicted)
+    lines += _model_lines(race, table, methods, links, model, predicted, whatif)
     if checks is not None:
         lines += ["## Targets", "",
                   tabulate([(text, "no verdict" if met is None else "yes" if met else "NO", figures)
@@ -428,7 +446,8 @@ RTT_RATE_MBPS = 200.0  # the rate of the round-trip crossover where the race has
 
 
 def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link],
-                 model: tuple[Fit, list[tuple[Run, Profile]]] | None, predicted: Predicted) -> list[str]:
+                 model: tuple[Fit, list[tuple[Run, Profile]]] | None, predicted: Predicted,
+                 whatif: WhatIf) -> list[str]:
     if model is None:
         return ["The model needs at least 5 finished runs.", ""]
     fit, rows = model
@@ -459,11 +478,15 @@ def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link]
     for m in methods:
         link = fastest.get(m)
         steps = _steps(table, m, links)
+        memory = whatif.fits(_memory(profiles[(m, link)], whatif)) if link is not None else "-"
+        whatif_time = "-"
+        if link is not None and steps is not None:
+            whatif_time = _whatif_times(profiles[(m, link)], steps, fit, whatif)
         if m == race.baseline:
-            verdicts.append((m, "- (the baseline)", *["-"] * len(rtt_rates), "-"))
+            verdicts.append((m, "- (the baseline)", *["-"] * len(rtt_rates), whatif_time, memory))
             continue
         if link is None or steps is None or base_steps is None or base_link is None:
-            verdicts.append((m, "- (the target was not reached)", *["-"] * len(rtt_rates), "-"))
+            verdicts.append((m, "- (the target was not reached)", *["-"] * len(rtt_rates), "-", memory))
             continue
         p, base = profiles[(m, link)], profiles[(race.baseline, base_link)]
         gbps, where = crossover_gbps(p, steps, base, base_steps, fit)
@@ -477,12 +500,61 @@ def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link]
             rtts.append({"everywhere": "at every round trip", "nowhere": "at no round trip up to 2 s",
                          "above": f"above {rtt:.3g} ms" if rtt else "",
                          "mixed": f"from {rtt:.3g} ms, not everywhere above" if rtt else ""}[at])
-        whatif = " / ".join(f"{p.time_ms(steps, fit, g / 1e3, 8, 10.0) / 1e3:.0f} s" for g in (10, 100, 1000))
-        verdicts.append((m, verdict, *rtts, whatif))
+        verdicts.append((m, verdict, *rtts, whatif_time, memory))
+    where = _whatif_place(whatif)
     header = ("method", "reaches the target before the baseline (no delay)",
               *(f"... at {x:g} Mbit/s, round trips" for x in rtt_rates),
-              "time to target at 10 / 100 / 1000 Mbit/s, 8 workers, 10 ms per message round (model)")
-    return [*lines, tabulate(verdicts, headers=header, tablefmt="github", disable_numparse=True), ""]
+              f"time to target at 10 / 100 / 1000 Mbit/s, {where} (model)",
+              f"memory per worker, {whatif.workers} workers (model): fits {whatif.memory_gb:g} GB?")
+    lines = [*lines, tabulate(verdicts, headers=header, tablefmt="github", disable_numparse=True), ""]
+    sized = []
+    for m in methods:
+        link = fastest.get(m)
+        own = profiles[(m, link)] if link is not None else None
+        if own is None or own.memory is None:
+            continue
+        for numel in (float(own.memory.numel), *whatif.params):
+            q = own.scaled(numel)
+            label = f"{numel:.3g}" + (" (its run)" if numel == own.memory.numel else "")
+            sized.append((m, label, _whatif_times(q, None, fit, whatif),
+                          whatif.fits(_memory(q, whatif))))
+    if sized:
+        lines += [f"What-if by model size, {where}: a step's time and a worker's memory (parameters, "
+                  "gradients and optimizer state over its shard group, the activations its run measured and "
+                  "the weights a sharded worker holds gathered; compbench.race.model), the model grown in "
+                  "depth and width together from its run's; the tokens a step as in the race.", "",
+                  tabulate(sized, headers=("method", "parameters",
+                                           "step ms at 10 / 100 / 1000 Mbit/s (model)",
+                                           f"memory per worker (model): fits {whatif.memory_gb:g} GB?"),
+                           tablefmt="github", disable_numparse=True), ""]
+    return lines
+
+
+def _whatif_place(whatif: WhatIf) -> str:
+    per = "each its own machine" if whatif.per_node == 1 else f"{whatif.per_node} to a machine"
+    return f"{whatif.workers} workers ({per}), {whatif.latency_ms:g} ms per message round"
+
+
+def _whatif_times(p: Profile, steps: float | None, fit: Fit, whatif: WhatIf) -> str:
+    """Seconds to `steps` steps (None: a step's ms) at 10 / 100 / 1000 Mbit/s in the what-if's
+    configuration; '-' where its workers do not make the method's shard groups."""
+    try:
+        times = [p.step_ms(fit, g / 1e3, whatif.workers, whatif.latency_ms, per_node=whatif.per_node)
+                 if steps is None else
+                 p.time_ms(steps, fit, g / 1e3, whatif.workers, whatif.latency_ms, whatif.per_node) / 1e3
+                 for g in (10, 100, 1000)]
+    except ValueError:
+        return "-"
+    if steps is None:
+        return " / ".join(f"{t:,.0f}" if t >= 100 else f"{t:.1f}" for t in times)
+    return " / ".join(f"{t:.0f} s" for t in times)
+
+
+def _memory(p: Profile, whatif: WhatIf) -> dict[str, float] | None:
+    try:
+        return p.memory_bytes(whatif.workers, whatif.per_node)
+    except ValueError:  # the what-if's workers do not make the run's shard groups
+        return None
 
 
 def _steps(table: Table, method: str, links: list[Link]) -> float | None:

@@ -2,8 +2,8 @@
 in Mbit/s, shaped with net.emulate_gbps, and a one-way delay in ms, net.emulate_latency_us: netem or
 compbench's delay line), the target and the training-time budget of every run.
 
-The links of every race: 10, 100 and 1000 Mbit/s without delay (a data centre's), and 200 Mbit/s
-with 25 ms each way (a link between sites: a round trip of 50 ms).
+The links of the text, field and cnn races: 10, 100 and 1000 Mbit/s without delay (a data centre's),
+and 200 Mbit/s with 25 ms each way (a link between sites: a round trip of 50 ms).
 
 text (default): the text workload of `compbench claims --suite text` (model=gpt on Shakespeare, 2
 workers x batch 32 x 64 tokens, constant lr after a 5% warm-up), engine=torch, validation on 256
@@ -23,6 +23,22 @@ NoLoCo (H=30) and SPARTA (p=0.005). The text race's links, target and budget.
 cnn: the seeds' compressors on Fashion-MNIST (model=cnn, 2 workers x batch 64, the claims suite's
 setting): fp32, DGC and DRAGONN at 0.1%, top-k at 1%, QSGD (8 bits) and PowerSGD (rank 1), each with
 its recipe. Target: test accuracy 85%; budget 60 s.
+
+sharded: sharded data parallelism against DDP on a wider, shallower GPT (model=gpt, 2 layers of
+width 256, 32-token windows, 2 workers x batch 16: 1.6M parameters), engine=torch: DDP-AdamW (as the
+text race's), FSDP (ZeRO-3, fp32 all-gathers and reduce-scatters), ZeRO++-style FSDP (qwZ int8
+weights, qgZ int8 gradients through an all-to-all; hpZ needs nodes) and HSDP + DiLoCo (4 workers:
+shard groups of 2, DiLoCo's outer step across them every 10 steps). A worker's fp32 parameters,
+gradients and AdamW state (25 MB under DDP) outweigh its activations (17 MB, measured): a 2-worker
+FSDP run holds half of that state, about 0.8 of DDP's memory per worker in all (its activations are
+not sharded, and it holds a unit's gathered weights and the next one's). A preset where the state
+dwarfs the activations (fewer tokens a step, a wider model) would come nearer one half, but each
+FSDP worker sends 1.5x the model's fp32 bytes a step (2 workers): at 100 Mbit/s it would not reach a
+target within the race's time. The report's what-if says each method's memory per worker and whether
+it fits (--memory-gb) at --workers, and at other model sizes (--params). Links 1 Gbit/s and 100
+Mbit/s, one seed. Target: validation loss 2.5 (DDP-AdamW got there in ~75 steps, unshaped); budget
+90 s of training per run: 8 runs, about 7 minutes on an idle 2-core machine by the model's step
+times (every run to its budget: about 15).
 
 --quick: one seed, the same links, a nearer target and a shorter budget (a smoke test of the
 machinery and a first look; not evidence).
@@ -151,4 +167,24 @@ CNN = Race(
     baseline="fp32", links=LINKS, target="target_acc1=85", budget_s=60, seeds=2,
     quick_target="target_acc1=75", quick_budget_s=20, units="samples")
 
-RACES = {r.name: r for r in (TEXT, FIELD, CNN)}
+# The sharded race's GPT: wide and shallow, short windows and a small batch, so that a worker's fp32
+# parameters, gradients and AdamW state (16 bytes a parameter: 25 MB) outweigh its activations (17 MB)
+SHARDED_MODEL = ("model=gpt", "model.n_layer=2", "model.n_embd=256", "model.n_head=4", "dataset=shakespeare",
+                 "dataset.block_size=32", "batch_size=16")
+SHARDED = Race(
+    name="sharded",
+    base=(*SHARDED_MODEL, "dataset.ood=null", "dataset.eval_windows=256", "engine=torch", "epochs=1",
+          "optim.lr_schedule=constant", "optim.warmup_steps=20", "eval_every_steps=25", "progress=false",
+          "checkpoint=false", "on_nonfinite=ignore"),
+    methods={  # the workers are each method's: HSDP needs two shard groups of 2
+        "ddp-adamw": ("engine.np=2", *TEXT.methods["ddp-adamw"]),
+        "fsdp": ("engine.np=2", "optim=adamw", "sharding=fsdp"),
+        "zeropp": ("engine.np=2", "optim=adamw", "sharding=fsdp", "sharding.gather=int8",
+                   "sharding.scatter=int8"),
+        "hsdp-diloco": ("engine.np=4", "optim=adamw", "sharding=hsdp", "sharding.group_size=2", "sync=diloco",
+                        "sync.inner_steps=10"),
+    },
+    baseline="ddp-adamw", links=(Link(1000), Link(100)), target="target_loss=2.5", budget_s=90, seeds=1,
+    quick_target="target_loss=2.9", quick_budget_s=30, units="tokens")
+
+RACES = {r.name: r for r in (TEXT, FIELD, CNN, SHARDED)}
