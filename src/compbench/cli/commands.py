@@ -10,8 +10,8 @@
   compbench gen SPEC [--target torch|cpu|cuda]  the code generated from a CompLL spec (compll/specs/)
   compbench plan key=value ...                  SeCoPa compression plan for a model and cluster
   compbench report DIR [--fit F] [--per-node L] tables, plots and what-if scaling of a run or sweep
-  compbench claims [--suite cnn|text] [--quick]  published findings re-run as experiments, with a verdict each
-  compbench race [--suite text|cnn] [--quick]   which method reaches a target first over which link
+  compbench claims [--suite NAME] [--quick]     published findings re-run as experiments, with a verdict each
+  compbench race [--suite NAME] [--quick]       which method reaches a target first over which link
   compbench cluster up|down|status|run          K emulated machines (namespaces, shaped links, sshd)
   compbench clean                               remove what killed runs left (namespaces, /tmp folders)
   compbench completion bash                     shell completion: eval "$(compbench completion bash)"

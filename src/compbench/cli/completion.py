@@ -26,7 +26,8 @@ SUBCOMMANDS = ("train", "list", "launch", "bench", "gen", "plan", "report", "cla
                "clean", "completion")
 FLAGS = {"train": ("-m", "--cfg", "--info", "--help"),
          "claims": ("--suite", "--quick", "--out", "--only", "--seeds"),
-         "race": ("--suite", "--quick", "--out", "--only", "--links", "--seeds"),
+         "race": ("--suite", "--quick", "--out", "--only", "--links", "--seeds", "--workers", "--per-node",
+                  "--memory-gb", "--params"),
          "report": ("--fit", "--per-node", "--latency-us"), "completion": ("bash", "zsh")}
 
 
