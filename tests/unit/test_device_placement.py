@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -146,8 +147,7 @@ def test_auto_takes_a_gpu_per_worker_or_the_cpu_and_says_why(fake_gpus):
     assert device.place("auto", 2).describe() == "device cpu (auto: no CUDA GPU)"
     fake_gpus(1)
     cpu = device.place("auto", 2)
-    assert (cpu.kind, cpu.why) == ("cpu", "auto: 1 GPU(s) for 2 workers, one each is needed; device=cuda "
-                                          "shares them")
+    assert (cpu.kind, cpu.why) == ("cpu", "auto: 1 GPU(s) for 2 workers, one each is needed")
     fake_gpus(2)
     auto = device.place("auto", 2)
     assert auto.describe() == "device cuda (auto: 2 worker(s) on 2 GPU(s), one each)"
@@ -156,6 +156,53 @@ def test_auto_takes_a_gpu_per_worker_or_the_cpu_and_says_why(fake_gpus):
     shared = device.place("cuda", 3)
     assert shared.shares_gpu and {shared.device(r) for r in range(3)} == {torch.device("cuda", 0)}
     assert device.place("cpu", 2).device(1) == torch.device("cpu")
+
+
+UNUSED = "device=auto: {} for {} workers, so they train on the CPU; to train on the {}, pass "
+
+
+@pytest.mark.parametrize("gpus, overrides, said", [
+    (1, [], UNUSED.format("1 GPU", 2, "GPU") + "device=cuda engine=torch to share it (Horovod's NCCL takes "
+                                               "one worker per GPU), or engine.np=1 (a GPU each)"),
+    (1, ["engine=torch"], UNUSED.format("1 GPU", 2, "GPU") + "device=cuda to share it (gloo's CUDA "
+                                                             "collectives), or engine.np=1 (a GPU each)"),
+    (2, ["engine=torch", "engine.np=3"], UNUSED.format("2 GPUs", 3, "GPUs") + "device=cuda to share them "
+                                         "(gloo's CUDA collectives), or engine.np=2 (a GPU each)"),
+])
+def test_auto_on_the_cpu_beside_fewer_gpus_than_workers_says_so_and_how(fake_gpus, gpus, overrides, said):
+    """The default 2 workers on a machine with one GPU train on its CPU: one warning line at the config
+    check says it, with the two ways to the GPU; the start line's reason stays."""
+    fake_gpus(gpus)
+    with pytest.warns(UserWarning) as caught:
+        config.check(config.compose([*TINY, *overrides]))
+    assert [str(w.message) for w in caught if str(w.message).startswith("device=")] == [said]
+
+
+@pytest.mark.parametrize("gpus, setting, env", [
+    (0, "auto", {}),  # no GPU: the CPU is the only choice
+    (2, "auto", {}),  # a GPU each: CUDA
+    (1, "cpu", {}),  # the CPU, chosen
+    (1, "auto", {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}),  # a launcher's local rank 1: rank 0 says it
+])
+def test_auto_warns_only_where_it_left_gpus_unused(fake_gpus, monkeypatch, gpus, setting, env):
+    fake_gpus(gpus)
+    monkeypatch.setattr(device, "cupy_importable", lambda: True)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        device.check(setting, "fp32", 2, "torch", None)
+    assert [str(w.message) for w in caught] == []
+
+
+def test_under_a_launcher_the_fix_is_the_launchers_number_of_workers(fake_gpus, monkeypatch):
+    fake_gpus(1)
+    monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "4")
+    with pytest.warns(UserWarning) as caught:
+        device.check("auto", "fp32", 4, "horovod", None)
+    assert [str(w.message) for w in caught] == [
+        "device=auto: 1 GPU for 4 workers, so they train on the CPU; to train on the GPU, start 1 worker(s) "
+        "per machine (a GPU each)"]
 
 
 def test_the_torch_backend_follows_the_device():

@@ -11,7 +11,9 @@ same answer in each worker (under horovodrun or torchrun, in the workers alone):
   GPUs`, so more workers than GPUs share them (engine=torch then reduces over gloo's CUDA
   collectives: NCCL puts one rank on a GPU).
 - `auto`: CUDA when this machine has a GPU for every local worker, else the CPU (the start line says
-  why). Sharing a GPU is a choice (`device=cuda`), never a default.
+  why). Sharing a GPU is a choice (`device=cuda`), never a default. With GPUs, but fewer than the
+  workers, the config check also warns (one line) that the run trains on the CPU and how to use them:
+  a machine with a GPU and the default 2 workers would otherwise train on its CPU unnoticed.
 
 The engines take the worker's device (`torch.device`): engine=torch picks its backend with
 `torch_backend`, engine=horovod needs a build with CUDA for CUDA tensors. `check` is the config
@@ -94,7 +96,7 @@ def place(setting: str, workers: int) -> Placement:
         return Placement("cpu", 0, workers, "auto: no CUDA GPU")
     if gpus < workers:
         return Placement("cpu", gpus, workers, f"auto: {gpus} GPU(s) for {workers} workers, one each is "
-                                               "needed; device=cuda shares them")
+                                               "needed")
     return Placement("cuda", gpus, workers, "auto: " + _shares(workers, gpus))
 
 
@@ -128,6 +130,9 @@ def check(setting: str, precision: str, workers: int, engine: str, backend: str 
     """The config check of device, precision and the engine's backend for `workers` local workers
     (ValueError: one line naming the key and the fix); the placement for the start line."""
     placement = place(setting, workers)
+    unused = _unused_gpus(placement, engine) if setting == "auto" else None
+    if unused:
+        warnings.warn(unused, stacklevel=2)
     if backend == "nccl":
         if placement.kind != "cuda":
             raise ValueError(f"engine.backend=nccl reduces CUDA tensors and this run trains on the CPU "
@@ -146,6 +151,26 @@ def check(setting: str, precision: str, workers: int, engine: str, backend: str 
                       "steps) cannot run and their torch twins do; pip install cupy-cuda13x "
                       "(compbench's [gpu] extra)", stacklevel=2)
     return placement
+
+
+def _unused_gpus(placement: Placement, engine: str) -> str | None:
+    """device=auto's warning where it placed the workers on the CPU beside GPUs: what it chose, and the
+    two ways to the GPUs (share them, or one worker each); None where there is nothing to say. Under an
+    external launcher every worker checks its config: local rank 0 says it, once per machine."""
+    gpus, workers = placement.gpus, placement.workers
+    launched = any(os.environ.get(k) for k in ("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"))
+    local_rank = os.environ.get("HOROVOD_LOCAL_RANK", os.environ.get("LOCAL_RANK", "0"))
+    if placement.kind != "cpu" or not gpus or local_rank != "0":
+        return None
+    them, s = ("it", "") if gpus == 1 else ("them", "s")
+    ways = [f"pass device=cuda to share {them} (gloo's CUDA collectives)" if engine == "torch" else
+            f"pass device=cuda engine=torch to share {them} (Horovod's NCCL takes one worker per GPU)"]
+    if launched:  # the launcher's workers: its engine is fixed, their number is the launcher's
+        ways = [*(ways if engine == "torch" else []), f"start {gpus} worker(s) per machine (a GPU each)"]
+    else:
+        ways.append(f"engine.np={gpus} (a GPU each)")
+    return (f"device=auto: {gpus} GPU{s} for {workers} workers, so they train on the CPU; to train on the "
+            f"GPU{s}, {', or '.join(ways)}")
 
 
 def bf16_supported(kind: str) -> bool:
