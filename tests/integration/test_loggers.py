@@ -1,6 +1,8 @@
 """The logger seam (compbench.train.loggers): a 2-job sweep with the CSV and MLflow loggers beside
 TensorBoard: every job's scalars.csv, and both runs in MLflow's local store with their parameters,
-metrics and results.json, as a lab's tracking would take them."""
+metrics and results.json, as a lab's tracking would take them; a DiLoCo run's MLflow record read back
+whole: its settings, the summary's medians, wall-clock timestamps, the machine and the experiment's
+kind."""
 
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ def test_a_sweep_lands_in_the_csv_and_mlflow_loggers(tmp_path):
 
     client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
     experiment = client.get_experiment_by_name("compbench")
+    # made as a model-training experiment: MLflow's UI opens it on its runs, not on GenAI traces
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     runs = client.search_runs([experiment.experiment_id])
     assert sorted(r.data.params["compressor"] for r in runs) == ["fp16", "none"]
     for run in runs:
@@ -61,6 +65,74 @@ def test_a_sweep_lands_in_the_csv_and_mlflow_loggers(tmp_path):
         assert metrics["summary/step_ms"] == pytest.approx(summary["step_ms"])
         assert run.data.tags["compbench.loaded"] in ("true", "false")
         assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["results.json"]
+
+
+def test_an_mlflow_run_holds_the_settings_the_summary_medians_and_real_timestamps(tmp_path):
+    """One DiLoCo run (a sync with settings of its own) on a modelled link, read back from MLflow's store
+    as its UI reads it: every resolved setting as a parameter, the device `auto` chose, the summary's
+    medians as run-level metrics (not a last step's value), wall-clock timestamps inside the run's own
+    span, the loaded tag; an experiment an older compbench made without a kind gets one."""
+    pytest.importorskip("mlflow")
+    import os
+    import statistics
+    import time
+
+    from compbench.records.results import WARMUP_STEPS
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    client.create_experiment("compbench")  # as an older compbench made it: no kind
+    began_ms = time.time() * 1e3
+    run_dir = tmp_path / "run"
+    proc = compbench("train", *TINY, "engine.np=1", "max_steps=8", "eval_points=1", "checkpoint=false",
+                     "sync=diloco", "sync.inner_steps=1", "net=eth10g", "loggers=[mlflow]",
+                     f"outputs_root={tmp_path}", f"output_dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    summary = results["summary"]
+    # the summary says where the run went and how to open that folder in MLflow's UI
+    assert (f"  mlflow       {(tmp_path / 'mlruns').as_uri()}, experiment compbench, run run  "
+            f"(MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {(tmp_path / 'mlruns').as_uri()})"
+            in proc.stdout.splitlines())
+
+    experiment = client.get_experiment_by_name("compbench")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
+
+    # every resolved setting: the step budget, the link, the sync's own settings, device and precision
+    assert params["max_steps"] == "8" and params["sync"] == "diloco"
+    assert params["net.gbps"] == "10" and params["net.latency_us"] == "25"
+    assert {"net.emulate_latency_us", "net.emulate_jitter_us", "net.emulate_loss"} <= set(params)
+    assert params["sync.inner_steps"] == "1" and params["sync.outer_lr"] == "0.7"
+    assert params["sync.outer_momentum"] == "0.9" and params["optim.momentum"] == "0.9"
+    assert params["device"] == "auto" and params["environment.device"] == results["environment"]["device"]
+    assert params["precision"] == "fp32" and params["environment.backend"] == "gloo"
+
+    # the summary's figures as run-level metrics: the medians after the warm-up, not the last step's
+    steps = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "time/step_ms"),
+                                     key=lambda m: m.step)]
+    assert len(steps) == 8
+    assert summary["step_ms"] == pytest.approx(statistics.median(steps[WARMUP_STEPS:]))
+    assert metrics["summary/step_ms"] == pytest.approx(summary["step_ms"])
+    figures = {k: v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    assert figures and all(metrics[f"summary/{k}"] == pytest.approx(v) for k, v in figures.items())
+
+    # wall-clock milliseconds inside the run's own span (not the training clock: 1970 on MLflow's axis);
+    # the training clock is a series of its own
+    assert began_ms <= run.info.start_time <= run.info.end_time <= time.time() * 1e3
+    for key in ("train/loss", "time/step_ms", "eval/acc1", "summary/step_ms"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert history and all(run.info.start_time <= m.timestamp <= run.info.end_time for m in history), key
+    clock = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "time/train_s"),
+                                     key=lambda m: m.step)]
+    assert len(clock) == 8 and clock == sorted(clock) and clock[-1] < 1e3
+
+    assert tags["compbench.loaded"] == str(bool(summary["loaded"])).lower()
+    assert tags["compbench.run_dir"] == str(run_dir)
 
 
 def test_a_bad_logger_is_one_line(tmp_path):

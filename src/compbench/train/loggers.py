@@ -7,11 +7,13 @@ store (a lab's server, or a local file store), so a lab's tracking takes compben
     compbench train loggers=[tensorboard,mlflow] mlflow.uri=http://tracking:5000 mlflow.experiment=comp
 
 MLflow is an optional extra (`pip install 'compbench[mlflow]'`: mlflow-skinny, no server): its
-parameters are every resolved setting (`group.key`) and the hparams, its metrics every scalar at its
-step and wall-clock time with the training clock as `time/train_s`, and the summary's figures as
-`summary/KEY`; its tags compbench's commit, the run folder and whether the machine was loaded, and
-results.json its artifact. Without `mlflow.uri` the store is
-`OUTPUTS_ROOT/mlruns` (`mlflow ui --backend-store-uri OUTPUTS_ROOT/mlruns`).
+parameters are every resolved setting (`group.key`), the hparams and the machine the run had
+(`environment.KEY`: the device `device=auto` chose, the backend, threads, versions), its metrics every
+scalar at its step and wall-clock time with the training clock as `time/train_s`, and the summary's
+figures as `summary/KEY`; its tags compbench's commit, the run folder and whether the machine was
+loaded, and results.json its artifact; the experiment is tagged as model training, not GenAI. Without
+`mlflow.uri` the store is `OUTPUTS_ROOT/mlruns`; the UI (`pip install 'compbench[mlflow-ui]'`) opens it
+with `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri file://OUTPUTS_ROOT/mlruns`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ from typing import Any, Protocol
 from compbench.records.results import DESCRIBED
 
 LOGGERS = ("tensorboard", "csv", "mlflow")
+# The experiment's kind, under the tag MLflow's own kind selector writes: model training, not GenAI, so
+# that a UI that reads it opens the experiment on its runs, not on its traces (empty for compbench).
+# MLflow 3's UI before its "GenAI / Model training" switch (3.4) reads this tag, and guesses without it;
+# 3.10 to 3.17 follow the switch instead (GenAI until a user picks "Model training", which the browser
+# keeps: the docs say so), and the tag still says what the experiment is (MLflow's assistant reads it).
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
 class Logger(Protocol):
@@ -150,21 +158,22 @@ class CSVLogger:
 
 
 class MLflowLogger:
-    """One MLflow run per compbench run, in `experiment` of the tracking store at `uri`: every resolved
-    setting as a parameter (`settings`: the run's config, flattened to `group.key`; the hparams over
-    them), every scalar as a metric at its step and wall-clock time (`start` + its training seconds,
-    sent in batches) with the training clock as a metric of its own (`time/train_s`), compbench's
-    commit and the run folder as tags; at the end the summary's figures as run-level metrics
-    (`summary/KEY`: the medians, not a last step's value), whether the machine was loaded as a tag,
-    results.json as an artifact; ended FINISHED, or FAILED without results."""
+    """One MLflow run per compbench run, in `experiment` of the tracking store at `uri` (tagged as model
+    training, EXPERIMENT_KIND): every resolved setting as a parameter (`settings`: the run's config,
+    flattened to `group.key`; the hparams over them), every scalar as a metric at its step and the
+    wall-clock time it was recorded (sent in batches) with the training clock as a metric of its own
+    (`time/train_s`), compbench's commit and the run folder as tags; at the end the summary's figures
+    as run-level metrics (`summary/KEY`: the medians, not a last step's value), the machine the run had
+    as parameters (`environment.KEY`: results.json's environment, the device `device=auto` resolved to
+    among them), whether the machine was loaded as a tag, results.json as an artifact; ended FINISHED,
+    or FAILED without results."""
 
     BATCH = 1000  # MLflow's most metrics per log_batch call
     PARAMS = 100  # MLflow's most parameters per log_batch call
     VALUE = 6000  # MLflow's longest parameter value
 
     def __init__(self, run_dir: Path, hparams: Mapping[str, Any], uri: str, experiment: str,
-                 tags: Mapping[str, Any], settings: Mapping[str, Any] | None = None,
-                 start: float | None = None) -> None:
+                 tags: Mapping[str, Any], settings: Mapping[str, Any] | None = None) -> None:
         if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch (maintenance mode)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         # a server that stops answering costs a bounded wait per call, not MLflow's 7 tries of 120 s
@@ -176,16 +185,24 @@ class MLflowLogger:
 
         self.client = MlflowClient(tracking_uri=uri)
         found = self.client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        # tagged as model training (EXPERIMENT_KIND: the UI opens it on its runs); an experiment a lab
+        # made keeps the kind it was given, one without a kind (an older compbench's) gets this one
+        kind, training = EXPERIMENT_KIND
+        if found is None:
+            experiment_id = self.client.create_experiment(experiment, tags={kind: training})
+        else:
+            experiment_id = found.experiment_id
+            if kind not in found.tags:
+                try:
+                    self.client.set_experiment_tag(experiment_id, kind, training)
+                except Exception:  # noqa: BLE001 - a server that refuses it (permissions) still takes runs
+                    pass
         self.run = self.client.create_run(experiment_id, run_name=run_dir.name,
                                           tags={"compbench.run_dir": str(run_dir),
                                                 **{f"compbench.{k}": str(v) for k, v in tags.items()}})
         given = {**_flat_settings(settings or {}), **{k: v for k, v in hparams.items() if v is not None}}
-        params = [mlflow.entities.Param(k, str(v)[: self.VALUE]) for k, v in given.items()]
-        for i in range(0, len(params), self.PARAMS):
-            self.client.log_batch(self.run.info.run_id, params=params[i:i + self.PARAMS])
+        self._params(given)
         self.run_dir = run_dir
-        self.start = time.time() if start is None else start
         self.pending: list[Any] = []
         self._clock_step = -1  # the last step whose training clock went out
         self._metric = mlflow.entities.Metric
@@ -193,7 +210,10 @@ class MLflowLogger:
     def scalar(self, tag: str, value: float, step: int, train_s: float) -> None:
         if self.lost:
             return
-        stamp = int((self.start + train_s) * 1e3)  # wall-clock milliseconds, as MLflow reads them
+        # the time it was recorded, in milliseconds: MLflow's Time axis reads the date, its Relative Time
+        # the seconds since the series' first point (evaluations included), both within the run's start
+        # and end; the training clock is `time/train_s`, which MLflow's charts take as an x axis
+        stamp = int(time.time() * 1e3)
         self.pending.append(self._metric(tag, float(value), stamp, int(step)))
         # the training clock beside each step's loss (the one series every training step has; the
         # curve's series count samples or tokens, not steps): an x axis of its own
@@ -213,12 +233,21 @@ class MLflowLogger:
                            if isinstance(v, int | float) and not isinstance(v, bool)]
                 for i in range(0, len(figures), self.BATCH):
                     self.client.log_batch(run_id, metrics=figures[i:i + self.BATCH])
+                # the machine (params are written once: these keys are not the config's)
+                self._params(_flat_settings(results.get("environment") or {}, "environment."))
                 self.client.set_tag(run_id, "compbench.loaded", str(bool(summary.get("loaded"))).lower())
                 self.client.log_text(run_id, json.dumps(results, default=str), "results.json")
             self.client.set_terminated(self.run.info.run_id, "FINISHED" if results is not None else "FAILED")
 
         if not self.lost:
             self._guarded(end)
+
+    def _params(self, given: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(k, str(v)[: self.VALUE]) for k, v in given.items()]
+        for i in range(0, len(params), self.PARAMS):
+            self.client.log_batch(self.run.info.run_id, params=params[i:i + self.PARAMS])
 
     def _flush(self) -> None:
         if self.pending:
@@ -252,10 +281,14 @@ def _flat_settings(settings: Mapping[str, Any], prefix: str = "") -> dict[str, A
 def places(names: Sequence[str], run_dir: Path, mlflow: Mapping[str, Any],
            outputs_root: str) -> dict[str, str]:
     """Where each logger put the run's scalars, for the summary's last lines (results.json `logged`)."""
+    uri = mlflow_uri(mlflow.get("uri"), outputs_root)
+    # a folder needs MLflow's UI to be read (a server is its own UI); MLflow 3 opens a folder store only
+    # with MLFLOW_ALLOW_FILE_STORE=true
+    ui = (f"  (MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri})"
+          if uri.startswith("file:") else "")
     where = {"tensorboard": f"{run_dir / 'tb'}  (tensorboard --logdir {run_dir.parent})",
              "csv": str(run_dir / "scalars.csv"),
-             "mlflow": f"{mlflow_uri(mlflow.get('uri'), outputs_root)}, experiment "
-                       f"{mlflow.get('experiment')}, run {run_dir.name}"}
+             "mlflow": f"{uri}, experiment {mlflow.get('experiment')}, run {run_dir.name}{ui}"}
     return {name: where[name] for name in names}
 
 
@@ -356,7 +389,7 @@ def build(names: Sequence[str], run_dir: Path, hparams: Mapping[str, Any], start
             uri = mlflow_uri(mlflow.get("uri"), outputs_root)
             try:
                 out.append(MLflowLogger(run_dir, hparams, uri, str(mlflow.get("experiment")), source(),
-                                        settings, start))
+                                        settings))
             except Exception as e:  # noqa: BLE001 - as MLflowLogger._guarded: the run goes on without it
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
                 print(f"warning: MLflow at {uri} did not take this run ({first}); the run goes on, its "
