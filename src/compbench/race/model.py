@@ -18,7 +18,12 @@ of them: 1-bit Adam's warm-up). Then, at G Gbit/s with N workers and a latency L
     time to S steps = min(S, warmup) x the warm-up's step + the rest x step(G, N, L)
 
 The alpha-beta coefficients are fitted (non-negative least squares on relative errors) on the race's
-own runs: each row's measured step time against its prediction with the row's own `fixed`.
+own runs: each row's measured step time against its prediction with the row's own `fixed`, where
+those runs span two bandwidths or more (MIN_BANDWIDTHS: on one link a per-byte cost cannot be told
+from a per-collective one, and a link factor from one rate is no rate's). Otherwise the model keeps
+its prior (PRIOR: each link at its shaped rate, a delay waited once per message round, nothing per
+collective or round) and says so; what it predicts then is the prior's, and the race's report
+prints no crossover and no extrapolation from it.
 Assumptions: `fixed` and the payload per worker do not change with N or G; every worker is its own
 machine on a link of G each way (compbench's shaped loopback: 2 workers, 2 x G on one device; with a
 delay, a link each). The delay L is waited once per message round (`latency_factor` x L x rounds,
@@ -79,6 +84,11 @@ from compbench.records.memory import MB, predict_worker_bytes
 
 BACKWARD_SHARE = 2 / 3  # of forward + backward: what a per-step exchange from backward hooks can hide behind
 PARAMETER_BYTES = 4  # fp32: the parameters, gradients and optimizer state a worker keeps
+# What the model assumes before a fit, and keeps where the runs cannot fit it: the link at its shaped
+# rate (link factor 1), the delay once per message round, no cost per collective, round or byte copied.
+PRIOR = Fit(ms_per_waited=0.0, ms_per_queued=0.0, ms_per_round=0.0, link_factor=1.0,
+            machine_gb_per_s=math.inf, latency_factor=1.0)
+MIN_BANDWIDTHS = 2  # the rows' distinct bandwidths a fit needs
 _BYTE_KEYS = ("bytes_sent_per_step", "bytes_allreduce_per_step", "bytes_dense_per_step")
 _CALL_KEYS = ("compressed_calls_per_step", "dense_calls_per_step")
 
@@ -372,13 +382,16 @@ def fit_model(rows: list[tuple[Profile, float, float, float, bool]]) -> Fit:
     iterated so that only the rows whose exchange is not fully hidden (the max(0, .) is active)
     constrain it through their exchange; a sharded row's FSDP collectives (exposed every step)
     constrain it always. The delay's factor per message round is fitted where the rows had two
-    delays or more; otherwise it stays 1 (each round waits the delay once)."""
+    delays or more; otherwise it stays 1 (each round waits the delay once). Rows of fewer than
+    MIN_BANDWIDTHS bandwidths fit nothing: PRIOR."""
     from scipy.optimize import nnls
 
+    if len({gbps for _, gbps, _, _, _ in rows}) < MIN_BANDWIDTHS:
+        return PRIOR
     fit_latency = len({latency for _, _, latency, _, _ in rows}) >= 2
     scale = np.array([1.0, 1.0, 1.0, 1e3, 1.0] + ([1.0] if fit_latency else []))
     exposed = [True] * len(rows)  # whose exchange the max(0, .) leaves exposed
-    model = Fit(0.0, 0.0, 0.0, 1.0, math.inf)
+    model = PRIOR
     for _ in range(4):
         x, y, w = [], [], []
         for (p, gbps, latency, step, dense), open_ in zip(rows, exposed, strict=True):

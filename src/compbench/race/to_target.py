@@ -12,6 +12,15 @@ The step time: the measured median (wall clock) of a run on an idle machine; of 
 (compbench.records.provenance.loaded), the estimate of its step on an unloaded machine that a CPU
 run records (`step_unloaded_ms`: its communication's wall time plus the CPU time of the rest over
 its compute threads), since other work stretches the wall time and not the CPU time.
+
+That estimate is a claim about the machine, not a measurement: it holds where the CPU time of a step
+does not grow with the load (no cache or memory-bandwidth contention, threads that keep busy) and
+where its communication's wall time is the wire's. Whether it holds is measured per method family
+(`family`: per-step, periodic, sharded) and load (busy loops per core, `load_level`) by
+scripts/validate_unloaded.py: the estimate at that load over the same method's wall-clock step on the
+idle machine. `VALIDATED` keeps those ratios; a family and load without one (None: not measured) or
+off by more than `ESTIMATE_TOLERANCE` is not validated, and a race whose loaded runs rest on it gives
+no verdict at that load (compbench.race.report).
 """
 
 from __future__ import annotations
@@ -20,6 +29,15 @@ from dataclasses import dataclass
 from typing import Any
 
 MIN_MEASURED_STEPS = 20  # after the warm-up steps: fewer make no throughput verdict (no spread to trust)
+
+FAMILIES = ("per-step", "periodic", "sharded")
+LOAD_LEVELS = (1, 2)  # busy loops per core that scripts/validate_unloaded.py runs beside the methods
+# (family, busy loops per core) -> the unloaded estimate's median step at that load over the same
+# method's wall-clock median step on the idle machine (scripts/validate_unloaded.py's table). None:
+# not measured yet -- as of now no family is validated at any load, so a race whose runs were loaded
+# ranks nothing by the estimate.
+VALIDATED: dict[tuple[str, int], float | None] = {(f, n): None for f in FAMILIES for n in LOAD_LEVELS}
+ESTIMATE_TOLERANCE = 0.10  # a ratio within 1 +- this validates the estimate at that load
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,16 @@ class ToTarget:
     def seconds(self, step_ms: float | None = None) -> float:
         """Steps to the target times a step's time (the measured median, or `step_ms`: a prediction)."""
         return self.steps * (self.step_ms if step_ms is None else step_ms) / 1e3
+
+    @property
+    def resolution_steps(self) -> float:
+        """The interval between the evaluations around the crossing, in steps (the crossing lies in
+        it: +- half of it about the interpolated figure)."""
+        return self.resolution / self.per_step
+
+    def resolution_s(self, step_ms: float | None = None) -> float:
+        """The same interval in seconds at the step time (the measured median, or `step_ms`)."""
+        return self.resolution_steps * (self.step_ms if step_ms is None else step_ms) / 1e3
 
     @property
     def seconds_spread(self) -> tuple[float, float]:
@@ -90,3 +118,39 @@ def to_target(results: dict[str, Any], metric: str, higher_is_better: bool, load
     last = curve[-1]
     per_step = float(last[units_key]) / max(1, int(last["step"]))
     return ToTarget(units, resolution, per_step, *step)
+
+
+def family(results: dict[str, Any]) -> str:
+    """A run's method family for the unloaded estimate's validation: `sharded` (sharding=fsdp|hsdp:
+    collectives every step inside the step's compute), `periodic` (one exchange every several steps:
+    the DiLoCo family) or `per-step` (an exchange every step: DDP, the compressors, DeMo, 1-bit Adam)."""
+    if ((results.get("summary") or {}).get("sharded") or {}).get("layout") in ("fsdp", "hsdp"):
+        return "sharded"
+    return "periodic" if int((results.get("exchange") or {}).get("every", 1)) > 1 else "per-step"
+
+
+def others_per_core(environment: dict[str, Any]) -> float | None:
+    """Other work's demand for the cores while the run trained, in busy loops per core: its
+    runnable tasks (environment.others_runnable), or else the load average at the end less the run's
+    own threads, over the cores; None where the run recorded neither."""
+    cores = environment.get("cores")
+    others = environment.get("others_runnable")
+    after, own = environment.get("load_after"), environment.get("own_threads")
+    if others is None and after is not None and own is not None:
+        others = max(0.0, float(after) - float(own))
+    if others is None or not cores:
+        return None
+    return float(others) / float(cores)
+
+
+def load_level(environment: dict[str, Any]) -> int | None:
+    """The validation's load nearest a loaded run's: busy loops per core, rounded, at least 1."""
+    per_core = others_per_core(environment)
+    return None if per_core is None else max(1, round(per_core))
+
+
+def validated(family_: str, level: int | None) -> bool:
+    """Whether the validation measured the estimate of `family_` at `level` busy loops per core
+    within ESTIMATE_TOLERANCE of the idle machine's wall clock (not measured: not validated)."""
+    ratio = VALIDATED.get((family_, level)) if level is not None else None
+    return ratio is not None and abs(ratio - 1) <= ESTIMATE_TOLERANCE
