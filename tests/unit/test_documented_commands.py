@@ -52,8 +52,9 @@ SHELL_BLOCKS = ("bash", "sh", "shell", "")
 # A placeholder the reader fills in: `...`, RUN_DIR, DIR, DATE/TIME, HOST:29400, <dir>, ~/texts.
 PLACEHOLDER = re.compile(r"\.\.\.|(?<![A-Za-z0-9_])[A-Z][A-Z_]{2,}(?![a-z0-9_])|<[a-z_]+>|(^|=)~/")
 ROOT_KEYS = ("net.emulate_", "engine.elastic=true")
-# Warnings about this machine, not about the command (more workers than its cores).
-MACHINE_WARNINGS = re.compile(r"workers share \d+ cores")
+# Warnings about this machine, not about the command: more workers than its cores, fewer GPUs, no CuPy.
+MACHINE_WARNINGS = re.compile(r"workers share \d+ cores|^device=auto: \d+ GPUs? for|^device=cuda without "
+                              r"CuPy")
 
 
 @dataclass
