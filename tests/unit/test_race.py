@@ -126,6 +126,13 @@ def _fake_race(out: Path, links: tuple[Link, ...] = (Link(10), Link(100), Link(1
                 slope = 250 if reached else 300
                 res["curve"] = [{"step": s, "tokens": 4096 * s, "train_s": s * step / 1e3,
                                  "eval/loss": 3.0 - s / slope} for s in (50, 100, 150, 200)]
+                # what ran, as a run records it: idle (a tenth of a core of other work) or beside a busy
+                # loop per core
+                res["environment"] = {"world_size": 2, "threads_per_rank": 1, "nice": -20, "cores": 2,
+                                      "own_threads": 2, "load_before": 0.4,
+                                      "load_after": 4.1 if loaded else 2.1,
+                                      "others_runnable": 2.1 if loaded else 0.1}
+                res["config"]["budget_clock"] = "unloaded"
                 (run_dir / "results.json").write_text(json.dumps(res))
                 entries.append((m, link, seed, run_dir))
     return entries
@@ -135,27 +142,54 @@ def _rows(text: str) -> dict[tuple[str, ...], list[str]]:
     """The markdown tables' rows by their first two cells (a table's row is `| a | b | ... |`)."""
     lines = [line for line in text.splitlines() if line.startswith("|")]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
-    return {tuple(c[:2]): c for c in cells}
+    rows: dict[tuple[str, ...], list[str]] = {}
+    for c in cells:  # the first table's row where two share their first cells (a method and a link)
+        rows.setdefault(tuple(c[:2]), c)
+    return rows
 
 
-def test_the_report_tables_plots_and_targets(tmp_path):
+EVERYWHERE = ("at every bandwidth the runs had (10-1000 Mbit/s); extrapolated: at every bandwidth from 0.1 "
+              "Mbit/s to 100 Gbit/s")
+
+
+@pytest.fixture
+def validated(monkeypatch):
+    """The unloaded estimate validated for periodic methods beside a busy loop per core (the fake
+    race's loaded run), as scripts/validate_unloaded.py's measurements would."""
+    from compbench.race import to_target
+
+    monkeypatch.setitem(to_target.VALIDATED, ("periodic", 1), 0.97)
+
+
+def test_the_report_tables_plots_and_targets(tmp_path, validated):
     entries = _fake_race(tmp_path)
     text = write(tmp_path, TEXT, load(entries), quick=False, checks=text_targets)
     rows = _rows(text)
     # 175 steps to the target (tokens read off the curve) of 100 ms: 17.5 s in both seeds, whose wall-clock
     # seconds to it (200 steps, the seeds 1 s apart) are 20.0 and 21.0; the loaded seed's step is its
-    # unloaded estimate (its wall-clock step 1.6x longer), so are its tokens/s
-    assert rows[("diloco", "10")][2:6] == ["17.5 +- 0.0 s (2/2)", "20.5", "716,800", "40,960"]
+    # unloaded estimate (its wall-clock step 1.6x longer), so are its tokens/s; the crossing lies between
+    # evaluations 50 steps apart: +- 25 steps of 100 ms
+    assert rows[("diloco", "10")][2:8] == ["17.5 +- 0.0 s (2/2)", "+-2.5 s, +-25 steps",
+                                           "wall clock; 1/2 unloaded estimate", "20.5", "716,800", "40,960"]
     assert rows[("diloco", "10")][-1] == "1/2"  # one of its runs ran on a loaded machine
     assert rows[("ddp-adamw", "10")][2] == "not reached (0/2; best 2.333)"
     assert rows[("ddp-adamw", "100")][2].startswith("not reached (1/2; ")
-    assert "18 of 18 within 15%" in text
+    # out of sample: the 12 runs on the links other than the fastest
+    assert "12 of 12 runs on the other links within 15%" in text
     assert rows[("ddp-adamw", "- (the baseline)")]
-    assert rows[("diloco", "at every bandwidth from 0.1 Mbit/s to 100 Gbit/s")]
+    assert rows[("diloco", EVERYWHERE)]
     assert rows[("onebit-adam tokens/s >= 1.4x ddp-adamw's at 100 Mbit/s", "yes")]
     assert not any(key[0].startswith("demo") for key in rows)  # only the methods that ran
     assert rows[("diloco (eager) at 10 Mbit/s computes >= 95% of its step", "yes")]
     assert "1 of 18 runs ran on a loaded machine" in text
+    # what ran, as recorded; the verdict per link on both clocks, the loaded run's estimate validated
+    assert ("What ran (the runs' results.json): 2 workers of 1 compute thread(s) each, at nice -20, the "
+            "budget on the unloaded clock; seeds 2; 1 of 18 runs loaded; other work 0.05-1.05 busy loops per "
+            "core, load average 0.4-4.1 on 2 cores.") in text
+    verdict = rows[("10", "diloco 17.5 +- 0.0 s (crossing +-2.5) < onebit-adam 38.7 +- 0.0 s "
+                          "(crossing +-5.5)")]
+    assert verdict[2].startswith("diloco 22.8 +- 5.2 s")  # by the wall clock: the loaded seed at 160 ms
+    assert verdict[-1] == "diloco < onebit-adam (not reached in every seed: ddp-adamw)"
     plots = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert plots == ["curves_1000mbps.png", "curves_100mbps.png", "curves_10mbps.png", "time_to_target.png",
                      "utilization.png"]
@@ -170,7 +204,9 @@ def test_a_link_with_delay_has_its_rows_its_plot_and_the_round_trip_crossover(tm
     assert "of the runs with delay, 6 of 6" in text
     header = next(x for x in text.splitlines() if x.startswith("| method ") and "round trips" in x)
     assert "... at 200 Mbit/s, round trips" in header
-    assert rows[("diloco", "at every bandwidth from 0.1 Mbit/s to 100 Gbit/s")][2] == "at every round trip"
+    everywhere = EVERYWHERE.replace("10-1000", "100-1000")
+    assert rows[("diloco", everywhere)][2] == ("at every round trip up to 2 s (extrapolated: the runs' round "
+                                               "trips up to 50 ms)")
     assert "links 100 Mbit/s; 200 Mbit/s, 25 ms; 1000 Mbit/s" in text
     assert (tmp_path / "plots" / "curves_200mbps-25ms.png").exists()
     import pandas as pd
@@ -193,15 +229,19 @@ def test_the_curve_plots_show_markers_units_the_target_and_start_at_zero(tmp_pat
     monkeypatch.setattr(plt, "close", figures.append)
     write(tmp_path, TEXT, load(_fake_race(tmp_path)), quick=True, checks=text_targets)
     curves = {f.axes[0].get_title(): f.axes[0] for f in figures
-              if f.axes[0].get_xlabel() == "training seconds"}
+              if f.axes[0].get_xlabel().startswith("training seconds")}
     ax = curves["text race, 10 Mbit/s (quick: not evidence)"]
     assert ax.get_ylabel() == "eval/loss (nats/token)" and ax.get_xlim()[0] == 0
     lines = {line.get_label(): line for line in ax.get_lines()}
-    assert lines["target 2.3"].get_linestyle() == "--"
+    assert lines["target 2.3"].get_linestyle() == ":"
     seeds = [line for line in ax.get_lines() if not line.get_label().startswith("target")]
-    assert len(seeds) == 6 and all(line.get_marker() == "o" and len(line.get_xdata()) == 4 for line in seeds)
-    assert {text.get_text() for text in ax.get_legend().get_texts()} == {"ddp-adamw", "diloco", "onebit-adam",
-                                                                      "target 2.3"}
+    assert len(seeds) == 6 and all(len(line.get_xdata()) == 4 for line in seeds)
+    assert len({line.get_marker() for line in seeds}) == 3  # a marker per method, with its colour
+    assert [line.get_linestyle() for line in seeds].count("--") == 1  # the loaded run's: dashed
+    assert {text.get_text() for text in ax.get_legend().get_texts()} == {
+        "ddp-adamw", "diloco", "onebit-adam", "target 2.3",
+        "dashed: a loaded run (its wall clock\nstretched by other work)"}
+    assert ax.get_xlabel() == "training seconds, wall clock (s)"
     for figure in figures:
         close(figure)
 
@@ -224,6 +264,11 @@ def test_the_csvs_are_tidy_numbers_a_lab_reads(tmp_path):
     assert diloco["step ms"].tolist() == [100.0, 100.0]  # the loaded seed's: its unloaded estimate
     assert diloco["step ms measured"].tolist() == [100.0, 160.0]
     assert diloco["time to target (s)"].tolist() == [17.5, 17.5]
+    # the clocks named: the loaded seed's time on its estimate, 28.0 s at its measured (wall) step
+    assert diloco["step clock"].tolist() == ["wall clock", "unloaded estimate"]
+    assert diloco["time to target at the measured step (s)"].tolist() == [17.5, 28.0]
+    assert diloco["steps to target resolution"].tolist() == [50.0, 50.0]
+    assert diloco["family"].tolist() == ["periodic", "periodic"]
     curves = pd.read_csv(tmp_path / "race_curves.csv")
     assert len(curves) == 18 * 4 and pd.api.types.is_numeric_dtype(curves["eval/loss"])
 
@@ -254,7 +299,7 @@ def test_a_race_with_no_target_reached_says_no_verdict(tmp_path):
     (["--links", "100:-5"], "--links 100:-5 must be a comma-separated list"),
     (["--links", "100:x"], "--links 100:x must be a comma-separated list"),
     (["--links", "100,200:25,100.0"], "--links 100,200:25,100.0 names 100 twice; give each once"),
-    (["--only", "ddp,nope"], "--only ddp,nope: unknown method ddp, nope; choose from ddp-adamw, diloco"),
+    (["--only", "ddp,nope"], "--only ddp,nope: unknown method ddp, nope; choose from ddp-adamw, ddp-fp16, "),
     (["--seeds", "0"], "--seeds 0 must be within 1 to 10"),
 ])
 def test_bad_arguments_are_refused(argv, message):

@@ -1,23 +1,39 @@
 """The race's report: race.md, race.csv (one row per run), race_curves.csv (one row per evaluation),
 plots/ and the what-if model's predictions beside the measurements (compbench.race.model).
 
-Per link: each method's time to target decomposed (compbench.race.to_target: the tokens or samples it
-took, read off its curve, times the step time on the link; mean +- half the range over the seeds
-that reached it), beside the raw wall-clock training seconds to it; its tokens or samples per second
-against the baseline's; the step time (median, quartiles) measured and predicted; its compute
+What ran first, as the runs recorded it (results.json environment and config: workers, compute
+threads, CPU priority, the budget's clock, seeds, the load), never the race's defaults. Per link:
+each method's time to target decomposed (compbench.race.to_target: the tokens or samples it took,
+read off its curve, times the step time on the link; mean +- half the range over the seeds that
+reached it) with the crossing's resolution beside it (+- half the interval between the evaluations
+around it, in seconds and steps), the raw wall-clock training seconds to it; its tokens or samples per
+second against the baseline's; the step time (median, quartiles) measured and predicted; its compute
 utilization, bytes per token (or sample), the most bytes it sent in one step and the communication
 its step waited for per exchange against the wire time of that exchange; how many of its runs ran on
-a loaded machine. The decomposed figure is the one a loaded machine cannot fool: the tokens do not
-depend on the load, and a loaded run's step time (its rates too) is its estimate of an unloaded step
-from its CPU time (compbench.records.stats.StepStats.unloaded_ms). A race in which no method reached
-the target says so (no verdict) instead of rating figures from a handful of steps. Then the model:
-its fitted coefficients, its step times beside the measured ones, the bandwidth below which each
-method reaches the target before the baseline, and a what-if table (compbench.race.model.WhatIf:
-time to target at other workers and machines, each method's memory per worker and whether it fits;
-a step's time and the memory at other model sizes). Plots: the metric against training
-seconds per link (every evaluation a marker, every seed its own line), utilization against bandwidth
-(each seed a point, the model's line), time to target per link (each seed a point, the mean a bar
-outline: seeds are never stacked).
+a loaded machine.
+
+Two clocks, named wherever a time is: the wall clock, and a loaded run's unloaded estimate (its CPU
+time over its compute threads, compbench.records.stats.StepStats.unloaded_ms), which the verdicts use
+for loaded runs. The estimate is a claim: the report sets each method's estimate beside its wall
+clock and the load around it, and ranks the methods on a link (the verdict per link) only where
+every loaded run's estimate is validated for its family at its load (compbench.race.to_target.
+VALIDATED) and the two clocks do not order two methods the other way round by more than the seeds'
+spread; otherwise it says "no verdict at this load". A race in which no method reached the target
+says so (no verdict) instead of rating figures from a handful of steps.
+
+Then the model: fitted on the race's runs where they span two bandwidths or more (else its prior,
+and no crossover or extrapolation), its coefficients and the range it saw (bandwidths, delays,
+workers), its step times predicted from each method's run on another link, the bandwidth below which
+each method reaches the target before the baseline and the round trip above which it does (each said
+to lie within or beyond the runs' range), and a what-if table (compbench.race.model.WhatIf: time to
+target at other workers and machines, each method's memory per worker and whether it fits; a step's
+time and the memory at other model sizes), its headers naming what lies beyond the runs. A target the
+race has no data for is no verdict (compbench.race.targets). Plots, each with the seeds and the load
+under it: the metric against training seconds (wall clock) per link (every evaluation a marker, every
+seed its own line, a loaded run's dashed), utilization against bandwidth (each seed a point, the
+model's line over the fitted bandwidths, dotted beyond them), time to target per link (each seed a
+point with the crossing's resolution, a loaded seed's a cross; the mean a bar outline, dashed where
+not every seed reached it; k/n above every bar, a triangle where none did).
 """
 
 from __future__ import annotations
@@ -34,9 +50,26 @@ from typing import Any
 from tabulate import tabulate
 
 from compbench.comm.cost_model import Fit
-from compbench.race.model import Profile, WhatIf, crossover_gbps, crossover_rtt_ms, fit_model
+from compbench.race.model import (
+    MIN_BANDWIDTHS,
+    Profile,
+    WhatIf,
+    crossover_gbps,
+    crossover_rtt_ms,
+    fit_model,
+)
 from compbench.race.suites import Link, Race
-from compbench.race.to_target import MIN_MEASURED_STEPS, ToTarget, step_times, to_target
+from compbench.race.to_target import (
+    MIN_MEASURED_STEPS,
+    VALIDATED,
+    ToTarget,
+    family,
+    load_level,
+    others_per_core,
+    step_times,
+    to_target,
+    validated,
+)
 from compbench.records import provenance
 from compbench.records.results import WARMUP_STEPS
 
@@ -100,6 +133,44 @@ class Run:
         """Steps after the warm-up ones: what the medians are taken over."""
         return max(0, int(self.summary.get("steps") or 0) - WARMUP_STEPS)
 
+    @property
+    def environment(self) -> dict:
+        return (self.results or {}).get("environment") or {}
+
+    @property
+    def family(self) -> str:
+        """Its method family for the estimate's validation (compbench.race.to_target.family)."""
+        return family(self.results or {})
+
+    @property
+    def estimated(self) -> bool:
+        """Whether its verdicts' step is the unloaded estimate (a loaded run that recorded one), not
+        the wall clock."""
+        s = self.measured
+        return self.loaded and bool(s.get("step_unloaded_ms")) and bool(s.get("step_ms"))
+
+    @property
+    def wall_step_ms(self) -> float | None:
+        """Its measured median step (wall clock), whatever the verdicts use."""
+        step = self.measured.get("step_ms")
+        return float(step) if step else None
+
+    def load_reason(self) -> str | None:
+        """Why its step cannot rank methods at its load, or None where it can: an idle run (the
+        wall clock), or a loaded one whose estimate is validated for its family at its load
+        (compbench.race.to_target.VALIDATED)."""
+        if not self.loaded:
+            return None
+        if not self.estimated:
+            return ("a loaded run without an unloaded estimate (its wall clock is the machine's as much as "
+                    "the method's)")
+        level = load_level(self.environment)
+        if validated(self.family, level):
+            return None
+        at = ("an unrecorded load" if level is None
+              else f"{level} busy loop{'' if level == 1 else 's'} per core")
+        return f"the unloaded estimate is not validated for {self.family} methods at {at}"
+
 
 def _niceness(table: Mapping[tuple[str, Link], Cell]) -> str:
     """The CPU priority the runs recorded (environment.nice: what ran, not the race's default)."""
@@ -147,7 +218,38 @@ class Cell:
     @property
     def decomposed(self) -> list[ToTarget]:
         """The seeds' decomposed ways to the target (those that reached it)."""
-        return [t for r in self.done if (t := r.to_target(self.race)) is not None]
+        return [t for _, t in self.reached_runs]
+
+    @property
+    def reached_runs(self) -> list[tuple[Run, ToTarget]]:
+        """The seeds that reached the target, each with its decomposed way there."""
+        return [(r, t) for r in self.done if (t := r.to_target(self.race)) is not None]
+
+    def seconds(self, clock: str = "step") -> list[float]:
+        """The decomposed seconds to the target of the seeds that reached it: at the verdicts' step
+        (`step`: the wall clock, a loaded run's unloaded estimate) or at the measured one (`wall`)."""
+        return [t.seconds(r.wall_step_ms if clock == "wall" else None) for r, t in self.reached_runs]
+
+    def resolution(self) -> str:
+        """The crossing's resolution: +- half the interval between the evaluations around it, in
+        seconds (at the verdicts' step) and steps, the mean over the seeds that reached it."""
+        reached = self.decomposed
+        if not reached:
+            return "-"
+        seconds = statistics.fmean(t.resolution_s() for t in reached) / 2
+        steps = statistics.fmean(t.resolution_steps for t in reached) / 2
+        return f"+-{seconds:.1f} s, +-{steps:.0f} steps"
+
+    def clock(self) -> str:
+        """Which clock its step times are on: the wall clock, or (loaded runs) the unloaded estimate."""
+        k, n = sum(r.estimated for r in self.done), len(self.done)
+        if not k:
+            return "wall clock"
+        return "unloaded estimate" if k == n else f"wall clock; {k}/{n} unloaded estimate"
+
+    def load_reasons(self) -> list[str]:
+        """Why its runs cannot rank it at their load (none: they can)."""
+        return sorted({why for r in self.done if (why := r.load_reason()) is not None})
 
     @property
     def steps_to_target(self) -> float | None:
@@ -258,12 +360,43 @@ def cells(runs: list[Run], race: Race) -> Table:
 
 # -- the model -------------------------------------------------------------------------------------
 
-def fitted(runs: list[Run]) -> tuple[Fit, list[tuple[Run, Profile]]] | None:
+@dataclass
+class Model:
+    """The race's model: its coefficients, the runs it read (each with its profile), whether they
+    were fitted on these runs (else: the prior, compbench.race.model.PRIOR) and the range they saw."""
+
+    fit: Fit
+    rows: list[tuple[Run, Profile]]
+    fitted: bool
+    mbps: tuple[float, float]         # the runs' lowest and highest bandwidth
+    delays: tuple[float, ...]         # their one-way delays (ms)
+    workers: tuple[int, ...]          # their worker counts
+
+    def range_text(self) -> str:
+        lo, hi = self.mbps
+        return f"{lo:g} Mbit/s" if lo == hi else f"{lo:g}-{hi:g} Mbit/s"
+
+    def beyond_mbps(self, mbps: float) -> bool:
+        lo, hi = self.mbps
+        return not lo * (1 - 1e-9) <= mbps <= hi * (1 + 1e-9)
+
+    def unvalidated(self) -> list[str]:
+        """Why the runs it read cannot rank methods at their load (compbench.race.to_target)."""
+        return sorted({why for r, _ in self.rows if (why := r.load_reason()) is not None})
+
+
+def fitted(runs: list[Run]) -> Model | None:
+    """The model of the race's finished runs (None with fewer than 5): fitted on them where they span
+    MIN_BANDWIDTHS bandwidths or more, else the prior (compbench.race.model.fit_model)."""
     rows = [(r, Profile.of(r.view)) for r in runs if r.ok and r.summary.get("step_ms")]
     if len(rows) < 5:
         return None
-    return fit_model([(p, r.mbps / 1e3, r.link.delay_ms, float(r.summary["step_ms"]), in_warmup(r, p))
-                      for r, p in rows]), rows
+    fit = fit_model([(p, r.mbps / 1e3, r.link.delay_ms, float(r.summary["step_ms"]), in_warmup(r, p))
+                     for r, p in rows])
+    rates = sorted({r.mbps for r, _ in rows})
+    return Model(fit, rows, len(rates) >= MIN_BANDWIDTHS, (rates[0], rates[-1]),
+                 tuple(sorted({r.link.delay_ms for r, _ in rows})),
+                 tuple(sorted({p.workers for _, p in rows})))
 
 
 def in_warmup(run: Run, profile: Profile) -> bool:
@@ -271,19 +404,20 @@ def in_warmup(run: Run, profile: Profile) -> bool:
     return int(run.summary.get("steps", 0)) < 2 * profile.warmup_steps
 
 
-def predictions(fit: Fit, rows: list[tuple[Run, Profile]]) -> list[tuple[Run, float, float]]:
-    """(run, step ms predicted from its own profile, from its method's run on the fastest link, the
-    one without delay where there is one)."""
-    fastest: dict[tuple[str, int], tuple[tuple[float, float], Profile]] = {}
+def predictions(fit: Fit, rows: list[tuple[Run, Profile]]) -> list[tuple[Run, float, float, Link]]:
+    """(run, step ms predicted from its own profile, from its method's run on the fastest link (the
+    one without delay where there is one), that link)."""
+    fastest: dict[tuple[str, int], tuple[tuple[float, float], Profile, Link]] = {}
     for r, p in rows:
         rank = (r.mbps, -r.link.delay_ms)
         if (r.method, r.seed) not in fastest or rank > fastest[(r.method, r.seed)][0]:
-            fastest[(r.method, r.seed)] = (rank, p)
+            fastest[(r.method, r.seed)] = (rank, p, r.link)
 
     def predict(r: Run, p: Profile) -> float:
         return p.step_ms(fit, r.mbps / 1e3, latency_ms=r.link.delay_ms, dense=in_warmup(r, p))
 
-    return [(r, predict(r, p), predict(r, fastest[(r.method, r.seed)][1])) for r, p in rows]
+    return [(r, predict(r, p), predict(r, fastest[(r.method, r.seed)][1]), fastest[(r.method, r.seed)][2])
+            for r, p in rows]
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -291,10 +425,12 @@ def predictions(fit: Fit, rows: list[tuple[Run, Profile]]) -> list[tuple[Run, fl
 
 def _header(race: Race) -> tuple[str, ...]:
     u = race.units[:-1]  # token, sample
-    return ("method", "link (Mbit/s[:one-way ms])", "time to target (s)", "wall-clock to target (s)",
-            f"{race.units} to target", f"{race.units}/s", "x baseline", "step ms (q1-q3)",
-            "step ms predicted", "utilization", f"bytes per {u}", "peak kB/step", "exposed comm ms/exchange",
-            "of it waiting for the last rank", "wire ms/exchange", "loaded runs")
+    return ("method", "link (Mbit/s[:one-way ms])", "time to target (s, step clock)",
+            "crossing's resolution (+- s, steps)", "step clock", "wall-clock to target (s)",
+            f"{race.units} to target", f"{race.units}/s (step clock)", "x baseline",
+            "step ms (q1-q3, step clock)", "step ms predicted", "utilization (wall clock)", f"bytes per {u}",
+            "peak kB/step", "exposed comm ms/exchange", "of it waiting for the last rank", "wire ms/exchange",
+            "loaded runs")
 
 
 Checks = Callable[[Table], list[tuple[str, bool | None, str]]]
@@ -311,8 +447,11 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
     links = sorted({r.link for r in runs})
     model = fitted(runs)
     predicted: Predicted = {}
+    sources: dict[tuple[str, Link, int], Link] = {}
     if model is not None:
-        predicted = {(r.method, r.link, r.seed): (own, cross) for r, own, cross in predictions(*model)}
+        for r, own, cross, source in predictions(model.fit, model.rows):
+            predicted[(r.method, r.link, r.seed)] = (own, cross)
+            sources[(r.method, r.link, r.seed)] = source
     rows = [_row(race, table, c, method, link, predicted) for method in methods for link in links
             if (c := table.get((method, link))) is not None]
     config: dict = next(((r.results or {})["config"] for r in runs if r.ok), {})
@@ -322,11 +461,16 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
              f"Target {target}, budget {budget} s of training per run, links "
              f"{'; '.join(x.label for x in links)} (rate each way, one-way delay), units: {race.units}. "
              "Time to target: the "
-             f"{race.units} each run took to reach it (interpolated between its evaluations) times its "
-             "median step on the link (a run on a loaded machine: its estimate of that step on an unloaded "
-             "one, from its CPU time), mean +- half the range over the seeds that reached it; beside it "
-             "the raw wall-clock training seconds (evaluations and start-up left out), which a loaded "
-             "machine changes.", ""]
+             f"{race.units} each run took to reach it (interpolated between its evaluations: the crossing's "
+             "resolution, +- half the interval between the evaluations around it, stands beside every time "
+             "to target) times its median step on the link, mean +- half the range over the seeds that "
+             "reached it. Two clocks: the **wall clock** (a run's measured step, and the raw wall-clock "
+             "training seconds to the target, evaluations and start-up left out), and the **unloaded "
+             "estimate** (a loaded run's step on an unloaded machine, from its CPU time: communication's "
+             "wall time plus the rest's CPU time over the compute threads). The `step clock` column says "
+             "which a row's times and rates are on: the wall clock of the runs on an idle machine, the "
+             "estimate of the loaded ones.", "",
+             *_ran_lines(runs, table, config), ""]
     if not any(c.decomposed for c in table.values()):
         lines += [f"**No verdict: no method reached the target within the budget ({budget} s of "
                   "training); the budget is too small for this target: raise max_train_s or take a nearer "
@@ -334,15 +478,16 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
     loaded = sum(c.loaded for c in table.values())
     if loaded:
         lines += [f"**{loaded} of {sum(len(c.done) for c in table.values())} runs ran on a loaded machine** "
-                  "(the load at their end, less their own threads, above the cores those leave free by half "
-                  f"a core: the `loaded runs` column). Their workers ran at {_niceness(table)} and "
-                  "their budget counted the unloaded clock (budget_clock=unloaded), but their wall-clock "
+                  "(other work's runnable tasks above the cores the run leaves free by half a core: the "
+                  f"`loaded runs` column). Their workers ran at {_niceness(table)}, but their wall-clock "
                   "figures are the machine's as much as the method's, so their step times, rates and times "
-                  "to target are the estimates of an unloaded step (communication's wall time plus the "
-                  "rest's CPU time over the compute threads; race.csv: `step ms measured` beside `step ms "
-                  "unloaded estimate`).", ""]
+                  "to target are the estimates of an unloaded step (race.csv: `step ms measured` beside "
+                  "`step ms unloaded estimate`); where that estimate is not validated at their load, the "
+                  "race ranks nothing there (below: the two clocks, and the verdict per link).", ""]
     lines += [tabulate(rows, headers=_header(race), tablefmt="github", disable_numparse=True), ""]
-    lines += _model_lines(race, table, methods, links, model, predicted, whatif)
+    lines += _clock_lines(table, methods, links)
+    lines += _verdict_lines(race, table, methods, links)
+    lines += _model_lines(race, table, methods, links, model, predicted, sources, whatif)
     if checks is not None:
         lines += ["## Targets", "",
                   tabulate([(text, "no verdict" if met is None else "yes" if met else "NO", figures)
@@ -356,6 +501,56 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
     _write_csv(out / "race_curves.csv", *_curve_table(race, runs))
     _plots(out / "plots", race, runs, table, methods, links, model, quick)
     return text
+
+
+def _span(values: Sequence[float], spec: str) -> str:
+    """`a` or `a-b`: the range of recorded values."""
+    if not values:
+        return "not recorded"
+    lo, hi = format(min(values), spec), format(max(values), spec)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _seeds_text(table: Table) -> str:
+    """The seeds each method ran (the most of any of its links): `2`, or `2 (onebit-adam 3)`."""
+    per: dict[str, int] = {}
+    for (method, _), c in table.items():
+        per[method] = max(per.get(method, 0), len(c.runs))
+    if not per:
+        return "none"
+    common = statistics.mode(per.values())
+    others = [f"{m} {n}" for m, n in per.items() if n != common]
+    return f"{common}" + (f" ({', '.join(others)})" if others else "")
+
+
+def _load_text(runs: Sequence[Run]) -> str:
+    """The load the finished runs recorded: how many were loaded, other work's demand (busy loops per
+    core) and the 1-minute load average around them."""
+    done = [r for r in runs if r.ok]
+    per_core = [x for r in done if (x := others_per_core(r.environment)) is not None]
+    averages = [float(r.environment[k]) for r in done for k in ("load_before", "load_after")
+                if r.environment.get(k) is not None]
+    cores = sorted({int(r.environment["cores"]) for r in done if r.environment.get("cores")})
+    on = f" on {'/'.join(map(str, cores))} cores" if cores else ""
+    others = (f"other work {_span(per_core, '.2f')} busy loops per core" if per_core
+              else "other work not recorded")
+    average = f", load average {_span(averages, '.1f')}{on}" if averages else ""
+    return f"{sum(r.loaded for r in done)} of {len(done)} runs loaded; {others}{average}"
+
+
+def _ran_lines(runs: Sequence[Run], table: Table, config: dict) -> list[str]:
+    """What ran, as the runs recorded it (results.json environment and config), not the race's
+    defaults: workers, compute threads, CPU priority, the budget's clock, seeds and the load."""
+    done = [r for r in runs if r.ok]
+    workers = sorted({int(r.environment["world_size"]) for r in done if r.environment.get("world_size")})
+    threads = sorted({int(r.environment["threads_per_rank"]) for r in done
+                      if r.environment.get("threads_per_rank") is not None})
+    clocks = sorted({str(c) for r in done
+                     if (c := ((r.results or {}).get("config") or {}).get("budget_clock"))})
+    return [f"What ran (the runs' results.json): {'/'.join(map(str, workers)) or 'an unrecorded number of'} "
+            f"workers of {'/'.join(map(str, threads)) or 'an unrecorded number of'} compute thread(s) each, "
+            f"at {_niceness(table)}, the budget on the {'/'.join(clocks) or 'wall'} clock; seeds "
+            f"{_seeds_text(table)}; {_load_text(runs)}."]
 
 
 def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -379,7 +574,11 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted
               "wall-clock to target (s)", f"{race.units}/s", "utilization", f"bytes per {u}",
               "peak bytes/step", "exposed comm ms/exchange", "waiting for the last rank ms/exchange",
               "wire ms/exchange", "steps", "loaded",
-              "load before", "load after", "commit"]
+              "load before", "load after", "commit",
+              # the clocks: which the step ms and time to target are on, the same tokens at the measured
+              # step, the crossing's interval in steps, the load the estimate's validation reads
+              "step clock", "time to target at the measured step (s)", "steps to target resolution",
+              "family", "other work (busy loops per core)", "nice", "threads per worker"]
     rows = []
     for r in runs:
         if not r.ok:
@@ -403,7 +602,10 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted
                      _round(one.skew_per_exchange_ms()), _round(one.wire_per_exchange_ms(r.mbps)),
                      r.summary.get("steps"),
                      r.loaded, env.get("load_before"), env.get("load_after"),
-                     env.get("commit")])
+                     env.get("commit"), "unloaded estimate" if r.estimated else "wall clock",
+                     _round(t.seconds(r.wall_step_ms) if t and r.wall_step_ms else None),
+                     _round(t.resolution_steps if t else None), r.family,
+                     _round(others_per_core(env)), env.get("nice"), env.get("threads_per_rank")])
     return header, rows
 
 
@@ -430,7 +632,7 @@ def _row(race: Race, table: Table, c: Cell, method: str, link: Link, predicted: 
     units = [t.units for t in c.decomposed]
     q1, q3 = c.mean("step_ms_q1"), c.mean("step_ms_q3")
     spread = f" ({q1:.1f}-{q3:.1f})" if q1 is not None and q3 is not None else ""
-    return (method, str(link), c.time_to_target(),
+    return (method, str(link), c.time_to_target(), c.resolution(), c.clock() if c.done else "-",
             _fmt(statistics.fmean(c.reached) if c.reached else None, ".1f"),
             _fmt(statistics.fmean(units) if units else None, ",.0f"), _fmt(rate, ",.0f"),
             _fmt(rate / base_rate if rate and base_rate else None, ".2f"),
@@ -442,31 +644,201 @@ def _row(race: Race, table: Table, c: Cell, method: str, link: Link, predicted: 
             f"{c.loaded}/{len(c.done)}")
 
 
+def _validation_text() -> str:
+    """What compbench.race.to_target.VALIDATED holds, in words."""
+    measured = {k: v for k, v in VALIDATED.items() if v is not None}
+    if not measured:
+        return ("not measured yet for any method family at any load (compbench.race.to_target.VALIDATED is "
+                "empty; scripts/validate_unloaded.py measures it): no loaded run can rank methods")
+    return "measured: " + ", ".join(f"{f} at {n} busy loop(s) per core {v:.2f}x the idle wall clock"
+                                    for (f, n), v in sorted(measured.items()))
+
+
+def _clock_lines(table: Table, methods: list[str], links: list[Link]) -> list[str]:
+    """The two clocks side by side per method and link: the measured step (wall clock) and the
+    unloaded estimate, their ratio, the load around the runs, and whether the estimate is validated
+    there for the method's family; none where no run recorded an estimate."""
+    rows = []
+    for m in methods:
+        for link in links:
+            c = table.get((m, link))
+            if c is None or not c.done:
+                continue
+            estimates = [float(r.measured["step_unloaded_ms"]) for r in c.done
+                         if r.measured.get("step_unloaded_ms")]
+            if not estimates:
+                continue
+            wall = [w for r in c.done if (w := r.wall_step_ms) is not None]
+            ratio = statistics.fmean(estimates) / statistics.fmean(wall) if wall else None
+            per_core = [x for r in c.done if (x := others_per_core(r.environment)) is not None]
+            reasons = c.load_reasons()
+            state = ("idle: the wall clock ranks" if not c.loaded else
+                     "no: " + "; ".join(reasons) if reasons else "yes")
+            rows.append((m, str(link), c.done[0].family, f"{c.loaded}/{len(c.done)}", _span(per_core, ".2f"),
+                         _fmt(statistics.fmean(wall) if wall else None, ".1f"),
+                         _fmt(statistics.fmean(estimates), ".1f"), _fmt(ratio, ".2f"), state))
+    if not rows:
+        return []
+    return ["## The two clocks", "",
+            "Each method's measured step (wall clock) beside its unloaded estimate (CPU time), the load "
+            "around its runs (other work's runnable tasks per core while they trained) and whether the "
+            "estimate is validated for its family at that load. The validation: " + _validation_text() + ".",
+            "",
+            tabulate(rows, headers=("method", "link", "family", "loaded runs", "other work (busy loops/core)",
+                                    "step ms, wall clock", "step ms, unloaded estimate", "estimate / wall",
+                                    "estimate validated at this load?"),
+                     tablefmt="github", disable_numparse=True), ""]
+
+
+def _spread(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half the range)."""
+    return statistics.fmean(values), (max(values) - min(values)) / 2
+
+
+def _verdict(race: Race, table: Table, methods: list[str], link: Link) -> tuple[str, str, str, str]:
+    """One link's verdict: (the order by the step clock, by the wall clock, loaded runs, verdict).
+    The methods that reached the target in every seed are ranked, first to the target first, each
+    time with its crossing's resolution. No verdict at this load where a loaded run's estimate is not
+    validated for its family at its load, or where the two clocks order two methods the other way
+    round by more than the seeds' spread (half the range, both methods' together)."""
+    here = [(m, c) for m in methods if (c := table.get((m, link))) is not None and c.done]
+    ranked = [(m, c) for m, c in here if c.decomposed and len(c.decomposed) == len(c.done)]
+    step = {m: _spread(c.seconds()) for m, c in ranked}
+    wall = {m: _spread(c.seconds("wall")) for m, c in ranked}
+    res = {m: statistics.fmean(t.resolution_s() for t in c.decomposed) / 2 for m, c in ranked}
+
+    def order(times: dict[str, tuple[float, float]]) -> str:
+        return " < ".join(f"{m} {times[m][0]:.1f} +- {times[m][1]:.1f} s (crossing +-{res[m]:.1f})"
+                          for m in sorted(times, key=lambda k: times[k][0])) or "-"
+
+    flips = []
+    for i, (a, _) in enumerate(ranked):
+        for b, _ in ranked[i + 1:]:
+            d_step, d_wall = step[a][0] - step[b][0], wall[a][0] - wall[b][0]
+            beyond = (abs(d_step) > step[a][1] + step[b][1]) or (abs(d_wall) > wall[a][1] + wall[b][1])
+            if d_step * d_wall < 0 and beyond:
+                first, second = (a, b) if d_wall < 0 else (b, a)
+                flips.append(f"by the wall clock {first} before {second}, beyond the seeds' spread")
+    reasons = sorted({why for _, c in here for why in c.load_reasons()})
+    loaded = f"{sum(c.loaded for _, c in here)}/{sum(len(c.done) for _, c in here)}"
+    missed = [m for m, c in here if (m, c) not in ranked]
+    if reasons or flips:
+        verdict = "**no verdict at this load**: " + "; ".join([*reasons, *flips])
+    elif not ranked:
+        verdict = "no verdict: no method reached the target in every seed"
+    else:
+        verdict = " < ".join(m for m in sorted(step, key=lambda k: step[k][0]))
+    if missed and ranked:
+        verdict += f" (not reached in every seed: {', '.join(missed)})"
+    return order(step), order(wall), loaded, verdict
+
+
+def _verdict_lines(race: Race, table: Table, methods: list[str], links: list[Link]) -> list[str]:
+    rows = [(str(link), *_verdict(race, table, methods, link)) for link in links]
+    return ["## The verdict per link", "",
+            "First to the target first, among the methods that reached it in every seed: the decomposed "
+            "time to target (s, mean +- half the range over the seeds, and the crossing's resolution) on the "
+            "step clock (the wall clock of idle runs, the unloaded estimate of loaded ones) and on the wall "
+            "clock (the same tokens at each run's measured step).", "",
+            tabulate(rows, headers=("link", "order, step clock", "order, wall clock", "loaded runs",
+                                    "verdict"), tablefmt="github", disable_numparse=True), ""]
+
+
 RTT_RATE_MBPS = 200.0  # the rate of the round-trip crossover where the race has no link with delay
 
 
-def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link],
-                 model: tuple[Fit, list[tuple[Run, Profile]]] | None, predicted: Predicted,
+def _bandwidth_verdict(where: str, gbps: float | None, model: Model) -> str:
+    """The bandwidth crossover in words, saying where it lies beyond the bandwidths the runs had."""
+    seen = model.range_text()
+    if where in ("everywhere", "nowhere"):
+        some = "every" if where == "everywhere" else "no"
+        return (f"at {some} bandwidth the runs had ({seen}); extrapolated: at {some} bandwidth from "
+                "0.1 Mbit/s to 100 Gbit/s")
+    assert gbps is not None
+    mbps = gbps * 1e3
+    text = (f"below {mbps:.3g} Mbit/s" if where == "below"
+            else f"up to {mbps:.3g} Mbit/s, not everywhere below")
+    return text + (f" (extrapolated beyond the runs' {seen})" if model.beyond_mbps(mbps)
+                   else f" (within the runs' {seen})")
+
+
+def _rtt_verdict(where: str, rtt: float | None, model: Model) -> str:
+    """The round-trip crossover in words, saying where it lies beyond the round trips the runs had."""
+    most = 2 * max(model.delays)
+    beyond = (lambda x: x > most * (1 + 1e-9)) if most else (lambda x: True)
+    seen = f"the runs' round trips up to {most:g} ms" if most else "no run had a delay"
+    if where == "everywhere":
+        return "at every round trip up to 2 s" + (f" (extrapolated: {seen})" if beyond(2000) else "")
+    if where == "nowhere":
+        return f"at no round trip up to 2 s (extrapolated: {seen})"
+    assert rtt is not None
+    text = f"above {rtt:.3g} ms" if where == "above" else f"from {rtt:.3g} ms, not everywhere above"
+    return text + (f" (extrapolated: {seen})" if beyond(rtt) else "")
+
+
+def _whatif_beyond(model: Model, whatif: WhatIf, rates: Sequence[float] = (10, 100, 1000)) -> str:
+    """What of the what-if lies beyond the runs: `model, extrapolated beyond what the runs had: ...`
+    or `model, within the runs' range`."""
+    beyond = []
+    if any(w != whatif.workers for w in model.workers):
+        beyond.append(f"{'/'.join(map(str, model.workers))} workers")
+    if whatif.per_node > 1:
+        beyond.append("each its own machine")
+    if whatif.latency_ms > max(model.delays):
+        beyond.append(f"one-way delays of {', '.join(f'{d:g}' for d in model.delays)} ms")
+    if any(model.beyond_mbps(x) for x in rates):
+        beyond.append(model.range_text())
+    if not beyond:
+        return "model, within the runs' range"
+    return f"model, extrapolated beyond what the runs had: {', '.join(beyond)}"
+
+
+def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link], model: Model | None,
+                 predicted: Predicted, sources: dict[tuple[str, Link, int], Link],
                  whatif: WhatIf) -> list[str]:
     if model is None:
-        return ["The model needs at least 5 finished runs.", ""]
-    fit, rows = model
+        return ["## The model", "", "The model needs at least 5 finished runs.", ""]
+    fit, rows = model.fit, model.rows
+    if not model.fitted:
+        return ["## The model", "",
+                f"**Not fitted: the race's runs are on one bandwidth ({model.range_text()}); a fit needs "
+                f"links of {MIN_BANDWIDTHS} bandwidths or more** (`--links`: on one link a per-byte cost "
+                "cannot be told from a per-collective one). The model keeps its prior "
+                "(compbench.race.model.PRIOR: each link at its shaped rate, a delay waited once per "
+                "message round, nothing per collective or round); the table's predicted steps are the "
+                "prior's on each run's own link. No crossover and no extrapolation to other bandwidths, "
+                "delays, workers or model sizes from one link.", ""]
     measured = {(r.method, r.link, r.seed): float(r.summary["step_ms"]) for r, _ in rows}
-    errors = [abs(cross / measured[k] - 1) for k, (_, cross) in predicted.items()]
-    delayed = [abs(cross / measured[k] - 1) for k, (_, cross) in predicted.items() if k[1].delay_ms]
-    within = sum(e <= 0.15 for e in errors)
-    delays = sorted({r.link.delay_ms for r, _ in rows})
+    # out of sample: a run predicted from its method's run on another link (a run is its own source
+    # on the fastest link)
+    other = {k: abs(cross / measured[k] - 1) for k, (_, cross) in predicted.items() if sources[k] != k[1]}
+    delayed = [e for k, e in other.items() if k[1].delay_ms]
+    source_links = sorted(set(sources.values()))
+    source_text = ("the fastest link without delay" if all(not x.delay_ms for x in source_links)
+                   else "the fastest link (with delay: the race has no faster link without one)")
+    if other:
+        within = sum(e <= 0.15 for e in other.values())
+        check = (f"Each run's step time predicted from its method's run on {source_text}: {within} of "
+                 f"{len(other)} runs on the other links within 15% of the measured one (target: 80%)"
+                 + (f"; of the runs with delay, {sum(e <= 0.15 for e in delayed)} of {len(delayed)}"
+                    if delayed else "") + ".")
+    else:
+        check = ("Prediction from another link: no verdict (no method ran on a link besides its fastest, "
+                 "so every run would be predicted from itself).")
+    delays = model.delays
     latency = (f"{fit.latency_factor:.2f} ms per ms of one-way delay per round (fitted on runs at "
                f"{', '.join(f'{d:g}' for d in delays)} ms)" if len(delays) >= 2 else
                "1 ms per ms of one-way delay per round (not fitted: the runs had one delay)")
+    unvalidated = model.unvalidated()
     lines = ["## The model", "",
-             f"Fitted on these runs (compbench.race.model): {fit.ms_per_queued:.3f} ms per queued and "
-             f"{fit.ms_per_waited:.3f} ms per waited collective, {fit.ms_per_round:.3f} ms per message "
-             f"round, link factor {fit.link_factor:.2f}, {latency}. Each run's step time predicted from its "
-             f"method's run on the fastest link without delay: {within} of {len(errors)} within 15% of the "
-             "measured one (target: 80%)"
-             + (f"; of the runs with delay, {sum(e <= 0.15 for e in delayed)} of {len(delayed)}" if delayed
-                else "") + ".", ""]
+             f"Fitted on these runs (compbench.race.model; {model.range_text()}, one-way delays "
+             f"{', '.join(f'{d:g}' for d in delays)} ms, {'/'.join(map(str, model.workers))} workers): "
+             f"{fit.ms_per_queued:.3f} ms per queued and {fit.ms_per_waited:.3f} ms per waited collective, "
+             f"{fit.ms_per_round:.3f} ms per message round, link factor {fit.link_factor:.2f}, {latency}. "
+             + check, ""]
+    if unvalidated:
+        lines += ["**The fit read loaded runs' unloaded estimates that are not validated at their load** ("
+                  + "; ".join(unvalidated) + "): its crossovers give no verdict at this load.", ""]
     profiles = {(r.method, r.link): p for r, p in rows}
     # each method's profile: its run on the fastest link, the one without delay where there is one
     fastest = {m: max((x for x in links if (m, x) in profiles), key=lambda x: (x.mbps, -x.delay_ms),
@@ -474,6 +846,10 @@ def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link]
     base_link = fastest.get(race.baseline)
     base_steps = table[(race.baseline, base_link)].steps_to_target if base_link is not None else None
     rtt_rates = sorted({x.mbps for x in links if x.delay_ms}) or [RTT_RATE_MBPS]
+    beyond = _whatif_beyond(model, whatif)
+    memory_beyond = ("model" if whatif.workers in model.workers and whatif.per_node == 1 else
+                     f"model, extrapolated beyond what the runs had: {'/'.join(map(str, model.workers))} "
+                     "workers, each its own machine")
     verdicts = []
     for m in methods:
         link = fastest.get(m)
@@ -488,24 +864,24 @@ def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link]
         if link is None or steps is None or base_steps is None or base_link is None:
             verdicts.append((m, "- (the target was not reached)", *["-"] * len(rtt_rates), "-", memory))
             continue
+        if unvalidated:
+            verdicts.append((m, "no verdict at this load", *["no verdict at this load"] * len(rtt_rates),
+                             whatif_time, memory))
+            continue
         p, base = profiles[(m, link)], profiles[(race.baseline, base_link)]
-        gbps, where = crossover_gbps(p, steps, base, base_steps, fit)
-        verdict = {"everywhere": "at every bandwidth from 0.1 Mbit/s to 100 Gbit/s",
-                   "nowhere": "at no bandwidth from 0.1 Mbit/s to 100 Gbit/s",
-                   "below": f"below {gbps * 1e3:.3g} Mbit/s" if gbps else "",
-                   "mixed": f"up to {gbps * 1e3:.3g} Mbit/s, not everywhere below" if gbps else ""}[where]
+        gbps, where_gbps = crossover_gbps(p, steps, base, base_steps, fit)
+        verdict = _bandwidth_verdict(where_gbps, gbps, model)
         rtts = []
         for mbps in rtt_rates:
-            rtt, at = crossover_rtt_ms(p, steps, base, base_steps, fit, mbps / 1e3)
-            rtts.append({"everywhere": "at every round trip", "nowhere": "at no round trip up to 2 s",
-                         "above": f"above {rtt:.3g} ms" if rtt else "",
-                         "mixed": f"from {rtt:.3g} ms, not everywhere above" if rtt else ""}[at])
+            rtt, where_rtt = crossover_rtt_ms(p, steps, base, base_steps, fit, mbps / 1e3)
+            rtts.append(_rtt_verdict(where_rtt, rtt, model))
         verdicts.append((m, verdict, *rtts, whatif_time, memory))
     where = _whatif_place(whatif)
     header = ("method", "reaches the target before the baseline (no delay)",
-              *(f"... at {x:g} Mbit/s, round trips" for x in rtt_rates),
-              f"time to target at 10 / 100 / 1000 Mbit/s, {where} (model)",
-              f"memory per worker, {whatif.workers} workers (model): fits {whatif.memory_gb:g} GB?")
+              *(f"... at {x:g} Mbit/s, round trips" + (" (model, beyond the runs' bandwidths)"
+                                                      if model.beyond_mbps(x) else "") for x in rtt_rates),
+              f"time to target at 10 / 100 / 1000 Mbit/s, {where} ({beyond})",
+              f"memory per worker, {whatif.workers} workers ({memory_beyond}): fits {whatif.memory_gb:g} GB?")
     lines = [*lines, tabulate(verdicts, headers=header, tablefmt="github", disable_numparse=True), ""]
     sized = []
     for m in methods:
@@ -515,7 +891,7 @@ def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link]
             continue
         for numel in (float(own.memory.numel), *whatif.params):
             q = own.scaled(numel)
-            label = f"{numel:.3g}" + (" (its run)" if numel == own.memory.numel else "")
+            label = f"{numel:.3g}" + (" (its run)" if numel == own.memory.numel else " (extrapolated)")
             sized.append((m, label, _whatif_times(q, None, fit, whatif),
                           whatif.fits(_memory(q, whatif))))
     if sized:
@@ -524,8 +900,9 @@ def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link]
                   "the weights a sharded worker holds gathered; compbench.race.model), the model grown in "
                   "depth and width together from its run's; the tokens a step as in the race.", "",
                   tabulate(sized, headers=("method", "parameters",
-                                           "step ms at 10 / 100 / 1000 Mbit/s (model)",
-                                           f"memory per worker (model): fits {whatif.memory_gb:g} GB?"),
+                                           f"step ms at 10 / 100 / 1000 Mbit/s ({beyond})",
+                                           f"memory per worker ({memory_beyond}): fits "
+                                           f"{whatif.memory_gb:g} GB?"),
                            tablefmt="github", disable_numparse=True), ""]
     return lines
 
@@ -564,91 +941,179 @@ def _steps(table: Table, method: str, links: list[Link]) -> float | None:
     return statistics.fmean(steps) if steps else None
 
 
+MARKERS = "osD^P*<>ph"  # a method's marker (with its colour); x: a loaded seed, v: no seed reached it
+
+
+def _footnote(fig: Any, runs: Sequence[Run], table: Table) -> None:
+    """The seeds and the load under every figure (a reader of the figure alone knows what ran)."""
+    fig.text(0.01, 0.01, f"seeds per method and link: {_seeds_text(table)}; {_load_text(runs)}", fontsize=6.5,
+             color="0.3", ha="left", va="bottom", wrap=True)
+
+
 def _plots(folder: Path, race: Race, runs: list[Run], table: Table,
-           methods: list[str], links: list[Link],
-           model: tuple[Fit, list[tuple[Run, Profile]]] | None, quick: bool) -> None:
+           methods: list[str], links: list[Link], model: Model | None, quick: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     folder.mkdir(parents=True, exist_ok=True)
-    colors = {m: f"C{i}" for i, m in enumerate(methods)}
+    colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
+    markers = {m: MARKERS[i % len(MARKERS)] for i, m in enumerate(methods)}
     unit = "nats/token" if race.metric == "eval/loss" else "%"
     note = " (quick: not evidence)" if quick else ""
     target = float(race_target_value(race, runs))
     for link in links:  # the metric against training seconds: every evaluation a marker, every seed a line
-        fig, ax = plt.subplots(figsize=(6.5, 4))
+        fig, ax = plt.subplots(figsize=(6.5, 4.3))
+        shown: list[str] = []
+        any_loaded = False
         for r in runs:
             if r.link == link and r.ok:
                 curve = [(p["train_s"], p[race.metric]) for p in (r.results or {}).get("curve", [])
                          if p.get(race.metric) is not None]
                 if curve:
-                    first = r.seed == min(x.seed for x in runs if x.method == r.method)
-                    ax.plot(*zip(*curve, strict=True), "o-", ms=3, color=colors[r.method], lw=1,
-                            label=r.method if first else None)
-        ax.axhline(target, ls="--", color="gray", lw=1, label=f"target {target:g}")
+                    shown += [r.method] if r.method not in shown else []
+                    any_loaded |= r.loaded
+                    ax.plot(*zip(*curve, strict=True), ls="--" if r.loaded else "-", marker=markers[r.method],
+                            ms=3, color=colors[r.method], lw=1)
+        target_line = ax.axhline(target, ls=":", color="gray", lw=1, label=f"target {target:g}")
         ax.set_xlim(left=0)
-        ax.set_xlabel("training seconds")
+        ax.set_xlabel("training seconds, wall clock (s)")
         ax.set_ylabel(f"{race.metric} ({unit})")
         ax.set_title(f"{race.name} race, {link.label}{note}", fontsize=10)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
+        # every seed its line, named by its method's colour and marker; a loaded run's dashed (its wall
+        # clock is the machine's as much as the method's)
+        handles: list[Any] = [Line2D([], [], color=colors[m], marker=markers[m], ms=3, lw=1, label=m)
+                              for m in shown]
+        handles.append(target_line)
+        if any_loaded:
+            handles.append(Line2D([], [], color="0.4", ls="--", lw=1,
+                                  label="dashed: a loaded run (its wall clock\nstretched by other work)"))
+        ax.legend(handles=handles, fontsize=7)
+        _footnote(fig, runs, table)
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
         fig.savefig(folder / f"curves_{link.folder}.png", dpi=100)
         plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6.5, 4))  # utilization against bandwidth
+    _utilization_plot(plt, folder, race, runs, table, methods, links, model, note, colors, markers)
+    _time_to_target_plot(plt, folder, race, runs, table, methods, links, note, colors, markers)
+
+
+def _utilization_plot(plt: Any, folder: Path, race: Race, runs: list[Run], table: Table, methods: list[str],
+                      links: list[Link], model: Model | None, note: str, colors: dict[str, str],
+                      markers: dict[str, str]) -> None:
+    """Compute utilization against bandwidth: each run a point (hollow: a link with delay), each
+    method's model line over the bandwidths the fit saw (dotted beyond them; none without a fit)."""
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.3))
+    handles: list[Any] = []
     for m in methods:
+        shown = False
         for delayed in (False, True):  # a link with delay: a hollow marker
             xs = [(r.mbps, r.summary["utilization"]) for r in runs if r.method == m and r.ok
-                  and r.summary.get("utilization") and bool(r.link.delay_ms) == delayed]
+                  and r.summary.get("utilization") is not None and bool(r.link.delay_ms) == delayed]
             if xs:
-                ax.plot(*zip(*xs, strict=True), "o", color=colors[m], label=None if delayed else m,
+                shown = True
+                ax.plot(*zip(*xs, strict=True), ls="", marker=markers[m], color=colors[m], alpha=0.8,
                         mfc="none" if delayed else colors[m])
-        if model is not None:
-            fit, rows = model
+        lined = False
+        if model is not None and model.fitted:
+            fit, rows = model.fit, model.rows
             prof = next((p for r, p in sorted(rows, key=lambda rp: (-rp[0].mbps, rp[0].link.delay_ms))
                          if r.method == m), None)
             if prof is not None:
+                lo, hi = model.mbps
                 grid = [10 ** (k / 10) for k in range(0, 41)]
-                ax.plot(grid, [prof.utilization(fit, g / 1e3) for g in grid], "-", color=colors[m], lw=1)
+                inside = [g for g in grid if lo <= g <= hi] or [lo, hi]
+                inside = sorted({lo, *inside, hi})
+                ax.plot(inside, [prof.utilization(fit, g / 1e3) for g in inside], "-", color=colors[m], lw=1)
+                for part in ([g for g in grid if g <= lo], [g for g in grid if g >= hi]):
+                    if len(part) > 1:
+                        ax.plot(part, [prof.utilization(fit, g / 1e3) for g in part], ":", color=colors[m],
+                                lw=1)
+                lined = True
+        if shown or lined:
+            handles.append(Line2D([], [], color=colors[m], marker=markers[m], ls="-" if lined else "",
+                                  label=m))
+    if any(x.delay_ms for x in links):
+        handles.append(Line2D([], [], color="0.4", marker="o", mfc="none", ls="",
+                              label="hollow: a link with delay"))
+    if model is not None and model.fitted:
+        handles += [Line2D([], [], color="0.4", ls="-",
+                           label=f"model, fitted on {model.range_text()} (no delay)"),
+                    Line2D([], [], color="0.4", ls=":", label="model, extrapolated beyond them")]
     ax.set_xscale("log")
-    ax.set_xlabel("link (Mbit/s)")
-    ax.set_ylabel("compute utilization (compute / step)")
+    ax.set_xlabel("link rate each way (Mbit/s, log scale)")
+    ax.set_ylabel("compute utilization\n(compute time / step time, wall clock)")
     ax.set_ylim(0, 1.05)
-    hollow = " (hollow: with delay)" if any(x.delay_ms for x in links) else ""
-    ax.set_title(f"{race.name} race: points measured{hollow}, lines modelled without delay{note}", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    ax.set_title(f"{race.name} race: compute utilization against bandwidth{note}", fontsize=10)
+    if handles:
+        ax.legend(handles=handles, fontsize=7, loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no run recorded its utilization", transform=ax.transAxes, ha="center", va="center")
+    _footnote(fig, runs, table)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(folder / "utilization.png", dpi=100)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(0.6 * len(methods) * len(links) + 3, 4))  # time to target
+
+
+def _time_to_target_plot(plt: Any, folder: Path, race: Race, runs: list[Run], table: Table,
+                         methods: list[str], links: list[Link], note: str, colors: dict[str, str],
+                         markers: dict[str, str]) -> None:
+    """Time to target per link: each seed a point (a cross: a loaded run's, on the unloaded estimate),
+    its error bar the crossing's resolution, the mean of the seeds that reached it a bar outline
+    (dashed: not every seed did), k/n above every bar, and a triangle at 0 where no seed reached it."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.55 * len(methods) * len(links) + 3), 4.6))
+    top = max((t for c in table.values() for t in c.seconds()), default=1.0)
     for i, link in enumerate(links):
         for j, m in enumerate(methods):
             c = table.get((m, link))
             x = i * (len(methods) + 1) + j
             if c is None or not c.done:
                 continue
-            reached = [t.seconds() for t in c.decomposed]
-            if len(reached) < len(c.done):  # a partial mean must not pass for everyone's
-                ax.annotate(f"{len(reached)}/{len(c.done)}", (x, max(reached, default=0.0)),
-                            textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7,
-                            color=colors[m])
-            if not reached:
+            reached = c.reached_runs
+            n = len(c.done)
+            if not reached:  # a mark at the axis: the method ran and missed the target in every seed
+                ax.plot([x], [0], marker="v", ms=9, color=colors[m], ls="", clip_on=False)
+                ax.annotate(f"0/{n}", (x, 0), textcoords="offset points", xytext=(0, 7), ha="center",
+                            fontsize=7, color=colors[m])
                 continue
-            ax.plot([x] * len(reached), reached, ".", color=colors[m], ms=8)
-            ax.bar(x, statistics.fmean(reached), fill=False, edgecolor=colors[m],
-                   linestyle="-" if len(reached) == len(c.done) else "--")
+            seconds = [t.seconds() for _, t in reached]
+            mean = statistics.fmean(seconds)
+            ax.bar(x, mean, width=0.8, fill=False, edgecolor=colors[m], lw=1.2,
+                   linestyle="-" if len(reached) == n else "--")
+            for (r, t), sec in zip(reached, seconds, strict=True):
+                ax.errorbar([x], [sec], yerr=[[t.resolution_s() / 2], [t.resolution_s() / 2]],
+                            marker="x" if r.estimated else markers[m], ms=6, color=colors[m], ls="",
+                            capsize=2, elinewidth=0.8)
+            high = max(sec + t.resolution_s() / 2 for (_, t), sec in zip(reached, seconds, strict=True))
+            ax.annotate(f"{len(reached)}/{n}", (x, max(mean, high)), textcoords="offset points",
+                        xytext=(0, 3), ha="center", fontsize=7, color=colors[m])
     if not any(c.decomposed for c in table.values()):
         ax.text(0.5, 0.5, "no method reached the target within the budget", transform=ax.transAxes,
                 ha="center", va="center")
     ax.set_xticks([i * (len(methods) + 1) + (len(methods) - 1) / 2 for i in range(len(links))],
                   [x.label for x in links])
-    ax.set_ylim(bottom=0)
-    ax.set_ylabel(f"seconds to the target ({race.units} x step time)")
-    ax.set_title(f"each seed a point, the mean a bar (dashed, k/n: k of n seeds reached it){note}",
-                 fontsize=8)
-    ax.legend([plt.Line2D([], [], color=colors[m], marker=".", ls="") for m in methods], methods, fontsize=7)
-    fig.tight_layout()
+    ax.set_xlabel("link (rate each way, one-way delay)")
+    ax.set_ylim(0, top * 1.2 if top > 0 else 1.0)
+    ax.set_ylabel(f"seconds to the target (s)\n{race.units} to it x the step time")
+    ax.set_title(f"{race.name} race: time to target{note}\neach seed a point (error bar: the crossing's "
+                 "resolution), the mean a bar (dashed: not every seed reached it);\nk/n: seeds that reached "
+                 "it, a triangle at 0: none did", fontsize=8)
+    handles: list[Any] = [Line2D([], [], color=colors[m], marker=markers[m], ls="",
+                                 label=f"{m}: a seed (wall clock)") for m in methods]
+    handles += [Line2D([], [], color="0.4", marker="x", ls="", label="a loaded seed (unloaded estimate)"),
+                Patch(facecolor="none", edgecolor="0.4", label="mean of the seeds that reached it"),
+                Patch(facecolor="none", edgecolor="0.4", linestyle="--",
+                      label="... where not every seed did"),
+                Line2D([], [], color="0.4", marker="v", ms=8, ls="", label="no seed reached it")]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    _footnote(fig, runs, table)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(folder / "time_to_target.png", dpi=100)
     plt.close(fig)
 

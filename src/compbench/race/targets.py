@@ -5,7 +5,12 @@ different speeds: compbench.train.skew), at most its wire time + 2 ms, for every
 without delay (a delay adds its round trips, which the model's fit accounts for);
 DiLoCo with the eager update at 10 Mbit/s computing >= 95% of its step; Streaming DiLoCo (eager,
 4-bit outer gradients) at 1 Mbit/s >= 90% (a 1 Mbit/s link is not in the default race: `--links
-1,10,100,1000`)."""
+1,10,100,1000`).
+
+A check the race has no data for is no verdict, never a pass: a throughput ratio without a run of
+both methods on the link, or from too few steps, or from loaded runs whose unloaded estimate is not
+validated at their load (compbench.race.to_target.VALIDATED); the exposed-communication check in a
+race without a link without delay, or without a figure on one."""
 
 from __future__ import annotations
 
@@ -36,21 +41,34 @@ def text_targets(table: Table) -> list[Check]:
                 out.append((what, None, f"budget too small: {steps} steps after the warm-up "
                                         f"(< {MIN_MEASURED_STEPS})"))
                 continue
+            unvalidated = sorted({*c.load_reasons(), *base.load_reasons()})
+            if unvalidated:
+                out.append((what, None, "no verdict at this load: " + "; ".join(unvalidated)))
+                continue
             rate, base_rate = c.mean("tokens_per_s"), base.mean("tokens_per_s")
             ratio = rate / base_rate if rate and base_rate else None
             out.append((what, None if ratio is None else ratio >= bound,
                         "-" if ratio is None else f"{ratio:.2f}x"))
-    over = []
-    for (method, link), c in sorted(table.items()):
-        if link.delay_ms:
-            continue
+    over, checked = [], 0
+    undelayed = [(key, c) for key, c in sorted(table.items()) if not key[1].delay_ms and c.done]
+    for (method, link), c in undelayed:
         exposed, wire = c.exposed_less_skew_per_exchange_ms(), c.wire_per_exchange_ms(link.mbps)
-        if exposed is not None and wire is not None and exposed > wire + 2.0:
+        if exposed is None or wire is None:
+            continue
+        checked += 1
+        if exposed > wire + 2.0:
             over.append(f"{method} at {link}: {exposed:.1f} > {wire:.1f} + 2")
     if table:
-        out.append(("exposed communication per exchange, less the wait for the last rank step by step, "
-                    "<= its wire time + 2 ms (every method and link without delay)",
-                    not over, "; ".join(over) or "all within"))
+        what = ("exposed communication per exchange, less the wait for the last rank step by step, "
+                "<= its wire time + 2 ms (every method and link without delay)")
+        if not undelayed:
+            out.append((what, None, "no link without delay in this race"))
+        elif not checked:
+            out.append((what, None, "no run recorded its exposed communication and bytes"))
+        else:
+            unchecked = len(undelayed) - checked
+            out.append((what, not over, ("; ".join(over) or f"all {checked} within")
+                        + (f" ({unchecked} without figures)" if unchecked else "")))
     for method, mbps, bound in (("diloco", 10.0, 0.95), ("streaming", 1.0, 0.90)):
         c = table.get((method, Link(mbps)))
         if c is None:

@@ -1,0 +1,147 @@
+"""What the race's report may claim from what it has (synthetic runs, no training): a one-link race
+fits nothing and extrapolates nothing, a target without data is no verdict, loaded runs whose unloaded
+estimate is not validated at their load (or whose two clocks order the methods the other way round)
+rank nothing, and every figure renders without a warning."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from compbench.race.model import PRIOR, Profile, fit_model
+from compbench.race.report import load, write
+from compbench.race.suites import TEXT, Link
+from compbench.race.targets import text_targets
+from tests.unit.test_race import FIT, _fake_race, _results, _rows
+
+
+def _edit(run_dir: Path, **summary) -> None:
+    res = json.loads((run_dir / "results.json").read_text())
+    res["summary"].update(summary)
+    (run_dir / "results.json").write_text(json.dumps(res))
+
+
+def _loaded(run_dir: Path, wall_factor: float, others_per_core: float = 1.05) -> None:
+    """The run again beside other work: its wall-clock step `wall_factor` times its unloaded estimate
+    (the step it had), other work's runnable tasks `others_per_core` on each of the 2 cores."""
+    res = json.loads((run_dir / "results.json").read_text())
+    s = res["summary"]
+    step = s.get("step_unloaded_ms") or s["step_ms"]
+    wall = wall_factor * step
+    s.update(loaded=True, step_unloaded_ms=step, step_unloaded_ms_q1=0.9 * step,
+             step_unloaded_ms_q3=1.1 * step, step_ms=wall, step_ms_q1=0.9 * wall, step_ms_q3=1.1 * wall)
+    res["environment"].update(others_runnable=2 * others_per_core, load_after=2 + 2 * others_per_core)
+    (run_dir / "results.json").write_text(json.dumps(res))
+
+
+def test_a_fit_needs_two_bandwidths_else_the_prior_stays():
+    profiles = [Profile.of(_results(110.0, 10.0, sent)) for sent in (4e6, 2e5, 1e6, 5e5, 8e6)]
+    one = [(p, 1.0, 0.0, p.step_ms(FIT, 1.0), False) for p in profiles]
+    assert fit_model(one) is PRIOR
+    assert fit_model([*one, *[(p, 0.1, 0.0, p.step_ms(FIT, 0.1), False) for p in profiles]]) is not PRIOR
+
+
+def test_a_one_link_race_prints_no_crossover_and_no_extrapolation(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", figures.append)
+    text = write(tmp_path, TEXT, load(_fake_race(tmp_path, (Link(1000),))), quick=False, checks=text_targets)
+    assert ("**Not fitted: the race's runs are on one bandwidth (1000 Mbit/s); a fit needs links of 2 "
+            "bandwidths or more**") in text
+    assert "No crossover and no extrapolation" in text
+    for claim in ("reaches the target before", "round trips", "What-if", "10 / 100 / 1000 Mbit/s",
+                  "within 15%", "extrapolated"):
+        assert claim not in text, claim
+    utilization = next(f.axes[0] for f in figures if f.axes[0].get_title().startswith("text race: compute"))
+    assert all(line.get_linestyle() == "None" for line in utilization.get_lines())  # points, no model line
+    for figure in figures:
+        close(figure)
+
+
+def test_a_prediction_without_a_run_on_another_link_is_no_verdict(tmp_path):
+    """Each method on a link of its own: every run would be predicted from itself."""
+    keep = {("ddp-adamw", Link(10)), ("diloco", Link(1000)), ("onebit-adam", Link(100))}
+    entries = [e for e in _fake_race(tmp_path) if (e[0], e[1]) in keep]
+    text = write(tmp_path, TEXT, load(entries), quick=False, checks=text_targets)
+    assert "Prediction from another link: no verdict" in text
+    assert "within 15%" not in text
+
+
+def test_targets_the_race_has_no_data_for_say_no_verdict(tmp_path):
+    runs = load(_fake_race(tmp_path, (Link(200, 25),)))
+    text = write(tmp_path, TEXT, runs, quick=False, checks=text_targets)
+    rows = _rows(text)
+    exposed = next(v for k, v in rows.items() if k[0].startswith("exposed communication per exchange"))
+    assert exposed[1:] == ["no verdict", "no link without delay in this race"]
+    assert rows[("onebit-adam tokens/s >= 1x ddp-adamw's at 1000 Mbit/s", "no verdict")][2] == \
+        "no run on that link"
+    assert not any(cells[1] == "yes" for cells in rows.values() if len(cells) == 3)
+
+
+def test_loaded_runs_with_an_unvalidated_estimate_give_no_verdict_at_this_load(tmp_path):
+    """No family is validated at any load yet (compbench.race.to_target.VALIDATED): the loaded run's
+    link, the crossovers that read it and the throughput targets of loaded cells rank nothing."""
+    entries = _fake_race(tmp_path)
+    base = next(d for m, link, seed, d in entries if (m, link.mbps, seed) == ("ddp-adamw", 1000.0, 0))
+    _loaded(base, 1.6, others_per_core=2.2)
+    text = write(tmp_path, TEXT, load(entries), quick=False, checks=text_targets)
+    rows = _rows(text)
+    verdicts = {c[0]: c[-1] for c in rows.values() if len(c) == 5 and c[0] in ("10", "100", "1000")}
+    assert verdicts["10"] == ("**no verdict at this load**: the unloaded estimate is not validated for "
+                              "periodic methods at 1 busy loop per core (not reached in every seed: "
+                              "ddp-adamw)")
+    assert verdicts["1000"].startswith("**no verdict at this load**: the unloaded estimate is not validated "
+                                       "for per-step methods at 2 busy loops per core")
+    assert verdicts["100"] == "diloco < onebit-adam (not reached in every seed: ddp-adamw)"  # idle there
+    assert rows[("diloco", "no verdict at this load")]  # its crossover
+    assert "not measured yet for any method family at any load" in text
+    target = rows[("onebit-adam tokens/s >= 1x ddp-adamw's at 1000 Mbit/s", "no verdict")]
+    assert target[2].startswith("no verdict at this load: the unloaded estimate is not validated for "
+                                "per-step")
+    clocks = text[text.index("## The two clocks"):text.index("## The verdict per link")]
+    ddp = next(c for c in _rows(clocks).values() if c[:2] == ["ddp-adamw", "1000"])
+    # the wall clock 1.6x the estimate in one seed of two; beside 2.2 busy loops per core
+    assert ddp[2:9] == ["per-step", "1/2", "0.05-2.20", "164.4", "126.5", "0.77",
+                        "no: the unloaded estimate is not validated for per-step methods at 2 busy loops "
+                        "per core"]
+
+
+def test_two_clocks_that_order_methods_the_other_way_round_give_no_verdict(tmp_path, monkeypatch):
+    """The estimate validated, but by the wall clock DiLoCo (300 ms steps beside other work) comes after
+    1-bit Adam, beyond the seeds' spread: the estimate alone cannot rank them."""
+    from compbench.race import to_target
+
+    monkeypatch.setitem(to_target.VALIDATED, ("periodic", 1), 1.02)
+    entries = _fake_race(tmp_path)
+    for m, link, _, run_dir in entries:
+        if (m, link.mbps) == ("diloco", 10.0):
+            _loaded(run_dir, 3.0)
+    text = write(tmp_path, TEXT, load(entries), quick=False, checks=text_targets)
+    row = next(c for c in _rows(text).values() if c[0] == "10" and len(c) == 5)
+    assert row[1].startswith("diloco 17.5 +- 0.0 s (crossing +-2.5) < onebit-adam 38.7")
+    assert row[2].startswith("onebit-adam 38.7 +- 0.0 s (crossing +-5.5) < diloco 52.5")
+    assert row[-1] == ("**no verdict at this load**: by the wall clock onebit-adam before diloco, beyond the "
+                       "seeds' spread (not reached in every seed: ddp-adamw)")
+
+
+@pytest.mark.parametrize("case", ["full", "one link", "with delay", "nothing reached", "no utilization"])
+def test_the_plots_render_without_a_warning(tmp_path, case):
+    links = {"one link": (Link(1000),), "with delay": (Link(100), Link(200, 25))}.get(case)
+    entries = _fake_race(tmp_path, links) if links else _fake_race(tmp_path)
+    for *_, run_dir in entries:
+        if case == "nothing reached":
+            res = json.loads((run_dir / "results.json").read_text())
+            _edit(run_dir, target={**res["summary"]["target"], "reached": False})
+        if case == "no utilization":
+            _edit(run_dir, utilization=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write(tmp_path, TEXT, load(entries), quick=case == "nothing reached", checks=text_targets)
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 2 + len(links or (1, 2, 3))
