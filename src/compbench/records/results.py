@@ -313,10 +313,22 @@ def _target_line(t: Mapping[str, Any]) -> str:
             f"{_bytes(t['bytes_sent'])} sent per worker")
 
 
+def _median_words(steps: int | None) -> str:
+    """What a summary's throughput is the median of: the steps after WARMUP_STEPS warm-up ones, or,
+    in a run too short for that, its last steps (the trainer leaves out all but one)."""
+    if steps is None or steps > WARMUP_STEPS:
+        return f"(median after {WARMUP_STEPS} warm-up steps, all workers)"
+    skip = min(WARMUP_STEPS, max(0, steps - 1))
+    kept = steps - skip
+    what = f"step {steps} alone" if kept == 1 else f"median of its {kept} steps"
+    left = "" if not skip else ", its first step left out" if skip == 1 else f", its first {skip} left out"
+    return f"({what}, all workers: a {steps}-step run has no step after {WARMUP_STEPS} warm-up ones{left})"
+
+
 def _result_lines(s: Mapping[str, Any], num: Callable[[float | None, str], str]) -> list[str]:
     """The result and throughput lines: accuracy and samples/s, or (a language model, known by its
     summary's final_eval_loss) validation loss, perplexity and tokens/s."""
-    median = f"(median after {WARMUP_STEPS} warm-up steps, all workers)"
+    median = _median_words(s.get("steps"))
     if "final_eval_loss" not in s and s.get("not_evaluated"):
         return [f"  accuracy     not evaluated: {s['not_evaluated']}",
                 f"  throughput   {num(s['throughput'], ',.0f')} samples/s {median}"]

@@ -128,7 +128,9 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def whatif_section(rows: list[dict[str, Any]], model: Fit, per_node: int, source: str) -> str:
-    out = [f"## What-if scaling ({per_node} worker(s) per machine; {source})", "", ASSUMPTIONS, ""]
+    out = [f"## What-if scaling ({per_node} worker(s) per machine; {source})", "",
+           "Every figure below is the model's, extrapolated from each run's own workers and link (what it "
+           "measured is its row above).", "", ASSUMPTIONS, ""]
     for r in rows:
         if "_results" not in r:
             continue
@@ -161,7 +163,60 @@ def bar_labels(rows: list[dict[str, Any]]) -> list[str]:
     return [f"{b}\n{r['job']}" if base.count(b) > 1 else b for b, r in zip(base, rows, strict=True)]
 
 
-def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+def run_context(root: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ran, as the runs recorded it (each results.json's environment and config): how many ran on
+    a loaded machine (compbench.records.provenance), other work's runnable tasks per core while they
+    trained, the load average around them, and the seeds."""
+    loaded, per_core, averages, seeds, known = 0, [], [], set(), 0
+    for r in rows:
+        try:
+            data = _read_results(root / r["job"] / "results.json")
+        except ValueError:
+            continue
+        env, cfg = data.get("environment") or {}, data.get("config") or {}
+        if cfg.get("seed") is not None:
+            seeds.add(cfg["seed"])
+        if "loaded" not in env and "loaded" not in (data.get("summary") or {}):
+            continue
+        known += 1
+        loaded += bool(env.get("loaded", (data.get("summary") or {}).get("loaded")))
+        if env.get("others_runnable") is not None and env.get("cores"):
+            per_core.append(float(env["others_runnable"]) / float(env["cores"]))
+        averages += [float(env[k]) for k in ("load_before", "load_after") if env.get(k) is not None]
+    return {"runs": len(rows), "known": known, "loaded": loaded, "per_core": per_core, "averages": averages,
+            "seeds": sorted(seeds, key=str)}
+
+
+def context_line(ctx: dict[str, Any]) -> str:
+    """One line: the seeds and the load of the runs (a report says whether its runs were loaded)."""
+    seeds = ", ".join(map(str, ctx["seeds"])) or "not recorded"
+    if not ctx["known"]:
+        return f"seeds {seeds}; the load not recorded"
+    about = []
+    if ctx["per_core"]:
+        about.append(f"other work {_span(ctx['per_core'], '.2f')} busy loops per core")
+    if ctx["averages"]:
+        about.append(f"load average {_span(ctx['averages'], '.1f')}")
+    detail = f" ({', '.join(about)})" if about else ""
+    return f"seeds {seeds}; {ctx['loaded']} of {ctx['known']} runs on a loaded machine{detail}"
+
+
+def _span(values: list[float], spec: str) -> str:
+    lo, hi = format(min(values), spec), format(max(values), spec)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _human_bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def plots(rows: list[dict[str, Any]], out_dir: Path, context: str = "") -> list[Path]:
+    """The report's figures: throughput (axis from 0) and quality against the compression ratio, each
+    run's step split, and the bytes each run sent a step (a linear axis, every bar labelled); each with
+    `context` (the seeds and the load) under it. Every label inside its figure (bbox_inches=tight)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,29 +226,39 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     out_dir.mkdir(exist_ok=True)
     paths = []
 
-    def by_compressor(metric: str, ylabel: str, fname: str) -> None:
+    def save(fig: Any, name: str) -> None:
+        if context:
+            fig.text(0.01, 0.005, context, fontsize=7, color="0.3", ha="left", va="bottom")
+        fig.tight_layout(rect=(0, 0.05 if context else 0, 1, 1))
+        paths.append(out_dir / name)
+        fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+        plt.close(fig)
+
+    def by_compressor(metric: str, ylabel: str, fname: str, from_zero: bool) -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for comp in sorted({r["compressor"] for r in done}):
+        for comp in sorted({str(r["compressor"]) for r in done}):
             pts = sorted((r["ratio"] if r["ratio"] is not None else 1.0, r.get(metric)) for r in done
-                         if r["compressor"] == comp and r.get(metric) is not None)
+                         if str(r["compressor"]) == comp and r.get(metric) is not None)
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=comp)
         ax.set_xscale("log")
-        ax.set_xlabel("compression ratio (fraction of elements kept)")
+        ax.set_xlabel("compression ratio (fraction of elements kept, log scale)")
         ax.set_ylabel(ylabel)
+        if from_zero:  # a rate is read as a ratio of heights: from 0, or a 7% gap looks like a cliff
+            ax.set_ylim(bottom=0, top=max(1e-9, 1.1 * ax.dataLim.y1))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out_dir / fname)
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, title="compressor", title_fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no completed run recorded it", transform=ax.transAxes, ha="center")
+        save(fig, fname)
 
     if any("eval_loss" in r for r in done):  # language models
-        by_compressor("tokens_per_s", "throughput (tokens/s, all workers)", "tokens_per_s_vs_ratio.png")
-        by_compressor("eval_loss", "final validation loss (nats per token)", "loss_vs_ratio.png")
+        by_compressor("tokens_per_s", "throughput (tokens/s, all workers)", "tokens_per_s_vs_ratio.png", True)
+        by_compressor("eval_loss", "final validation loss (nats per token)", "loss_vs_ratio.png", False)
     else:
-        by_compressor("throughput", "throughput (samples/s, all workers)", "throughput_vs_ratio.png")
-        by_compressor("final_acc1", "final test accuracy (%)", "accuracy_vs_ratio.png")
+        by_compressor("throughput", "throughput (samples/s, all workers)", "throughput_vs_ratio.png", True)
+        by_compressor("final_acc1", "final test accuracy (%)", "accuracy_vs_ratio.png", False)
 
     labels = bar_labels(done)
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(done)), 4))
@@ -201,21 +266,24 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     for phase, vals in breakdown(done).items():
         ax.bar(labels, vals, bottom=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    ax.set_ylabel("median time per step (ms); bars add up to the step")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "step_breakdown.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    ax.set_ylabel("time per step (ms, median)")
+    ax.set_title("each run's median step, split by phase (the parts add up to it)", fontsize=9)
+    ax.set_ylim(bottom=0)
+    if done:
+        ax.legend(fontsize=8, title="phase", title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0)
+    save(fig, "step_breakdown.png")
 
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(done)), 4))
-    ax.bar(labels, [r["bytes_per_step"] or 0 for r in done])
-    ax.set_yscale("log")
-    ax.set_ylabel("bytes sent per step per worker")
-    fig.tight_layout()
-    paths.append(out_dir / "bytes_per_step.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    sent = [float(r["bytes_per_step"] or 0) for r in done]
+    most = max(sent, default=0.0)
+    unit, size = next(((u, x) for u, x in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if most >= x), ("B", 1.0))
+    bars = ax.bar(labels, [v / size for v in sent])
+    ax.bar_label(bars, [_human_bytes(v) for v in sent], fontsize=7)  # a small payload beside a dense one
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel(f"bytes sent per step per worker ({unit})")
+    ax.set_title("bytes each run put on the wire per step (linear axis; labels: the values)", fontsize=9)
+    save(fig, "bytes_per_step.png")
     return paths
 
 
@@ -239,11 +307,12 @@ def main(argv: list[str]) -> int:
     columns = columns_for(rows)
     table = markdown_table(rows, [c for c in columns if c != "error"])
     failed = [r for r in rows if r["status"] != "completed"]
-    md = ["# compbench report", "", f"{len(rows)} run(s) under `{root}`, {len(failed)} failed.", "", table,
-          ""]
+    context = context_line(run_context(root, rows))
+    md = ["# compbench report", "", f"{len(rows)} run(s) under `{root}`, {len(failed)} failed; {context}.",
+          "", table, ""]
     if failed:
         md += ["## Failed runs", ""] + [f"- `{r['job']}`: {r['error']}" for r in failed] + [""]
-    pngs = plots(rows, root / "plots")
+    pngs = plots(rows, root / "plots", context)
     md += (["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs]
            + ["", whatif_section(rows, model, args.per_node, source)])
     (root / "report.md").write_text("\n".join(md) + "\n")
