@@ -363,6 +363,7 @@ def check_command(command: Command, mp: pytest.MonkeyPatch, capsys: pytest.Captu
     elif sub in ("gen", "list", "completion"):
         from compbench.cli.commands import run_command
 
+        mp.setattr(warnings, "formatwarning", warnings.formatwarning)  # the CLI sets its own: undone after
         assert run_command(words[1:]) == 0, capsys.readouterr().err
         assert capsys.readouterr().out
     elif sub in ("report", "clean", "launch"):
