@@ -221,7 +221,9 @@ def test_timms_names_pick_the_compbench_model_they_are():
                          ("mixer_b16_224", "mixer_b16")):
         cfg = config.compose([f"model={name}", "dataset=synthetic"])
         assert cfg.choices.model == option and cfg.model.arch == name
-    assert config.model_alias("model=resnet50") == "model=resnet50"  # a compbench name stays
+    assert config.model_alias("model=resnet50") == ["model=resnet50"]  # a compbench name stays
+    cfg = config.compose(["model=efficientnet_b0", "dataset=synthetic"])  # any other timm name: model=timm
+    assert cfg.choices.model == "timm" and cfg.model.arch == "efficientnet_b0"
 
 
 def test_a_race_key_given_on_the_command_line_replaces_the_races_own(monkeypatch, tmp_path):

@@ -103,14 +103,20 @@ def _default_option(group: str) -> str:
     return "null"
 
 
-def model_alias(override: str) -> str:
+def model_alias(override: str) -> list[str]:
     """`model=ARCH` where ARCH is the timm or torchvision name of a compbench model (its file's `arch`,
-    vit_base_patch16_224 for vit_b16) as `model=` that model: the names users know from timm work."""
+    vit_base_patch16_224 for vit_b16) as `model=` that model, and any other model timm knows as
+    `model=timm model.arch=ARCH`: the names users know from timm work."""
     key, sep, value = override.partition("=")
     if key != "model" or not sep or value in registry.options("model"):
-        return override
+        return [override]
     arch = {registry.option_config("model", o).get("arch"): o for o in registry.options("model")}
-    return f"model={arch[value]}" if value in arch else override
+    if value in arch:
+        return [f"model={arch[value]}"]
+    import compbench.base.torchvision_compat  # noqa: F401  (before timm imports torchvision)
+    import timm  # only for a name no compbench model has
+
+    return ["model=timm", f"model.arch={value}"] if timm.is_model(value) else [override]
 
 
 def home_expanded(override: str) -> str:
@@ -134,7 +140,7 @@ def compose(overrides: list[str], config_name: str = "train", keep_hydra: bool =
     from yaml import YAMLError
 
     searched = search_path()
-    overrides = [model_alias(home_expanded(o)) for o in overrides]
+    overrides = [alias for o in overrides for alias in model_alias(home_expanded(o))]
 
     def compose_with(extra: list[str]) -> DictConfig:
         try:
