@@ -113,8 +113,9 @@ def model_alias(override: str) -> list[str]:
     arch = {registry.option_config("model", o).get("arch"): o for o in registry.options("model")}
     if value in arch:
         return [f"model={arch[value]}"]
-    import compbench.base.torchvision_compat  # noqa: F401  (before timm imports torchvision)
     import timm  # only for a name no compbench model has
+
+    import compbench.base.torchvision_compat  # noqa: F401  (before timm imports torchvision)
 
     return ["model=timm", f"model.arch={value}"] if timm.is_model(value) else [override]
 
