@@ -145,3 +145,15 @@ def test_the_plots_render_without_a_warning(tmp_path, case):
         warnings.simplefilter("error")
         write(tmp_path, TEXT, load(entries), quick=case == "nothing reached", checks=text_targets)
     assert len(list((tmp_path / "plots").glob("*.png"))) == 2 + len(links or (1, 2, 3))
+
+
+def test_the_reasons_for_no_verdict_are_said_once_per_kind():
+    from compbench.race.report import NO_ESTIMATE, gaps_text
+
+    assert gaps_text([("per-step", 1), ("sharded", 2), ("per-step", 2), None, ("sharded", 1)]) == [
+        "the unloaded estimate is not validated for per-step methods at 1 and 2 busy loops per core, sharded "
+        "methods at 1 and 2 busy loops per core"]
+    assert gaps_text([(NO_ESTIMATE, None), ("periodic", None)]) == [
+        "a loaded run without an unloaded estimate (its wall clock is the machine's as much as the method's)",
+        "the unloaded estimate is not validated for periodic methods at an unrecorded load"]
+    assert gaps_text([None, None]) == []

@@ -42,7 +42,7 @@ import csv
 import json
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,21 +155,17 @@ class Run:
         step = self.measured.get("step_ms")
         return float(step) if step else None
 
-    def load_reason(self) -> str | None:
-        """Why its step cannot rank methods at its load, or None where it can: an idle run (the
-        wall clock), or a loaded one whose estimate is validated for its family at its load
-        (compbench.race.to_target.VALIDATED)."""
+    def load_gap(self) -> tuple[str, int | None] | None:
+        """Why its step cannot rank methods at its load: (its family, its load in busy loops per core)
+        where its unloaded estimate is not validated there (compbench.race.to_target.VALIDATED), or
+        (NO_ESTIMATE, None) for a loaded run without one; None where it can rank (an idle run: the
+        wall clock; a loaded one whose estimate is validated for its family at its load)."""
         if not self.loaded:
             return None
         if not self.estimated:
-            return ("a loaded run without an unloaded estimate (its wall clock is the machine's as much as "
-                    "the method's)")
+            return NO_ESTIMATE, None
         level = load_level(self.environment)
-        if validated(self.family, level):
-            return None
-        at = ("an unrecorded load" if level is None
-              else f"{level} busy loop{'' if level == 1 else 's'} per core")
-        return f"the unloaded estimate is not validated for {self.family} methods at {at}"
+        return None if validated(self.family, level) else (self.family, level)
 
 
 def _niceness(table: Mapping[tuple[str, Link], Cell]) -> str:
@@ -179,6 +175,35 @@ def _niceness(table: Mapping[tuple[str, Link], Cell]) -> str:
     if not values:
         return "a CPU priority they did not record"
     return "nice " + ", ".join(f"{v:+d}" if v else "0" for v in values)
+
+
+NO_ESTIMATE = "no estimate"
+
+
+def gaps_text(gaps: Iterable[tuple[str, int | None] | None]) -> list[str]:
+    """Runs' load gaps (Run.load_gap) in words, one phrase per kind: `the unloaded estimate is not
+    validated for per-step methods at 1 and 2 busy loops per core, sharded methods at 2 busy loops
+    per core`."""
+    levels: dict[str, set[int | None]] = {}
+    for gap in gaps:
+        if gap is not None:
+            levels.setdefault(gap[0], set()).add(gap[1])
+    out = []
+    if levels.pop(NO_ESTIMATE, None) is not None:
+        out.append("a loaded run without an unloaded estimate (its wall clock is the machine's as much as "
+                   "the method's)")
+    parts = []
+    for fam, at in sorted(levels.items()):
+        known = sorted(x for x in at if x is not None)
+        where = " and ".join(map(str, known))
+        if known:
+            where += f" busy loop{'' if known == [1] else 's'} per core"
+        if None in at:
+            where = f"{where} and an unrecorded load" if known else "an unrecorded load"
+        parts.append(f"{fam} methods at {where}")
+    if parts:
+        out.append("the unloaded estimate is not validated for " + ", ".join(parts))
+    return out
 
 
 def load(entries: Sequence[tuple[str, Link, int, Path]]) -> list[Run]:
@@ -248,8 +273,8 @@ class Cell:
         return "unloaded estimate" if k == n else f"wall clock; {k}/{n} unloaded estimate"
 
     def load_reasons(self) -> list[str]:
-        """Why its runs cannot rank it at their load (none: they can)."""
-        return sorted({why for r in self.done if (why := r.load_reason()) is not None})
+        """Why its runs cannot rank it at their load, in words (none: they can)."""
+        return gaps_text(r.load_gap() for r in self.done)
 
     @property
     def steps_to_target(self) -> float | None:
@@ -382,7 +407,7 @@ class Model:
 
     def unvalidated(self) -> list[str]:
         """Why the runs it read cannot rank methods at their load (compbench.race.to_target)."""
-        return sorted({why for r, _ in self.rows if (why := r.load_reason()) is not None})
+        return gaps_text(r.load_gap() for r, _ in self.rows)
 
 
 def fitted(runs: list[Run]) -> Model | None:
@@ -719,7 +744,7 @@ def _verdict(race: Race, table: Table, methods: list[str], link: Link) -> tuple[
             if d_step * d_wall < 0 and beyond:
                 first, second = (a, b) if d_wall < 0 else (b, a)
                 flips.append(f"by the wall clock {first} before {second}, beyond the seeds' spread")
-    reasons = sorted({why for _, c in here for why in c.load_reasons()})
+    reasons = gaps_text(r.load_gap() for _, c in here for r in c.done)
     loaded = f"{sum(c.loaded for _, c in here)}/{sum(len(c.done) for _, c in here)}"
     missed = [m for m, c in here if (m, c) not in ranked]
     if reasons or flips:
@@ -1020,18 +1045,20 @@ def _utilization_plot(plt: Any, folder: Path, race: Race, runs: list[Run], table
         lined = False
         if model is not None and model.fitted:
             fit, rows = model.fit, model.rows
-            prof = next((p for r, p in sorted(rows, key=lambda rp: (-rp[0].mbps, rp[0].link.delay_ms))
-                         if r.method == m), None)
-            if prof is not None:
+            fastest_first = sorted(rows, key=lambda rp: (-rp[0].mbps, rp[0].link.delay_ms))
+            run_prof = next(((r, p) for r, p in fastest_first if r.method == m), None)
+            if run_prof is not None:
+                prof, scale = run_prof[1], _compute_scale(*run_prof)
                 lo, hi = model.mbps
                 grid = [10 ** (k / 10) for k in range(0, 41)]
                 inside = [g for g in grid if lo <= g <= hi] or [lo, hi]
                 inside = sorted({lo, *inside, hi})
-                ax.plot(inside, [prof.utilization(fit, g / 1e3) for g in inside], "-", color=colors[m], lw=1)
+                ax.plot(inside, [scale * prof.utilization(fit, g / 1e3) for g in inside], "-",
+                        color=colors[m], lw=1)
                 for part in ([g for g in grid if g <= lo], [g for g in grid if g >= hi]):
                     if len(part) > 1:
-                        ax.plot(part, [prof.utilization(fit, g / 1e3) for g in part], ":", color=colors[m],
-                                lw=1)
+                        ax.plot(part, [scale * prof.utilization(fit, g / 1e3) for g in part], ":",
+                                color=colors[m], lw=1)
                 lined = True
         if shown or lined:
             handles.append(Line2D([], [], color=colors[m], marker=markers[m], ls="-" if lined else "",
@@ -1040,22 +1067,37 @@ def _utilization_plot(plt: Any, folder: Path, race: Race, runs: list[Run], table
         handles.append(Line2D([], [], color="0.4", marker="o", mfc="none", ls="",
                               label="hollow: a link with delay"))
     if model is not None and model.fitted:
+        estimated = any(r.estimated for r, _ in model.rows)
         handles += [Line2D([], [], color="0.4", ls="-",
-                           label=f"model, fitted on {model.range_text()} (no delay)"),
+                           label=f"model, fitted on {model.range_text()} (no delay)"
+                           + (";\na loaded run's on its unloaded estimate" if estimated else "")),
                     Line2D([], [], color="0.4", ls=":", label="model, extrapolated beyond them")]
     ax.set_xscale("log")
     ax.set_xlabel("link rate each way (Mbit/s, log scale)")
-    ax.set_ylabel("compute utilization\n(compute time / step time, wall clock)")
+    step_clock = any(r.estimated for r in runs if r.ok)
+    ax.set_ylabel("compute utilization, compute time / step time\n"
+                  + ("(points: wall clock; lines: the step clock)" if step_clock and model is not None
+                     and model.fitted else "(wall clock)"))
     ax.set_ylim(0, 1.05)
     ax.set_title(f"{race.name} race: compute utilization against bandwidth{note}", fontsize=10)
     if handles:
-        ax.legend(handles=handles, fontsize=7, loc="lower right")
+        ax.legend(handles=handles, fontsize=7, loc="upper left")
     else:
         ax.text(0.5, 0.5, "no run recorded its utilization", transform=ax.transAxes, ha="center", va="center")
     _footnote(fig, runs, table)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(folder / "utilization.png", dpi=100)
     plt.close(fig)
+
+
+def _compute_scale(run: Run, profile: Profile) -> float:
+    """What puts a run's compute on the clock of its step: a loaded run's step is its unloaded estimate
+    while its phases were timed on the wall clock, so its compute shrinks as the rest of the step
+    outside communication did (else compute / step, its utilization, would pass 1); 1 for others."""
+    wall, comm = run.wall_step_ms, float(run.measured.get("comm_ms") or 0.0)
+    if not run.estimated or not wall or wall <= comm:
+        return 1.0
+    return max(0.0, profile.fixed_ms) / (wall - comm)
 
 
 def _time_to_target_plot(plt: Any, folder: Path, race: Race, runs: list[Run], table: Table,
@@ -1067,8 +1109,8 @@ def _time_to_target_plot(plt: Any, folder: Path, race: Race, runs: list[Run], ta
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(max(6.5, 0.55 * len(methods) * len(links) + 3), 4.6))
-    top = max((t for c in table.values() for t in c.seconds()), default=1.0)
+    fig, ax = plt.subplots(figsize=(max(9.0, 0.55 * len(methods) * len(links) + 5.5), 4.8))
+    top = max((t.seconds() + t.resolution_s() / 2 for c in table.values() for t in c.decomposed), default=1.0)
     for i, link in enumerate(links):
         for j, m in enumerate(methods):
             c = table.get((m, link))
@@ -1099,10 +1141,10 @@ def _time_to_target_plot(plt: Any, folder: Path, race: Race, runs: list[Run], ta
     ax.set_xticks([i * (len(methods) + 1) + (len(methods) - 1) / 2 for i in range(len(links))],
                   [x.label for x in links])
     ax.set_xlabel("link (rate each way, one-way delay)")
-    ax.set_ylim(0, top * 1.2 if top > 0 else 1.0)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
     ax.set_ylabel(f"seconds to the target (s)\n{race.units} to it x the step time")
     ax.set_title(f"{race.name} race: time to target{note}\neach seed a point (error bar: the crossing's "
-                 "resolution), the mean a bar (dashed: not every seed reached it);\nk/n: seeds that reached "
+                 "resolution), the mean a bar\n(dashed: not every seed reached it); k/n: seeds that reached "
                  "it, a triangle at 0: none did", fontsize=8)
     handles: list[Any] = [Line2D([], [], color=colors[m], marker=markers[m], ls="",
                                  label=f"{m}: a seed (wall clock)") for m in methods]
