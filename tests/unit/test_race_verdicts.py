@@ -157,3 +157,36 @@ def test_the_reasons_for_no_verdict_are_said_once_per_kind():
         "a loaded run without an unloaded estimate (its wall clock is the machine's as much as the method's)",
         "the unloaded estimate is not validated for periodic methods at an unrecorded load"]
     assert gaps_text([None, None]) == []
+
+
+def _validate_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "validate_unloaded.py"
+    spec = importlib.util.spec_from_file_location("validate_unloaded", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_validation_script_kills_its_loops_and_tables_the_ratios():
+    """scripts/validate_unloaded.py without training: its loops (sleeping stand-ins, no load here) end
+    when the block fails, and its table holds each family's estimate over the idle wall clock."""
+    import os
+
+    v = _validate_script()
+    sleeping = v.LOOP.replace("while True:\n    pass\n", "import time\ntime.sleep(60)\n")
+    with pytest.raises(RuntimeError), v.busy_loops(2, sleeping) as loops:
+        pids = [p.pid for p in loops]
+        raise RuntimeError("a failed run")
+    assert all(p.poll() is not None for p in loops) and not any(os.path.exists(f"/proc/{p}") for p in pids)
+    rows = [{"load": load, "method": m, "repeat": 0, "family": fam, "step_ms": 200.0 * (1 + load),
+             "step_unloaded_ms": 200.0 * (1 - drop * load)}
+            for load in (0, 1)
+            for m, fam, drop in (("ddp-adamw", "per-step", 0.3), ("diloco", "periodic", 0.05))]
+    text, measured = v.table(rows)
+    assert measured == {("per-step", 1): 0.7, ("periodic", 1): 0.95}
+    assert _rows(text)[("1 busy loop per core", "0.70 (0.70-0.70; wall 2.00) OFF")][2] == \
+        "0.95 (0.95-0.95; wall 2.00) holds"
+    assert "    ('periodic', 1): 0.95," in text
