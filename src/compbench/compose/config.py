@@ -113,11 +113,11 @@ def model_alias(override: str) -> list[str]:
     arch = {registry.option_config("model", o).get("arch"): o for o in registry.options("model")}
     if value in arch:
         return [f"model={arch[value]}"]
-    import timm  # only for a name no compbench model has
+    # compbench.models first: it makes torchvision importable before timm imports it (only for a name
+    # no compbench model has)
+    from compbench.models.timm_models import is_timm_name
 
-    import compbench.base.torchvision_compat  # noqa: F401  (before timm imports torchvision)
-
-    return ["model=timm", f"model.arch={value}"] if timm.is_model(value) else [override]
+    return ["model=timm", f"model.arch={value}"] if is_timm_name(value) else [override]
 
 
 def home_expanded(override: str) -> str:

@@ -64,6 +64,13 @@ def timm_model(arch: str, num_classes: int = 1000, image_size: int = 224, in_cha
     return model
 
 
+def is_timm_name(name: str) -> bool:
+    """Whether timm builds a model of this name (compbench.compose.config's `model=NAME`)."""
+    import timm
+
+    return timm.is_model(name)
+
+
 def _native_side(arch: str) -> int | None:
     """The image side timm's pretrained config gives `arch` (224 for most), None where it has none;
     ValueError (naming the likeliest names) for a name timm does not know."""
