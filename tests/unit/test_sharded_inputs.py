@@ -12,7 +12,8 @@ import torch
 from compbench.compose import config
 from compbench.compose.sharded import check_fits
 from compbench.records.memory import predict_worker_bytes
-from compbench.sync.sharded import Sharding, groups_of, shard_units
+from compbench.sync.sharded import shard_units
+from compbench.sync.sharding import Sharding, groups_of
 
 GPT = ["model=gpt", "model.n_layer=2", "model.n_embd=32", "model.n_head=2", "dataset=shakespeare",
        "optim=adamw", "engine=torch"]

@@ -13,7 +13,7 @@ from torch import nn
 from compbench.catalog import registry
 from compbench.records.memory import predict_worker_bytes
 from compbench.sync import SyncTraits
-from compbench.sync.sharded import SHARD_OPTIMIZERS, Sharding
+from compbench.sync.sharding import SHARD_OPTIMIZERS, Sharding
 
 GB = 1e9
 

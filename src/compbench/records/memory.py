@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,32 +56,31 @@ def process_peak_bytes(device: torch.device) -> int | None:
     return int(found.group(1)) * 1024 if found else None
 
 
-def _local(t: Tensor) -> Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 FIELDS = ("parameters", "gradients", "optimizer", "activations", "gathered", "peak")
 
 
 class MemoryLedger:
     """Measures one worker's memory split (see the module); `gather` is results.json's record."""
 
-    def __init__(self, device: torch.device, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.device, self.model, self.optimizer = device, model, optimizer
+    def __init__(self, device: torch.device, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 local: Callable[[Tensor], Tensor]) -> None:
+        """`local`: a tensor's part on this worker (a sharded run's shard; else the tensor)."""
+        self.device, self.model, self.optimizer, self.local = device, model, optimizer, local
         self.seen = 0  # steps measured so far
         self.measured = dict.fromkeys(("parameters", "gradients", "optimizer", "activations", "gathered"), 0)
         self._saved: dict[int, int] = {}
         self._weights: dict[int, int] = {}
         self._own: set[int] = set()
+        self._gathers = False
         self._hooks: Any = None
 
     def begin_step(self) -> None:
         """The first steps this worker runs are measured (a resumed run's too)."""
         if self.seen < _MEASURED_STEPS and self._hooks is None:
             self._saved, self._weights = {}, {}
-            self._own = {_local(p).untyped_storage().data_ptr() for p in self.model.parameters()}
+            params = list(self.model.parameters())
+            self._own = {self.local(p).untyped_storage().data_ptr() for p in params}
+            self._gathers = any(self.local(p) is not p for p in params)  # sharded: weights come and go
             self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
             self._hooks.__enter__()
 
@@ -90,8 +90,9 @@ class MemoryLedger:
         if key in self._own:  # this worker's own parameters: counted as parameters
             return t
         # the module's parameters now that are not its own storage: a sharded unit's gathered weights
-        current = {_local(p).untyped_storage().data_ptr() for p in self.model.parameters()}
-        (self._weights if key in current else self._saved)[key] = storage.nbytes()
+        gathered = self._gathers and key in {self.local(p).untyped_storage().data_ptr()
+                                             for p in self.model.parameters()}
+        (self._weights if gathered else self._saved)[key] = storage.nbytes()
         return t
 
     def end_forward(self) -> None:
@@ -106,12 +107,12 @@ class MemoryLedger:
         if self.seen >= _MEASURED_STEPS:
             return
         self.seen += 1
-        grads = (_local(p.grad) for p in self.model.parameters() if p.grad is not None)
+        grads = (self.local(p.grad) for p in self.model.parameters() if p.grad is not None)
         self._keep("gradients", tensor_bytes(grads))
         # after the step: a stage-2 unit's weights are sharded again (an evaluation's forward leaves
         # them gathered, so the figure is not read at the end)
-        self._keep("parameters", tensor_bytes(_local(p) for p in self.model.parameters()))
-        state = (_local(v) for s in self.optimizer.state.values() for v in s.values()
+        self._keep("parameters", tensor_bytes(self.local(p) for p in self.model.parameters()))
+        state = (self.local(v) for s in self.optimizer.state.values() for v in s.values()
                  if isinstance(v, Tensor) and v.dim() > 0)
         self._keep("optimizer", tensor_bytes(state))
 

@@ -17,7 +17,7 @@ from compbench.records.stats import StepStats
 from compbench.seam.build import build_compressor_and_selection, build_memory
 from compbench.seam.pipeline import GradientPipeline
 from compbench.sync import Synchronizer
-from compbench.sync.sharded import ShardedSync, Sharding, groups_of
+from compbench.sync.sharding import Sharding, groups_of
 
 STEP_SYNC = {"_target_": "compbench.sync.step.StepSync"}
 
@@ -39,6 +39,8 @@ def build_synchronizer(nodes: Mapping[str, Any], engine: Engine, stats: StepStat
         return _build_mode(cfg, engine, stats, guard_nonfinite)
     if not isinstance(engine, TorchEngine):
         raise ValueError("sharding runs on torch.distributed (FSDP2): add engine=torch")
+    from compbench.sync.sharded import ShardedSync  # FSDP's modules: imported by sharded runs only
+
     size = sharding.shard_size(engine.size, engine.local_size)
     shards, replicas = groups_of(engine.size, size)
     shard_engine, replica_engine = engine.within(shards), engine.within(replicas)

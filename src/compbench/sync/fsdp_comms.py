@@ -31,8 +31,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 
 from compbench.codec.blockquant import BlockFormat, ErrorCompensated, decode, encode
 from compbench.records.stats import StepStats
-
-DIRECTIONS = ("gathered", "scattered")
+from compbench.sync.sharding import Format
 
 
 class DirectionLedger:
@@ -182,9 +181,6 @@ def _decode_into(wire: Tensor, out: Tensor, fmt: BlockFormat | torch.dtype) -> N
         out.copy_(wire.view(fmt))
     else:
         decode(wire, out.numel(), fmt, out=out)
-
-
-Format = BlockFormat | torch.dtype | None  # a block quantizer, a dense cast, or fp32 as it is
 
 
 def install_comms(units: list[FSDPModule], gather: Format, scatter: Format, compensate: bool,

@@ -36,13 +36,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from compbench.sync.sharded import ShardedSync
-from compbench.train import sharded_checkpoint
-
 if TYPE_CHECKING:
     from compbench.engines.base import Engine
     from compbench.schedulers import Scheduler
     from compbench.sync import Synchronizer
+    from compbench.sync.sharded import ShardedSync
     from compbench.train.progress import Progress
 
 FILE = "checkpoint.pt"
@@ -244,6 +242,8 @@ def check_schema(state: dict[str, Any], model: nn.Module | None, steps_per_epoch
         record = state["sharded"]
         name = record.get("dcp") if isinstance(record, dict) else None
         at = folder / name if folder is not None and isinstance(name, str) else None
+        from compbench.train import sharded_checkpoint  # DCP's modules: for a sharded checkpoint only
+
         wrong = sharded_checkpoint.check_record(record, model, at)
         if wrong is not None:
             raise bad(wrong)
@@ -362,6 +362,8 @@ class TrainingState:
     scheduler: Scheduler | None  # e.g. SeCoPa's plan, MergeComp's grouping: decided again they could differ
     progress: Progress  # the curve so far, training time, target
     step: int
+    # a sharded run's synchronizer (its model and optimizer go to a DCP folder); None unsharded
+    sharded: ShardedSync | None = None
 
 
 @dataclass(frozen=True)
@@ -444,8 +446,8 @@ def _shared_rest(state: TrainingState, epoch: int, batch: int, world_size: int) 
 def save_checkpoint(state: TrainingState, place: CheckpointPlace, epoch: int, batch: int) -> None:
     """Collective: every rank calls it at the same point; rank 0 writes (a sharded run: every rank
     writes its shards, `_save_sharded`)."""
-    if isinstance(state.sync, ShardedSync):
-        _save_sharded(state, state.sync, place, epoch, batch)
+    if state.sharded is not None:
+        _save_sharded(state, state.sharded, place, epoch, batch)
         return
     per_rank = _gather_to_all(place.engine, rank_state(state, place.engine.device))
     if place.engine.rank != 0:
@@ -475,6 +477,8 @@ def _save_sharded(state: TrainingState, sync: ShardedSync, place: CheckpointPlac
     folders. Never is a folder that checkpoint.pt names written or renamed: a crash before the
     commit leaves the previous checkpoint.pt and its folder, one after it the new ones (a folder
     left over is removed at the next checkpoint)."""
+    from compbench.train import sharded_checkpoint  # DCP's modules: for a sharded run only
+
     engine = place.engine
     tag = f"step{state.step}-{secrets.token_hex(4)}"
     gathered = _gather_to_all(engine, (rank_state(state, engine.device), tag))
@@ -514,7 +518,7 @@ def load_checkpoint(state: TrainingState, engine: Engine, path: Path,
     generators' state of rank `rank % written` and its synchronizer starting afresh, which
     `reshard_refusal` allows only where the writers' held nothing else)."""
     saved = read_checkpoint(path, who, map_location=engine.device)
-    sync = state.sync if isinstance(state.sync, ShardedSync) else None
+    sync = state.sharded
     check_layout(saved, sync.sharding.layout if sync is not None else "none", who)
     refusal = reshard_refusal(saved, engine.size, who)
     if refusal is not None:
@@ -525,6 +529,8 @@ def load_checkpoint(state: TrainingState, engine: Engine, path: Path,
     if sync is None:
         restore_state(state, saved, mine, engine.device)
     else:
+        from compbench.train import sharded_checkpoint
+
         record = saved["sharded"]
         folder = path.parent / record["dcp"]
         wrong = sharded_checkpoint.check_record(record, None, folder)

@@ -37,8 +37,7 @@ from compbench.records.results import (
 from compbench.records.stats import StepStats, clock_for
 from compbench.seam.build import build_datasets, build_model
 from compbench.sync.build import build_synchronizer
-from compbench.sync.fsdp_comms import DIRECTIONS
-from compbench.sync.sharded import ShardedSync, local
+from compbench.sync.sharding import DIRECTIONS, Sharding
 from compbench.train import faults, loggers, machine
 from compbench.train.checkpoint import (
     CheckpointPlace,
@@ -97,8 +96,13 @@ class Trainer:
         self.model = self.sync.setup(self.model)
         self.optimizer = self.sync.make_optimizer(self.model, registry.plain(cfg.optim))
         # a sharded run (sharding=fsdp|hsdp): FSDP's collectives per direction, the shards' view
-        self.sharded = self.sync if isinstance(self.sync, ShardedSync) else None
-        self.footprint = MemoryLedger(self.device, self.model, self.optimizer)  # this worker's memory, split
+        self.sharded, self.local = None, _whole
+        if Sharding(**registry.plain(cfg.sharding)).on:  # FSDP's modules: imported by sharded runs only
+            from compbench.sync.sharded import ShardedSync, local
+
+            assert isinstance(self.sync, ShardedSync)
+            self.sharded, self.local = self.sync, local  # a tensor's part on this worker: its shard
+        self.footprint = MemoryLedger(self.device, self.model, self.optimizer, self.local)  # memory, split
         # optim.clip_grad_norm: what the optimizer's step reads is clipped (the averaged gradient per
         # step; each inner step's own gradient in diloco), compbench.optim.clip.
         self.clip = cfg.optim.get("clip_grad_norm")
@@ -207,7 +211,7 @@ class Trainer:
 
     def training_state(self) -> TrainingState:
         return TrainingState(self.model, self.optimizer, self.lr_schedule, self.sync, self.scheduler,
-                             self.progress, self.step)
+                             self.progress, self.step, self.sharded)
 
     def checkpoint(self, epoch: int, batch: int) -> None:
         """Collective (every rank calls it at the same point); rank 0 writes (unless checkpoint=false)."""
@@ -298,7 +302,7 @@ class Trainer:
         this rank's own gradients hold before any memory is touched."""
         with self.stats.time("check"):
             # a sharded run checks this worker's shards (each element is some worker's)
-            named = [(n, local(p.grad)) for n, p in self.model.named_parameters() if p.grad is not None]
+            named = [(n, self.local(p.grad)) for n, p in self.model.named_parameters() if p.grad is not None]
             # closed here, for every mode: what is compressed after this point is not this check's
             checked, flags = self.ledger.close() if self.ledger is not None else ({}, [])
             if self.settings.on_nonfinite != "raise":
@@ -514,6 +518,11 @@ class Trainer:
                             link_gbps=_slowest_link(self.cfg.net), memory_passes=memory_passes,
                             optim=registry.plain(self.cfg.optim), pattern=pattern(self.cfg.choices.comm),
                             handed_over=handed, sampled_read_ns=sampled_ns)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """An unsharded run's tensor is all this worker's."""
+    return t
 
 
 def _slowest_link(net: DictConfig) -> float | None:
