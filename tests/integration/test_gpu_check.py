@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.dist
 
 
+# slow tier: ~45 s (every section's runs); the default tier composes and checks every configuration the
+# check runs (tests/unit/test_gpu_check_configs.py)
+@pytest.mark.slow
 def test_the_gpu_check_runs_every_section_on_the_cpu(tmp_path):
     proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, preexec_fn=default_sigint,

@@ -57,6 +57,9 @@ def test_fsdp_trains_as_ddp_and_records_directions(tmp_path):
     assert {"comm/bytes_gathered", "comm/bytes_scattered", "time/gathered_ms", "time/scattered_ms"} <= tags
 
 
+# slow tier: two runs, ~8 s; the default tier checks fp32's volume (test above) and each format's bytes
+# (tests/unit/test_blockquant.py), the slow tier's cluster test ZeRO++'s cross-node quarter
+@pytest.mark.slow
 @pytest.mark.dist
 def test_byte_counter_reproduces_zeropp_volume(tmp_path):
     """ZeRO++'s arithmetic, from what the collectives booked: qwZ's int8 weights halve an fp16

@@ -24,7 +24,7 @@ def _trainer(grads: list[torch.Tensor], on_nonfinite: str = "raise",
         p.grad = g
     return SimpleNamespace(model=model, stats=StepStats(), step=7, engine=SimpleNamespace(rank=0),
                            settings=SimpleNamespace(on_nonfinite=on_nonfinite), device=torch.device("cpu"),
-                           ledger=ledger)
+                           ledger=ledger, local=lambda t: t)
 
 
 def _ledger(checked: dict[str, int], flag: int) -> FiniteLedger:
