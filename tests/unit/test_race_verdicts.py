@@ -85,9 +85,14 @@ def test_targets_the_race_has_no_data_for_say_no_verdict(tmp_path):
     assert not any(cells[1] == "yes" for cells in rows.values() if len(cells) == 3)
 
 
-def test_loaded_runs_with_an_unvalidated_estimate_give_no_verdict_at_this_load(tmp_path):
-    """No family is validated at any load yet (compbench.race.to_target.VALIDATED): the loaded run's
-    link, the crossovers that read it and the throughput targets of loaded cells rank nothing."""
+def test_loaded_runs_with_an_unvalidated_estimate_give_no_verdict_at_this_load(tmp_path, monkeypatch):
+    """Where no family is validated at any load (compbench.race.to_target.VALIDATED emptied): the
+    loaded run's link, the crossovers that read it and the throughput targets of loaded cells rank
+    nothing."""
+    from compbench.race import report, to_target
+
+    for module in (to_target, report):
+        monkeypatch.setattr(module, "VALIDATED", dict.fromkeys(to_target.VALIDATED))
     entries = _fake_race(tmp_path)
     base = next(d for m, link, seed, d in entries if (m, link.mbps, seed) == ("ddp-adamw", 1000.0, 0))
     _loaded(base, 1.6, others_per_core=2.2)
