@@ -166,8 +166,11 @@ def test_a_tracking_server_that_stops_answering_costs_one_line_not_the_run(tmp_p
     thread.start()
     try:
         port = listener.getsockname()[1]
+        # MLflow's own per-request timeout at 1 s (compbench's default, 5 s, only sets it where unset):
+        # the same bounded waits, a third of the suite's time
         proc = compbench("train", *TINY, "max_steps=2", "loggers=[tensorboard,mlflow]",
-                         f"mlflow.uri=http://127.0.0.1:{port}", f"output_dir={tmp_path / 'run'}", timeout=240)
+                         f"mlflow.uri=http://127.0.0.1:{port}", f"output_dir={tmp_path / 'run'}", timeout=240,
+                         env={"MLFLOW_HTTP_REQUEST_TIMEOUT": "1"})
     finally:
         stop.set()
         thread.join()
