@@ -201,8 +201,9 @@ def test_zeropp_crosses_nodes_with_a_quarter_of_zero3s_volume(tmp_path):
     (backward gathers inside the node) + qgZ (int4 gradients) send about a quarter of ZeRO-3's fp16
     bytes across nodes (the paper: 3M -> 0.75M)."""
     crossing = {}
-    for name, settings in (("zero3", ["sharding.gather=fp16", "sharding.scatter=fp16"]),
-                           ("zeropp", ["sharding.gather=int8", "sharding.scatter=int4", "sharding.hpz=true"])):
+    runs = (("zero3", ["sharding.gather=fp16", "sharding.scatter=fp16"]),
+            ("zeropp", ["sharding.gather=int8", "sharding.scatter=int4", "sharding.hpz=true"]))
+    for name, settings in runs:
         cwd = tmp_path / name
         cwd.mkdir()
         proc = _cluster_run(cwd, "--each", "--", *_torchrun(per_node=2), *GPT, "sharding=fsdp", *settings)
