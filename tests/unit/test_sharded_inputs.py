@@ -80,8 +80,8 @@ def test_a_model_unsharded_workers_cannot_hold_is_refused_with_the_sharded_figur
                r".* for 2 workers on this machine, which has .* available; shard it: sharding=fsdp "
                r"engine=torch holds")
     with pytest.raises(ValueError, match=refusal):
-        check_fits(cfg, model, Sharding(), 2)
-    check_fits(cfg, model, Sharding(layout="fsdp"), 2)  # half of it fits
+        check_fits(cfg, model, Sharding())
+    check_fits(cfg, model, Sharding(layout="fsdp"))  # half of it fits
 
 
 def test_the_memory_prediction_counts_shards_and_the_optimizers_state():

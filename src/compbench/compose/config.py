@@ -321,7 +321,7 @@ def check(cfg: DictConfig) -> DictConfig:
                  registry.locate(cfg.scheduler._target_).traits, registry.plain(cfg.optim),
                  sync_cls.sync_traits, registry.option_config("optim", picked["optim"]))
     _check_one_machine(picked, comm_cls.traits)
-    sharding = check_sharding(cfg, sync_cls.sync_traits, int(np))
+    sharding = check_sharding(cfg, sync_cls.sync_traits)
     per_epoch = _per_epoch(cfg, int(np))  # the data's size read once: the fault, warm-up and resume checks
     _check_elastic(cfg, sync_cls.sync_traits, comm_cls.traits, per_epoch)
     registry.build(cfg.scheduler)  # e.g. scheduler.groups=foo stops here, before any output exists
@@ -341,7 +341,7 @@ def check(cfg: DictConfig) -> DictConfig:
         _check_model_takes_data(cfg, model)
     sync_cls.check_model(model, **{k: v for k, v in registry.plain(cfg.sync).items() if k != "_target_"})
     if not cfg.model.get("pretrained"):  # a built model's memory is already taken
-        check_fits(cfg, model, sharding, int(np))
+        check_fits(cfg, model, sharding)
     _check_muon_has_matrices(cfg, model)
     _check_rounds_fit(cfg, sync_cls.sync_traits)
     from compbench.train.checkpoint import check_resume

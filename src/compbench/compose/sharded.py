@@ -4,29 +4,28 @@ or allocated (the model is built on the meta device)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from omegaconf import DictConfig
 from torch import nn
 
 from compbench.catalog import registry
+from compbench.engines.device import local_workers
 from compbench.records.memory import predict_worker_bytes
 from compbench.sync import SyncTraits
 from compbench.sync.sharding import SHARD_OPTIMIZERS, Sharding
+from compbench.train.checkpoint import world_size
 
 GB = 1e9
 
 
-def job_layout(np: int) -> tuple[int, int]:
-    """(workers, workers per node) of the job: an external launcher's (torchrun on each node of
-    `compbench cluster`), else compbench's own, which starts every worker on this machine."""
-    if "WORLD_SIZE" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
-        return int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
-    return np, np
+def job_layout(cfg: DictConfig) -> tuple[int, int]:
+    """(workers, workers on this machine) of the job: an external launcher's (torchrun on each node of
+    `compbench cluster`), else engine.np, which compbench starts all here."""
+    return world_size(cfg), local_workers(int(cfg.engine.get("np", 1)))
 
 
-def check_sharding(cfg: DictConfig, sync: SyncTraits, np: int) -> Sharding:
+def check_sharding(cfg: DictConfig, sync: SyncTraits) -> Sharding:
     """The sharding settings against the rest of the run; returns them."""
     picked = cfg.choices
     sharding = Sharding(**registry.plain(cfg.sharding))
@@ -40,7 +39,7 @@ def check_sharding(cfg: DictConfig, sync: SyncTraits, np: int) -> Sharding:
         raise ValueError(f"{layout} with engine.elastic=true: a sharded model's shards are fixed to its "
                          "workers while it trains (resume onto another number of workers from a "
                          "checkpoint instead); drop engine.elastic")
-    world, local = job_layout(np)
+    world, local = job_layout(cfg)
     sharding.check_world(world, local)
     if not sync.shards:
         raise ValueError(f"sync={picked['sync']} does not run across shard groups: {layout} takes sync=step "
@@ -63,13 +62,13 @@ def check_sharding(cfg: DictConfig, sync: SyncTraits, np: int) -> Sharding:
     return sharding
 
 
-def check_fits(cfg: DictConfig, model: nn.Module, sharding: Sharding, np: int) -> None:
+def check_fits(cfg: DictConfig, model: nn.Module, sharding: Sharding) -> None:
     """Refuse a run whose workers on this machine cannot hold their parameters, gradients and
     optimizer state (a lower bound: activations come on top), before any allocation."""
     available = _available_bytes()
     if available is None:
         return
-    world, local = job_layout(np)
+    world, local = job_layout(cfg)
     shards = sharding.shard_size(world, local) if sharding.on else 1
     numel = sum(p.numel() for p in model.parameters())
     optim = registry.plain(cfg.optim)
@@ -79,8 +78,8 @@ def check_fits(cfg: DictConfig, model: nn.Module, sharding: Sharding, np: int) -
     parts = (f"parameters {need['parameters'] / GB:.1f} + gradients {need['gradients'] / GB:.1f} + "
              f"optim={cfg.choices['optim']} state {need['optimizer'] / GB:.1f} GB")
     fix = "lower the model's size or engine.np"
-    if not sharding.on and np > 1:
-        sharded = predict_worker_bytes(numel, cfg.choices["optim"], optim, np)["total"]
+    if not sharding.on and world > 1:
+        sharded = predict_worker_bytes(numel, cfg.choices["optim"], optim, world)["total"]
         fix = f"shard it: sharding=fsdp engine=torch holds {sharded / GB:.1f} GB per worker"
     raise ValueError(f"model={cfg.choices['model']} ({numel / 1e9:.2f}B parameters) needs at least "
                      f"{need['total'] / GB:.1f} GB per worker ({parts}), {need['total'] * local / GB:.1f} GB "

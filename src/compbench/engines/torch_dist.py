@@ -65,7 +65,7 @@ class TorchEngine(EngineBase):
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
         self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.size))
         self._capacity: dict[str, int] = {}  # allgather_payload_async: frame bytes per name
-        self._groups: dict[tuple[int, ...], Any] = {}  # allreduce_group: process groups by ranks
+        self._groups: dict[tuple[int, ...], Any] = {}  # `_process_group`: process groups by ranks
 
     def within(self, groups: list[list[int]]) -> TorchEngine:
         """This engine's collectives restricted to this rank's group of the partition `groups`:
@@ -74,9 +74,8 @@ class TorchEngine(EngineBase):
         import copy
 
         mine = own_group(groups, self.rank, self.size)
-        handles = {tuple(g): dist.new_group(sorted(g)) for g in groups}
         scoped = copy.copy(self)
-        scoped.group = handles[tuple(mine)]
+        scoped.group = self._process_group(groups)
         scoped.rank, scoped.size = sorted(mine).index(self.rank), len(mine)
         scoped.local_rank, scoped.local_size = scoped.rank, scoped.size
         scoped._capacity, scoped._groups = {}, {}
@@ -268,25 +267,27 @@ class TorchEngine(EngineBase):
         return wire.from_bytes(blob_in, specs)
 
     def allreduce_group(self, t: Tensor, name: str, groups: list[list[int]]) -> Tensor:
-        """One all_reduce inside this rank's process group. `new_group` is collective over the whole
-        world: every rank creates every group of the partition, in its order, the first time it
-        appears (the partition is the same on every rank, so the calls match); the whole world is
-        the default group."""
+        """One all_reduce inside this rank's process group (`_process_group`); the whole world is the
+        default group."""
         if self.group is not None:
             raise ValueError("a scoped engine (TorchEngine.within) has no further groups")
         group = own_group(groups, self.rank, self.size)
         if len(group) == 1:
             return t.clone()
-        handle = None
-        if len(group) < self.size:
-            for ranks in groups:
-                key = tuple(sorted(ranks))
-                if key not in self._groups:
-                    self._groups[key] = dist.new_group(list(key))
-            handle = self._groups[tuple(sorted(group))]
+        handle = self._process_group(groups) if len(group) < self.size else None
         out = t.clone()
         dist.all_reduce(out, group=handle)
         return out.div_(len(group))
+
+    def _process_group(self, groups: list[list[int]]) -> Any:
+        """This rank's process group of the partition `groups`. `new_group` is collective over the
+        whole world: every rank creates every group of the partition, in its order, the first time
+        it appears (the partition is the same on every rank, so the calls match)."""
+        for ranks in groups:
+            key = tuple(sorted(ranks))
+            if key not in self._groups:
+                self._groups[key] = dist.new_group(list(key))
+        return self._groups[tuple(sorted(own_group(groups, self.rank, self.size)))]
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)

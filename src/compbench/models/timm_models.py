@@ -82,15 +82,15 @@ def _native_side(arch: str) -> int | None:
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ValueError(f"model.arch={arch} is not a timm model; {hint}timm.list_models('*PATTERN*') lists "
                          "its names, e.g. model=timm model.arch=efficientnet_b0")
-    cfg = get_pretrained_cfg(arch)
-    size = getattr(cfg, "input_size", None)
-    return int(size[-1]) if size else None
+    cfg = get_pretrained_cfg(arch)  # None for an arch registered without one
+    return int(cfg.input_size[-1]) if cfg is not None and cfg.input_size else None
 
 
 def _fixed_input_size(arch: str) -> bool:
     from timm.models import get_pretrained_cfg
 
-    return bool(getattr(get_pretrained_cfg(arch), "fixed_input_size", False))
+    cfg = get_pretrained_cfg(arch)
+    return cfg is not None and bool(cfg.fixed_input_size)
 
 
 def _size_refusal(arch: str, native: int | None, side: int, error: BaseException) -> str:

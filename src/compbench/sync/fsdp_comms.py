@@ -40,6 +40,7 @@ class DirectionLedger:
 
     def __init__(self, stats: StepStats, local_size: int) -> None:
         self.stats, self.local_size = stats, local_size
+        self._spans_nodes: dict[dist.ProcessGroup, bool] = {}
         self.begin_step()
 
     def begin_step(self) -> None:
@@ -53,9 +54,15 @@ class DirectionLedger:
         self.dense[direction] += dense
         self.stats.bytes_sent += nbytes
         self.stats.bytes_dense += dense
-        ranks = dist.get_process_group_ranks(group)
-        if len({r // self.local_size for r in ranks}) > 1:
+        if self._crosses_nodes(group):
             self.cross_node += nbytes
+
+    def _crosses_nodes(self, group: dist.ProcessGroup) -> bool:
+        """Whether `group` spans nodes (asked once per group: every unit's collectives ask it)."""
+        if group not in self._spans_nodes:
+            ranks = dist.get_process_group_ranks(group)
+            self._spans_nodes[group] = len({r // self.local_size for r in ranks}) > 1
+        return self._spans_nodes[group]
 
     @contextmanager
     def span(self, direction: str) -> Iterator[None]:

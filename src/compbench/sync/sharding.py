@@ -76,9 +76,6 @@ class Sharding:
                              "sharding.stage=3")
         if not isinstance(self.prefetch, int) or isinstance(self.prefetch, bool) or self.prefetch < 0:
             raise ValueError(f"sharding.prefetch={self.prefetch} must be a number of units (0: FSDP's own)")
-        if not self.on and self != Sharding(layout="none", _target_=self._target_):
-            raise ValueError("sharding.* settings apply to a sharded run: pass sharding=fsdp or "
-                             "sharding=hsdp")
 
     def gather_format(self) -> Format:
         if self.gather in ("none", *_CASTS):

@@ -175,8 +175,8 @@ def read_full(folder: Path) -> dict[str, Tensor]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = dcp.FileSystemReader(str(folder)).read_metadata()
-    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.state_dict_metadata.items()
-             if isinstance(m, TensorStorageMetadata)}
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype, device="cpu")
+             for k, m in meta.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
     with warnings.catch_warnings():  # DCP's note that it reads in one process: that is the intent
         warnings.simplefilter("ignore")
         dcp.load(state, checkpoint_id=folder, no_dist=True)
