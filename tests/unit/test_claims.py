@@ -93,7 +93,8 @@ def _published() -> dict[str, Stat]:
     return _losses(ddp_adamw=(1.80, dense), topk_adamw=(2.10, 0.08e6), randk_adamw=(2.60, 0.08e6),
                    diloco=(1.85, dense / 30), sparseloco=(1.80, dense / 30 / 90),
                    demo=(1.87, dense / 85), onebit_adam=(1.82, dense / 6),
-                   adamw_onebit_schedule=(1.81, dense), lamb=(1.90, dense),
+                   adamw_onebit_schedule=(1.81, dense), onebit_adam_dense=(1.81, dense),
+                   lamb=(1.90, dense),
                    onebit_lamb=(1.91, dense / 5), noloco=(1.86, dense / 30), sparta=(1.84, dense / 200),
                    sparta_diloco=(1.83, dense / 30 + dense / 200),
                    muloco=(1.78, dense / 30 / 14), diloco_adamw_ef=(1.86, dense / 30 / 14),
@@ -117,9 +118,11 @@ def test_text_suite_names_known_runs_and_composes(tmp_path):
         assert set(claim.runs) <= set(FIELD_RUNS) == set(FIELD_QUICK_RUNS), claim.id
     assert TEXT_RUNS["onebit-adam"][-2:] == ("sync.freeze_step=90", "optim.warmup_steps=300")
     assert QUICK_RUNS["onebit-adam"][-2:] == ("sync.freeze_step=36", "optim.warmup_steps=120")  # of 240 steps
-    # its control: the same rate warm-up and weight decay, no compression
+    # its controls: AdamW on the same rate warm-up and weight decay; its own rule never frozen
     assert {"optim.warmup_steps=300", "optim.weight_decay=0", "compressor=none"} <= set(
         TEXT_RUNS["adamw-onebit-schedule"])
+    assert TEXT_RUNS["onebit-adam-dense"][-2:] == ("sync.freeze_step=601", "optim.warmup_steps=300")
+    assert QUICK_RUNS["onebit-adam-dense"][-2:] == ("sync.freeze_step=241", "optim.warmup_steps=120")
     # The quick setting composes and passes the check (its corpus is checked at run time, not here).
     for name, overrides in {**QUICK_RUNS, **FIELD_QUICK_RUNS}.items():
         cfg = config.check(config.compose([*QUICK, *overrides, "seed=0", f"output_dir={tmp_path / name}"]))
@@ -163,11 +166,12 @@ def test_text_checks_fail_when_the_finding_does_not_hold():
     assert not checks["demo-near-adamw"]({**r, "demo": Stat((1.86, 1.88), None)})
     # DeMo better than AdamW is "near" too (the check bounds it from above only).
     assert checks["demo-near-adamw"]({**r, "demo": Stat((1.60, 1.62), dense / 85)})
-    # 1-bit Adam 5% off either way does not match; the reference is AdamW on 1-bit Adam's schedule,
-    # so matching DDP-AdamW (on its shorter warm-up) instead does not count.
+    # 1-bit Adam 5% off either way does not match; the reference is its own rule run dense, so
+    # matching AdamW (with bias correction) instead does not count.
     assert not checks["onebit-adam-matches-adam"]({**r, "onebit-adam": Stat((1.88, 1.90), dense / 6)})
     assert not checks["onebit-adam-matches-adam"]({**r, "onebit-adam": Stat((1.70, 1.72), dense / 6)})
-    assert not checks["onebit-adam-matches-adam"]({**r, "adamw-onebit-schedule": Stat((1.70, 1.72), dense)})
+    assert not checks["onebit-adam-matches-adam"]({**r, "onebit-adam-dense": Stat((1.70, 1.72), dense)})
+    assert checks["onebit-adam-matches-adam"]({**r, "adamw-onebit-schedule": Stat((1.70, 1.72), dense)})
     # 1-bit LAMB 5% above LAMB, or at only 3x fewer bytes.
     field = {c.id: c.check for c in FIELD_CLAIMS}
     assert not field["onebit-lamb-matches-lamb"]({**r, "onebit-lamb": Stat((1.99, 2.01), dense / 5)})
@@ -255,7 +259,8 @@ def test_text_suite_runs_one_bit_adam_and_its_control_on_three_seeds(tmp_path):
 
     names = list(dict.fromkeys(n for c in TEXT_CLAIMS for n in c.runs))
     seeds = TEXT.seeds_of(names, None, quick=False)
-    assert {n for n, k in seeds.items() if k == 3} == {"onebit-adam", "adamw-onebit-schedule"}
+    assert {n for n, k in seeds.items() if k == 3} == {"onebit-adam", "onebit-adam-dense",
+                                                       "adamw-onebit-schedule"}
     assert set(seeds.values()) == {2, 3}
     assert set(TEXT.seeds_of(names, 1, quick=False).values()) == {1}
     assert set(TEXT.seeds_of(names, None, quick=True).values()) == {1}
