@@ -2,8 +2,8 @@
 
 `submit` starts one tensor (or fused group) on its way as soon as the scheduler hands it over,
 `submit_many` several tensors in one exchange (each compressed on its own, their payloads in one
-collective per stage: scheduler=bucket, DiLoCo's outer gradient); `collect` waits for all of them in
-submission order and returns the averaged dense gradients, or,
+collective per stage: scheduler=bucket, DiLoCo's outer gradient); `collect` waits for all of them (or
+the oldest few) in submission order and returns the averaged dense gradients, or,
 for the `sparse_names` the synchronizer chose, the averaged sparse payload as a coalesced COO tensor
 that the optimizer steps from in one pass (no dense zero-fill, scatter and re-read).
 Every rank submits the same names in the same order (the collectives must match).
@@ -153,15 +153,24 @@ class GradientPipeline:
         self.stats.add_dense_allreduce(sum(g.numel() * g.element_size() for g in grads), calls=len(dtypes))
         return flat_average(self.engine, name, grads)
 
-    def collect(self) -> list[tuple[str, Tensor]]:
-        """Wait for every submitted group (in submission order); call after back-propagation."""
+    @property
+    def in_flight(self) -> int:
+        """How many submitted groups `collect` has not waited for yet (a `submit` adds one, a
+        `submit_many` one or two: its compressed and its dense tensors)."""
+        return len(self._pending)
+
+    def collect(self, groups: int | None = None) -> list[tuple[str, Tensor]]:
+        """Wait for every submitted group (in submission order), or only for the oldest `groups` of
+        them (sync=delayed_diloco keeps later rounds' exchanges in flight); call after
+        back-propagation."""
         self.in_backward = False
+        count = len(self._pending) if groups is None else groups
+        done, self._pending = self._pending[:count], self._pending[count:]
         out: list[tuple[str, Tensor]] = []
-        for names, handle, packed in self._pending:
+        for names, handle, packed in done:
             with self._communicating(exposed=True):
                 result = handle.wait()
             out.extend(zip(names, result, strict=True) if packed else [(names[0], result)])
-        self._pending.clear()
         return out
 
     @contextmanager
