@@ -80,6 +80,7 @@ from functools import cache
 import numpy as np
 
 from compbench.comm.cost_model import TERMS, Fit, Shape, across_groups, features, fsdp_features
+from compbench.race.cost import Prices
 from compbench.records.memory import MB, predict_worker_bytes
 
 BACKWARD_SHARE = 2 / 3  # of forward + backward: what a per-step exchange from backward hooks can hide behind
@@ -144,14 +145,16 @@ class Memory:
 @dataclass(frozen=True)
 class WhatIf:
     """The configuration the report's what-if predicts (`compbench race --workers --per-node
-    --memory-gb --params`): N workers, `per_node` to a machine, `latency_ms` one way per message round,
-    the memory a worker has, and model sizes (parameters) besides the runs' own."""
+    --memory-gb --params --prices`): N workers, `per_node` to a machine, `latency_ms` one way per
+    message round, the memory a worker has, model sizes (parameters) besides the runs' own, and the
+    prices its costs and the report's are in (None: no costs, compbench.race.cost)."""
 
     workers: int = 8
     per_node: int = 1
     latency_ms: float = 10.0
     memory_gb: float = 80.0
     params: tuple[float, ...] = ()
+    prices: Prices | None = None
 
     def fits(self, memory: dict[str, float] | None) -> str:
         """`X GB, fits` or `X GB, does not fit` (GB of 1e9 bytes, as compose's refusal says)."""

@@ -50,6 +50,7 @@ from typing import Any
 from tabulate import tabulate
 
 from compbench.comm.cost_model import Fit
+from compbench.race.cost import Prices
 from compbench.race.model import (
     MIN_BANDWIDTHS,
     Profile,
@@ -136,6 +137,11 @@ class Run:
     @property
     def environment(self) -> dict:
         return (self.results or {}).get("environment") or {}
+
+    @property
+    def workers(self) -> int:
+        """The workers it trained on (environment.world_size): whose devices and bytes its cost counts."""
+        return int(self.environment["world_size"])
 
     @property
     def family(self) -> str:
@@ -280,6 +286,33 @@ class Cell:
     def steps_to_target(self) -> float | None:
         steps = [t.steps for t in self.decomposed]
         return statistics.fmean(steps) if steps else None
+
+    def costs(self, prices: Prices) -> list[tuple[float, float] | None]:
+        """Each seed that reached the target: its cost to it, (devices, egress) USD at its time on the
+        step clock (compbench.race.cost); None for a seed whose bytes are not known while egress is
+        charged."""
+        return [prices.split_usd(r.workers, t.seconds(), t.bytes_sent) for r, t in self.reached_runs]
+
+    def bytes_to_target(self) -> float | None:
+        """The bytes one worker had sent at the crossing, the mean over the seeds that reached the
+        target and recorded them (what a prediction's egress counts: they do not depend on the link)."""
+        sent = [t.bytes_sent for t in self.decomposed if t.bytes_sent is not None]
+        return statistics.fmean(sent) if sent else None
+
+    def cost_to_target(self, prices: Prices) -> str:
+        """The cost to the target: mean +- half the range over the seeds that reached it, k/n, as the
+        time to target is given."""
+        if not self.done:
+            return "no data"
+        costs, n = [sum(c) for c in self.costs(prices) if c is not None], len(self.done)
+        if not costs:
+            return f"not reached (0/{n})" if not self.decomposed else "no bytes recorded"
+        k = len(costs)
+        if k < n:
+            return f"{statistics.fmean(costs):.3g} USD by {k}/{n}; the others not reached or without bytes"
+        if n == 1:
+            return f"{costs[0]:.3g} USD (1/1)"
+        return f"{statistics.fmean(costs):.3g} +- {(max(costs) - min(costs)) / 2:.2g} USD ({n}/{n})"
 
     @property
     def loaded(self) -> int:
@@ -448,9 +481,10 @@ def predictions(fit: Fit, rows: list[tuple[Run, Profile]]) -> list[tuple[Run, fl
 # -- writing ---------------------------------------------------------------------------------------
 
 
-def _header(race: Race) -> tuple[str, ...]:
+def _header(race: Race, priced: bool = False) -> tuple[str, ...]:
     u = race.units[:-1]  # token, sample
     return ("method", "link (Mbit/s[:one-way ms])", "time to target (s, step clock)",
+            *(("cost to target (USD, step clock)",) if priced else ()),
             "crossing's resolution (+- s, steps)", "step clock", "wall-clock to target (s)",
             f"{race.units} to target", f"{race.units}/s (step clock)", "x baseline",
             "step ms (q1-q3, step clock)", "step ms predicted", "utilization (wall clock)", f"bytes per {u}",
@@ -477,7 +511,8 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
         for r, own, cross, source in predictions(model.fit, model.rows):
             predicted[(r.method, r.link, r.seed)] = (own, cross)
             sources[(r.method, r.link, r.seed)] = source
-    rows = [_row(race, table, c, method, link, predicted) for method in methods for link in links
+    prices = whatif.prices
+    rows = [_row(race, table, c, method, link, predicted, prices) for method in methods for link in links
             if (c := table.get((method, link))) is not None]
     config: dict = next(((r.results or {})["config"] for r in runs if r.ok), {})
     budget = config.get("max_train_s")
@@ -495,7 +530,7 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
              "wall time plus the rest's CPU time over the compute threads). The `step clock` column says "
              "which a row's times and rates are on: the wall clock of the runs on an idle machine, the "
              "estimate of the loaded ones.", "",
-             *_ran_lines(runs, table, config), ""]
+             *_ran_lines(runs, table, config), "", *_price_lines(prices)]
     if not any(c.decomposed for c in table.values()):
         lines += [f"**No verdict: no method reached the target within the budget ({budget} s of "
                   "training); the budget is too small for this target: raise max_train_s or take a nearer "
@@ -509,7 +544,8 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
                   "to target are the estimates of an unloaded step (race.csv: `step ms measured` beside "
                   "`step ms unloaded estimate`); where that estimate is not validated at their load, the "
                   "race ranks nothing there (below: the two clocks, and the verdict per link).", ""]
-    lines += [tabulate(rows, headers=_header(race), tablefmt="github", disable_numparse=True), ""]
+    lines += [tabulate(rows, headers=_header(race, prices is not None), tablefmt="github",
+                       disable_numparse=True), ""]
     lines += _clock_lines(table, methods, links)
     lines += _verdict_lines(race, table, methods, links)
     lines += _model_lines(race, table, methods, links, model, predicted, sources, whatif)
@@ -522,10 +558,23 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
     (out / "race.md").write_text(text + "\n")
-    _write_csv(out / "race.csv", *_run_table(race, runs, predicted))
+    _write_csv(out / "race.csv", *_run_table(race, runs, predicted, prices))
     _write_csv(out / "race_curves.csv", *_curve_table(race, runs))
     _plots(out / "plots", race, runs, table, methods, links, model, quick)
+    if prices is not None:
+        _cost_plot(out / "plots" / "cost_to_target.png", race, runs, table, methods, links, prices, quick)
     return text
+
+
+def _price_lines(prices: Prices | None) -> list[str]:
+    """What the costs are (compbench.race.cost), said once above the table."""
+    if prices is None:
+        return []
+    return [f"Cost to target at `--prices {prices}` ({prices.text()}; compbench.race.cost): the workers x "
+            "the time to target (step clock) x the device-hour price, plus the bytes every worker had sent "
+            "at the crossing (its curve's bytes_sent, interpolated as the tokens are) x the GB price. On "
+            "this machine's emulated links each worker sits behind its own shaped link, so every byte a "
+            "worker sends counts as leaving its node.", ""]
 
 
 def _span(values: Sequence[float], spec: str) -> str:
@@ -588,7 +637,7 @@ def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]])
                            for v in row] for row in rows])
 
 
-def _run_table(race: Race, runs: list[Run], predicted: Predicted
+def _run_table(race: Race, runs: list[Run], predicted: Predicted, prices: Prices | None = None
                ) -> tuple[list[str], list[list[Any]]]:
     """race.csv: one row per run, each column one figure with its unit in the header."""
     u = race.units[:-1]
@@ -603,7 +652,11 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted
               # the clocks: which the step ms and time to target are on, the same tokens at the measured
               # step, the crossing's interval in steps, the load the estimate's validation reads
               "step clock", "time to target at the measured step (s)", "steps to target resolution",
-              "family", "other work (busy loops per core)", "nice", "threads per worker"]
+              "family", "other work (busy loops per core)", "nice", "threads per worker",
+              # the cost (compbench.race.cost): empty without --prices; the bytes whatever the prices
+              "workers", "bytes per worker to target", "cost to target (USD)",
+              "devices' cost to target (USD)", "egress cost to target (USD)",
+              "cost to target predicted (USD)", "device-hour price (USD)", "egress price (USD/GB)"]
     rows = []
     for r in runs:
         if not r.ok:
@@ -630,8 +683,25 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted
                      env.get("commit"), "unloaded estimate" if r.estimated else "wall clock",
                      _round(t.seconds(r.wall_step_ms) if t and r.wall_step_ms else None),
                      _round(t.resolution_steps if t else None), r.family,
-                     _round(others_per_core(env)), env.get("nice"), env.get("threads_per_rank")])
+                     _round(others_per_core(env)), env.get("nice"), env.get("threads_per_rank"),
+                     *_cost_columns(r, t, pred, prices)])
     return header, rows
+
+
+def _cost_columns(r: Run, t: ToTarget | None, predicted_ms: float | None, prices: Prices | None
+                  ) -> list[Any]:
+    """race.csv's cost columns of a finished run: workers, bytes per worker to target, the cost to
+    target and its two parts (devices, egress), the predicted cost (the predicted time, the same
+    bytes) and the prices (the cost columns empty without prices or without a crossing)."""
+    sent = t.bytes_sent if t else None
+    if prices is None or t is None:
+        return [r.workers, _round(sent), None, None, None, None, *(
+            (prices.device_hour, prices.egress_gb) if prices else (None, None))]
+    split = prices.split_usd(r.workers, t.seconds(), sent)
+    pred = prices.cost_usd(r.workers, t.seconds(predicted_ms), sent) if predicted_ms else None
+    device, egress = split if split else (None, None)
+    return [r.workers, _round(sent), _round(sum(split) if split else None), _round(device), _round(egress),
+            _round(pred), prices.device_hour, prices.egress_gb]
 
 
 def _curve_table(race: Race, runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
@@ -650,14 +720,16 @@ def _round(v: float | None) -> float | None:
     return None if v is None else round(float(v), 6)
 
 
-def _row(race: Race, table: Table, c: Cell, method: str, link: Link, predicted: Predicted) -> tuple[str, ...]:
+def _row(race: Race, table: Table, c: Cell, method: str, link: Link, predicted: Predicted,
+         prices: Prices | None = None) -> tuple[str, ...]:
     base = table.get((race.baseline, link))
     rate, base_rate = c.mean(_rate_key(race)), base.mean(_rate_key(race)) if base else None
     preds = [predicted[(method, link, r.seed)][1] for r in c.done if (method, link, r.seed) in predicted]
     units = [t.units for t in c.decomposed]
     q1, q3 = c.mean("step_ms_q1"), c.mean("step_ms_q3")
     spread = f" ({q1:.1f}-{q3:.1f})" if q1 is not None and q3 is not None else ""
-    return (method, str(link), c.time_to_target(), c.resolution(), c.clock() if c.done else "-",
+    return (method, str(link), c.time_to_target(), *((c.cost_to_target(prices),) if prices else ()),
+            c.resolution(), c.clock() if c.done else "-",
             _fmt(statistics.fmean(c.reached) if c.reached else None, ".1f"),
             _fmt(statistics.fmean(units) if units else None, ",.0f"), _fmt(rate, ",.0f"),
             _fmt(rate / base_rate if rate and base_rate else None, ".2f"),
@@ -907,6 +979,13 @@ def _model_lines(race: Race, table: Table, methods: list[str], links: list[Link]
                                                       if model.beyond_mbps(x) else "") for x in rtt_rates),
               f"time to target at 10 / 100 / 1000 Mbit/s, {where} ({beyond})",
               f"memory per worker, {whatif.workers} workers ({memory_beyond}): fits {whatif.memory_gb:g} GB?")
+    if whatif.prices is not None:  # the cost at the what-if's predicted times, each row's last cell
+        costs = [_whatif_costs(profiles[(m, x)], steps, _bytes_to_target(table, m, links), fit, whatif)
+                 if (x := fastest.get(m)) is not None and (steps := _steps(table, m, links)) is not None
+                 else "-" for m in methods]
+        verdicts = [(*row, cost) for row, cost in zip(verdicts, costs, strict=True)]
+        header = (*header, f"cost to target at 10 / 100 / 1000 Mbit/s, {whatif.workers} workers, USD at "
+                           f"`--prices {whatif.prices}` ({beyond}; every byte leaves its node)")
     lines = [*lines, tabulate(verdicts, headers=header, tablefmt="github", disable_numparse=True), ""]
     sized = []
     for m in methods:
@@ -950,6 +1029,28 @@ def _whatif_times(p: Profile, steps: float | None, fit: Fit, whatif: WhatIf) -> 
     if steps is None:
         return " / ".join(f"{t:,.0f}" if t >= 100 else f"{t:.1f}" for t in times)
     return " / ".join(f"{t:.0f} s" for t in times)
+
+
+def _whatif_costs(p: Profile, steps: float, bytes_per_worker: float | None, fit: Fit, whatif: WhatIf) -> str:
+    """USD to the target at 10 / 100 / 1000 Mbit/s in the what-if's configuration: its N workers x the
+    predicted time x the device-hour price + N x the bytes per worker to target x the GB price
+    (compbench.race.cost); '-' where the time or the bytes are not known."""
+    assert whatif.prices is not None
+    try:
+        seconds = [p.time_ms(steps, fit, g / 1e3, whatif.workers, whatif.latency_ms, whatif.per_node) / 1e3
+                   for g in (10, 100, 1000)]
+    except ValueError:  # its workers do not make the method's shard groups
+        return "-"
+    costs = [whatif.prices.cost_usd(whatif.workers, t, bytes_per_worker) for t in seconds]
+    return " / ".join("-" if c is None else f"{c:.3g}" for c in costs)
+
+
+def _bytes_to_target(table: Table, method: str, links: list[Link]) -> float | None:
+    """The bytes one worker sent to the target, over the links where the method reached it (they do
+    not depend on the link)."""
+    sent = [b for x in links if (c := table.get((method, x))) is not None and (b := c.bytes_to_target())
+            is not None]
+    return statistics.fmean(sent) if sent else None
 
 
 def _memory(p: Profile, whatif: WhatIf) -> dict[str, float] | None:
@@ -1158,6 +1259,22 @@ def _time_to_target_plot(plt: Any, folder: Path, race: Race, runs: list[Run], ta
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(folder / "time_to_target.png", dpi=100)
     plt.close(fig)
+
+
+def _cost_plot(path: Path, race: Race, runs: list[Run], table: Table, methods: list[str], links: list[Link],
+               prices: Prices, quick: bool) -> None:
+    """plots/cost_to_target.png (compbench.race.cost_plot): each method's cost to target per link."""
+    from compbench.race.cost_plot import draw_cost
+
+    bars = {(m, link.label): ([c for c in cell.costs(prices) if c is not None], len(cell.done))
+            for m in methods for link in links if (cell := table.get((m, link))) is not None and cell.done}
+    quick_note = " (quick: not evidence)" if quick else ""
+    title = (f"{race.name} race: cost to target at --prices {prices}{quick_note}\nworkers x time to target "
+             "(step clock) x device-hour price (filled) + bytes every worker sent x GB price (hatched)\n"
+             "each seed's total a point; k/n: seeds that reached it, a triangle at 0: none did")
+    colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
+    draw_cost(path, bars, methods, [x.label for x in links], colors, title,
+              f"seeds per method and link: {_seeds_text(table)}; {_load_text(runs)}")
 
 
 def race_target_value(race: Race, runs: list[Run]) -> Any:

@@ -6,7 +6,8 @@ holds on a shared machine. The raw wall-clock time to target stays beside it.
 
 Tokens to target: the curve's evaluations bracket the crossing; it is interpolated linearly between
 the last evaluation that missed the target and the first that reached it, and the interval between
-the two is its resolution (before the first evaluation: from 0).
+the two is its resolution (before the first evaluation: from 0). The bytes one worker had sent at the
+crossing (what its cost's egress counts, compbench.race.cost) are interpolated the same way.
 
 The step time: the measured median (wall clock) of a run on an idle machine; of a run on a loaded one
 (compbench.records.provenance.loaded), the estimate of its step on an unloaded machine that a CPU
@@ -54,6 +55,9 @@ class ToTarget:
     step_ms: float
     step_ms_q1: float
     step_ms_q3: float
+    # the bytes one worker had sent at the crossing (its curve's bytes_sent, interpolated as the units
+    # are); None where its curve recorded none
+    bytes_sent: float | None = None
 
     @property
     def steps(self) -> float:
@@ -110,17 +114,17 @@ def to_target(results: dict[str, Any], metric: str, higher_is_better: bool, load
     if i is None:  # the summary's target and the curve's evaluations disagree: nothing to read
         return None
     hit = curve[i]
-    if i == 0:  # reached at the first evaluation: somewhere between the start and it
-        units, resolution = float(hit[units_key]), float(hit[units_key])
-    else:
-        miss = curve[i - 1]
-        gap = miss[metric] - hit[metric]
-        share = (miss[metric] - value) / gap if gap else 1.0
-        resolution = float(hit[units_key] - miss[units_key])
-        units = float(miss[units_key]) + share * resolution
+    miss = curve[i - 1] if i else {units_key: 0, "bytes_sent": 0}  # before the first: from the start
+    gap = miss[metric] - hit[metric] if i else 0.0
+    share = (miss[metric] - value) / gap if gap else 1.0
+    resolution = float(hit[units_key] - miss[units_key])
+    units = float(miss[units_key]) + share * resolution
+    sent = None
+    if hit.get("bytes_sent") is not None and miss.get("bytes_sent") is not None:
+        sent = float(miss["bytes_sent"]) + share * float(hit["bytes_sent"] - miss["bytes_sent"])
     last = curve[-1]
     per_step = float(last[units_key]) / max(1, int(last["step"]))
-    return ToTarget(units, resolution, per_step, *step)
+    return ToTarget(units, resolution, per_step, *step, bytes_sent=sent)
 
 
 def family(results: dict[str, Any]) -> str:
