@@ -155,6 +155,7 @@ class DelayLine:
         self.jitter_us, self.loss, self.seed, self.detached = jitter_us, loss, seed, detached
         self.process: subprocess.Popen | None = None
         self.stopping = False
+        self.writing = threading.Lock()  # `set` (a trace's player thread) against `stop`
 
     def start(self) -> None:
         ns = ["-n", self.switch]
@@ -196,6 +197,16 @@ class DelayLine:
         reader.join(_READY_S)
         return box.get("line", "")
 
+    def set(self, address: str, delay_us: float, loss: float) -> None:
+        """From now on, host `address`'s one-way delay and its link's loss rate (a `set` line on the
+        line's standard input, compbench.network.delay_line). RuntimeError when the line is not running."""
+        with self.writing:  # one command at a time, never after stop() closed the input
+            stdin = self.process.stdin if self.process is not None else None
+            if stdin is None or stdin.closed:
+                raise RuntimeError(f"the delay line of {self.switch} is not running: its link cannot change")
+            stdin.write(f"set {address} {delay_us:.3f} {loss:.6g}\n")
+            stdin.flush()
+
     def failure(self) -> str | None:
         """Why the job cannot go on (the line ended by itself), or None while it runs."""
         if self.process is None or self.stopping or self.process.poll() is None:
@@ -212,7 +223,8 @@ class DelayLine:
             return
         try:
             if self.process.stdin:
-                self.process.stdin.close()
+                with self.writing:
+                    self.process.stdin.close()
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.process.kill()

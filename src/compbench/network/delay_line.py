@@ -22,6 +22,13 @@ highest CPU priority (nice -20), as a link's hardware would not wait for the CPU
 once the device is open, and exits when its standard input closes (the parent is gone;
 `--detached`: never, a cluster's line is killed with the cluster's namespaces), on SIGTERM, or on an
 error, with one line.
+
+Its standard input also carries changes of a host's link while it runs (a trace replayed,
+compbench.network.trace_player), a line each: `set ADDR US LOSS`, from the next packet on that
+host's one-way delay in microseconds and its link's loss rate (a packet between hosts i and j is
+lost with 1 - (1 - P)(1 - Li)(1 - Lj), P the line's `--loss`). A packet already held keeps its
+release time, and none overtakes one held before it between the same two hosts: when the delay
+falls, what the longer delay holds drains first, as a link's queue would.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ class Line:
 
     def __init__(self, delays: dict[bytes, float], jitter_s: float = 0.0, loss: float = 0.0, seed: int = 0):
         self.delays, self.jitter_s, self.loss = delays, jitter_s, loss
+        self.losses: dict[bytes, float] = {}  # each host's link's own loss rate (`set`)
         self.random = random.Random(seed)
         self.held: list[tuple[float, int, bytes]] = []
         self.last: dict[tuple[bytes, bytes], float] = {}  # the latest release between two hosts
@@ -76,9 +84,11 @@ class Line:
         if len(packet) < 20 or packet[0] >> 4 != 4:  # not IPv4: on at once
             release = now
         else:
-            if self.loss and self.random.random() < self.loss:
-                return
             src, dst = packet[12:16], packet[16:20]
+            lost = self.loss if not self.losses else (
+                1 - (1 - self.loss) * (1 - self.losses.get(src, 0.0)) * (1 - self.losses.get(dst, 0.0)))
+            if lost and self.random.random() < lost:
+                return
             delay = self.delays.get(src, 0.0) + self.delays.get(dst, 0.0)
             if self.jitter_s:
                 delay = max(0.0, delay + self.random.uniform(-self.jitter_s, self.jitter_s))
@@ -86,6 +96,17 @@ class Line:
             self.last[(src, dst)] = release
         self.count += 1
         heapq.heappush(self.held, (release, self.count, packet))
+
+    def apply(self, command: str) -> None:
+        """Apply one `set ADDR US LOSS` line: host ADDR's one-way delay and its link's loss rate from now
+        on (ValueError for anything else)."""
+        import socket
+
+        word, address, us, loss = command.split()
+        if word != "set":
+            raise ValueError(f"unknown command {command!r} (expected: set ADDR US LOSS)")
+        host = socket.inet_aton(address)
+        self.delays[host], self.losses[host] = float(us) / 1e6, float(loss)
 
     def due(self, now: float) -> list[bytes]:
         out = []
@@ -109,10 +130,12 @@ def wake_latency_s(samples: int = 50, sleep_s: float = 200e-6) -> float:
 
 
 def run(fd: int, line: Line, stop_fd: int | None, wake_s: float = 0.0) -> None:
-    """Move packets until `stop_fd` (standard input) reaches its end (None: until killed). The line
-    sleeps until _SPIN_S before the next release, then spins; packets read on waking from a sleep
-    arrived about `wake_s` earlier (its wake-up latency), and are held from then."""
+    """Move packets until `stop_fd` (standard input) reaches its end (None: until killed), applying the
+    `set` commands it carries. The line sleeps until _SPIN_S before the next release, then spins;
+    packets read on waking from a sleep arrived about `wake_s` earlier (its wake-up latency), and are
+    held from then."""
     watched = [fd] if stop_fd is None else [fd, stop_fd]
+    pending = b""  # the start of a command not yet ended by its newline
     while True:
         now = time.monotonic()
         nxt = line.next_release()
@@ -121,8 +144,14 @@ def run(fd: int, line: Line, stop_fd: int | None, wake_s: float = 0.0) -> None:
         if not ready and nxt is not None:  # the last stretch awake: a wake-up can be late by ~60 us
             while time.monotonic() < nxt:
                 pass
-        if stop_fd is not None and stop_fd in ready and not os.read(stop_fd, 1):
-            return
+        if stop_fd is not None and stop_fd in ready:
+            given = os.read(stop_fd, 4096)
+            if not given:
+                return
+            pending += given
+            while b"\n" in pending:  # whole commands only: a write may arrive in pieces
+                command, _, pending = pending.partition(b"\n")
+                line.apply(command.decode())
         woke = time.monotonic()
         if fd in ready:
             # a packet that woke the line (it slept more than its wake-up cost) came in before
