@@ -224,14 +224,10 @@ def shape_link(namespace: str, device: str, gbps: float, latency_us: float = 0.0
     """Rate-limit the egress of `device` in `namespace` to `gbps` Gbit/s, plus a one-way delay
     (`latency_key` names the setting in the error when the kernel has no netem)."""
     ns = ["-n", namespace]
-    rate = f"{int(gbps * 1e9)}bit"
     # HTB rather than TBF: it queues instead of dropping (a drop on loopback stalls TCP for a
-    # retransmit timeout). burst of 1 ms at the rate, at least two 64 KiB loopback packets, so
-    # the timer granularity does not cap high rates.
-    burst = str(max(131072, int(gbps * 1e9 / 8 / 1000)))
+    # retransmit timeout).
     _run("tc", *ns, "qdisc", "add", "dev", device, "root", "handle", "1:", "htb", "default", "1")
-    _run("tc", *ns, "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb", "rate", rate,
-         "ceil", rate, "burst", burst, "cburst", burst, "quantum", "65536")
+    _run("tc", *ns, "class", "add", "dev", device, "parent", "1:", "classid", "1:1", *_htb_rate(gbps))
     if latency_us > 0:
         try:
             _run("tc", *ns, "qdisc", "add", "dev", device, "parent", "1:1", "handle", "10:", "netem",
@@ -241,6 +237,20 @@ def shape_link(namespace: str, device: str, gbps: float, latency_us: float = 0.0
                 raise ValueError(f"{latency_key} needs the kernel's netem qdisc (sch_netem), which this "
                                  f"machine lacks; drop {latency_key}") from None
             raise
+
+
+def _htb_rate(gbps: float) -> list[str]:
+    """The HTB class settings of a link of `gbps` Gbit/s: burst of 1 ms at the rate, at least two
+    64 KiB loopback packets, so the timer granularity does not cap high rates."""
+    rate, burst = f"{int(gbps * 1e9)}bit", str(max(131072, int(gbps * 1e9 / 8 / 1000)))
+    return ["htb", "rate", rate, "ceil", rate, "burst", burst, "cburst", burst, "quantum", "65536"]
+
+
+def change_rate(namespace: str, device: str, gbps: float) -> None:
+    """Set the rate of `device`'s shaped egress in `namespace` (made by shape_link) to `gbps` Gbit/s
+    in place: HTB's class changes, its queue stays (no packet is dropped; a trace's player)."""
+    _run("tc", "-n", namespace, "class", "change", "dev", device, "parent", "1:", "classid", "1:1",
+         *_htb_rate(gbps))
 
 
 def list_namespaces() -> list[str]:
@@ -379,7 +389,7 @@ class RankLinks(_Built):
     iface = "eth0"
 
     def __init__(self, gbps: list[float], latency_us: float = 0.0, line: Impairment | None = None,
-                 rank_latency_us: list[float] | None = None) -> None:
+                 rank_latency_us: list[float] | None = None, through_line: bool = False) -> None:
         self.gbps, self.latency_us = [float(g) for g in gbps], float(latency_us or 0)
         # each link's one-way delay: a packet between two workers crosses two links
         self.link_us = ([float(d) for d in rank_latency_us] if rank_latency_us is not None
@@ -392,7 +402,8 @@ class RankLinks(_Built):
         # The delay through compbench's delay line (compbench.network.delay) instead of netem: the
         # switch routes between its ports instead of bridging them, through the line.
         self.line: DelayLine | None = None
-        if line is not None and line.line:
+        # through_line: through the line even where nothing is delayed yet (a trace delays links later)
+        if line is not None and (line.line or through_line):
             self.line = DelayLine(self.switch, [f"v{k}" for k in range(len(gbps))],
                                   {self.address(k): self.link_us[k] for k in range(len(gbps))},
                                   line.jitter_us, line.loss, line.seed)
