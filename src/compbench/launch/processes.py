@@ -220,7 +220,8 @@ def _describe(code: int) -> str:
 def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = None) -> tuple[int, str]:
     """Run `np` workers on RUN_DIR's config; returns (exit code, one-line failure message or '').
     The config's `net.emulate_gbps` (or `net.emulate_rank_gbps`) and `net.emulate_latency_us` (or
-    `net.emulate_rank_latency_us`) put them on a shaped link (or a link each)."""
+    `net.emulate_rank_latency_us`) put them on a shaped link (or a link each); `net.trace` on a link
+    each that changes over time (compbench.network.trace_player)."""
     from omegaconf import DictConfig, OmegaConf
 
     from compbench.network.delay import from_config
@@ -230,6 +231,12 @@ def spawn_workers(run_dir: Path, engine: str, np: int, threads: int | None = Non
     net = cfg.get("net") or {}
     gbps, latency_us = net.get("emulate_gbps"), net.get("emulate_latency_us") or 0
     argv = [sys.executable, "-m", "compbench.train.worker", str(run_dir)]
+    trace = net.get("trace")
+    if trace is not None:  # a link per worker, replayed from a trace (checked: no emulate_*)
+        from compbench.network.trace_player import traced
+
+        with traced(str(trace), np, int(cfg.get("seed") or 0), run_dir) as traced_links:
+            return run_processes(argv, engine, np, threads, netns=traced_links, hold_sigint=True)
     rank_gbps = net.get("emulate_rank_gbps")
     # compbench's delay line runs between links of their own: a shaped loopback takes a link per worker
     impairment = from_config(net, int(cfg.get("seed") or 0))
