@@ -344,6 +344,7 @@ def check(cfg: DictConfig) -> DictConfig:
         check_fits(cfg, model, sharding)
     _check_muon_has_matrices(cfg, model)
     _check_rounds_fit(cfg, sync_cls.sync_traits)
+    _check_delay_fits(cfg, sync_cls.sync_traits, per_epoch)
     from compbench.train.checkpoint import check_resume
 
     # last: the checkpoint's run is compared with this one as normalized above
@@ -359,6 +360,21 @@ def _check_rounds_fit(cfg: DictConfig, sync: SyncTraits) -> None:
             raise ValueError(f"sync.{key}={cfg.sync[key]} is more than max_steps={steps}: the run would end "
                              f"before its first round does; pass sync.{key}={steps} or "
                              f"max_steps={cfg.sync[key]}")
+
+
+def _check_delay_fits(cfg: DictConfig, sync: SyncTraits, per_epoch: int | None) -> None:
+    """A mode that applies each outer step `delay_key` rounds late applies none in a run of no more
+    rounds than that (a delay of 0 is the plain mode: its own checks apply)."""
+    run = _run_steps(cfg, per_epoch)
+    if not (sync.delay_key and sync.period_key and run):
+        return
+    key, delay, period = sync.delay_key, cfg.sync[sync.delay_key], cfg.sync[sync.period_key]
+    rounds = run[0] // period
+    if delay > 0 and rounds <= delay:
+        keep = f"sync.{key}={rounds - 1} or less, or " if rounds else ""
+        raise ValueError(f"sync.{key}={delay} applies each outer step {delay} rounds late and the run has "
+                         f"{rounds} rounds of sync.{sync.period_key}={period} ({run[1]}): no outer step "
+                         f"would be applied; pass {keep}a longer run")
 
 
 def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:

@@ -12,6 +12,8 @@ Whether a step talks, and what it sends, is the synchronizer's:
 - `diloco` (periodic): workers step their own optimizer H times without talking; in `after_step`
   every H steps the outer gradient goes through the same pipeline and an outer optimizer moves the
   global parameters (SparseLoCo and quantized Streaming DiLoCo are compositions of it).
+- `delayed_diloco` (periodic): diloco with each outer step applied `staleness` rounds late, so that
+  a round's exchange travels behind the next rounds' inner steps (PCCL's asynchronous DiLoCo).
 - `desloc` (periodic): DES-LOC, Adam's parameters and its two moments averaged through the same
   pipeline, each on its own period.
 - `demo`, `onebit_adam`, `onebit_lamb` (optimizer level): per-step modes whose optimizer is DeMo's,
@@ -70,6 +72,8 @@ class SyncTraits:
     shards: the mode runs across the shard groups of a sharded run (compbench.sync.sharded): on
       each worker's local shards, as if they were whole tensors (its exchanges and updates treat
       every element alike, or per tensor where a shard is as good a unit as the tensor).
+    delay_key: the setting that applies each outer step that many rounds (of `period_key`) late
+      (sync=delayed_diloco's staleness): a run of no more rounds than it would apply none.
     """
 
     pipeline: bool = True
@@ -84,6 +88,7 @@ class SyncTraits:
     replicas_diverge: bool = False
     elastic: bool = True
     shards: bool = False
+    delay_key: str | None = None
 
 
 @dataclass(frozen=True)
