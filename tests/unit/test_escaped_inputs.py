@@ -35,7 +35,7 @@ NP2 = "engine.np=2"
                          "differentiable, fused"),
     (["+net.foo=1"], "net.foo is not a setting of net=measured; its settings are: gbps, latency_us, "
                      "emulate_gbps, emulate_rank_gbps, emulate_latency_us, emulate_rank_latency_us, "
-                     "emulate_jitter_us, emulate_loss, delay_line"),
+                     "emulate_jitter_us, emulate_loss, delay_line, trace"),
     (["+dataset.foo=2"], "dataset.foo is not a setting of dataset=synthetic; its settings are: num_classes, "
                          "image_size, channels, train_size, test_size, noise, seed"),
     (["compressor=topk", "comm=allgather", "memory.beta=0.9"],
