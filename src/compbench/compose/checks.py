@@ -44,6 +44,7 @@ def check_settings(cfg: DictConfig) -> None:
                   cast(dict[str, Any], OmegaConf.to_container(cfg.mlflow)),
                   cfg.get("outputs_root") or "outputs")
     _check_engine(cfg)
+    _check_trace(cfg)
     _check_device(cfg)
     _check_optim(cfg)
     _check_group_keys(cfg)
@@ -208,6 +209,17 @@ def _check_engine(cfg: DictConfig) -> None:
     if external_engine() is None:  # under horovodrun / torchrun the launcher decides the ranks
         _check_worker_count(np)
         _check_groups(cfg, np)
+
+
+def _check_trace(cfg: DictConfig) -> None:
+    """net.trace: the file, its rows against the job's workers, nothing else shaping the links, root
+    (compbench.network.trace_player.check)."""
+    if cfg.net.get("trace") is None:
+        return
+    from compbench.network.trace_player import check as check_trace
+
+    net = cast(dict[str, Any], OmegaConf.to_container(cfg.net))
+    check_trace(net["trace"], cfg.engine.get("np", 1), net, bool(cfg.engine.get("elastic")))
 
 
 def _check_device(cfg: DictConfig) -> None:
