@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from itertools import groupby
 from pathlib import Path
 
-from compbench.network.delay import Impairment
-from compbench.network.netem import RankLinks, change_rate
-from compbench.network.trace import Change, LinkState, Trace, load_trace, resolve
+from compbench.network.delay import Impairment, has_tun
+from compbench.network.netem import RankLinks, can_shape, change_rate, check_buffer
+from compbench.network.trace import Change, LinkState, Trace, load_trace, resolve, shipped
 
 APPLIED_FILE = "trace_applied.csv"
 TRACE_FILE = "trace.csv"
@@ -47,6 +47,45 @@ APPLIED_HEADER = "t_s,applied_s,rank,mbps,delay_ms,loss"
 def needs_line(trace: Trace) -> bool:
     """Whether the trace ever delays or drops a packet (its links then go through the delay line)."""
     return any(s.delay_ms or s.loss for states in trace.states for s in states)
+
+
+# The settings that shape the links a trace shapes (a value other than these defaults is refused)
+_SHAPING = {"emulate_gbps": None, "emulate_rank_gbps": None, "emulate_latency_us": 0,
+            "emulate_rank_latency_us": None, "emulate_jitter_us": 0, "emulate_loss": 0}
+
+
+def check(value: object, world: int, net: dict, elastic: bool = False) -> Trace:
+    """Config-time check of `net.trace=value` for a job of `world` workers, `net` the job's other net
+    settings: the trace itself (compbench.network.trace), that nothing else shapes the links, and
+    that this machine can replay it. The checked trace, or ValueError (one line naming net.trace and
+    the fix)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"net.trace={value!r} must be a trace's CSV file or a shipped trace's name "
+                         f"({', '.join(shipped())})")
+    for key, default in _SHAPING.items():
+        if net.get(key, default) not in (default, None):
+            raise ValueError(f"net.trace and net.{key} both shape the links, and the trace sets each link's "
+                             f"rate, delay and loss over time; drop net.{key}")
+    if elastic:
+        raise ValueError("net.trace with engine.elastic=true: an elastic job's workers share one namespace, "
+                         "not a link each; drop net.trace or engine.elastic")
+    trace = load_trace(resolve(value), world)
+    if not can_shape():
+        raise ValueError("net.trace needs root and iproute2 (ip, tc) to shape the links; run as root or drop "
+                         "net.trace")
+    line = needs_line(trace)
+    if line and net.get("delay_line", "auto") == "netem":
+        raise ValueError("net.trace: a trace's delay and loss change through compbench's delay line, not "
+                         "netem; set net.delay_line=auto or line")
+    if line and not has_tun():
+        raise ValueError(f"net.trace={value} delays or drops packets, which needs /dev/net/tun (compbench's "
+                         "delay line); this machine has none: use a trace with delay_ms and loss 0")
+    top = [trace.max_state(k) for k in range(world)]
+    farthest = max(s.delay_ms for s in top)
+    for k, s in enumerate(top):  # each link's largest rate with its longest round trip to a peer
+        check_buffer(f"net.trace={value}: rank {k}'s link", s.mbps / 1000, 2 * (s.delay_ms + farthest) * 1000,
+                     "lower its rate or delay")
+    return trace
 
 
 class TracedLinks(RankLinks):
