@@ -345,6 +345,7 @@ def check(cfg: DictConfig) -> DictConfig:
     _check_muon_has_matrices(cfg, model)
     _check_rounds_fit(cfg, sync_cls.sync_traits)
     _check_delay_fits(cfg, sync_cls.sync_traits, per_epoch)
+    _check_workers_fit(cfg, sync_cls.sync_traits, int(np))
     from compbench.train.checkpoint import check_resume
 
     # last: the checkpoint's run is compared with this one as normalized above
@@ -375,6 +376,18 @@ def _check_delay_fits(cfg: DictConfig, sync: SyncTraits, per_epoch: int | None) 
         raise ValueError(f"sync.{key}={delay} applies each outer step {delay} rounds late and the run has "
                          f"{rounds} rounds of sync.{sync.period_key}={period} ({run[1]}): no outer step "
                          f"would be applied; pass {keep}a longer run")
+
+
+def _check_workers_fit(cfg: DictConfig, sync: SyncTraits, np: int) -> None:
+    """Settings that count workers (`SyncTraits.at_most_workers`) against engine.np (under an external
+    launcher the mode checks them against the world it joins)."""
+    from compbench.launch.processes import external_engine
+
+    for key in sync.at_most_workers:
+        value = cfg.sync.get(key)
+        if value is not None and external_engine() is None and value > np:
+            raise ValueError(f"sync.{key}={value} is more than engine.np={np} workers; pass sync.{key}<={np} "
+                             f"(or sync.{key}=null: every worker)")
 
 
 def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:

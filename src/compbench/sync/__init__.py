@@ -74,6 +74,8 @@ class SyncTraits:
       every element alike, or per tensor where a shard is as good a unit as the tensor).
     delay_key: the setting that applies each outer step that many rounds (of `period_key`) late
       (sync=delayed_diloco's staleness): a run of no more rounds than it would apply none.
+    at_most_workers: settings that count workers (sync=quorum_diloco's `quorum`): each, where set
+      (not null), must be at most engine.np (checked at compose time).
     """
 
     pipeline: bool = True
@@ -89,6 +91,7 @@ class SyncTraits:
     elastic: bool = True
     shards: bool = False
     delay_key: str | None = None
+    at_most_workers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
