@@ -51,7 +51,7 @@ def test_a_repeated_setting_is_no_change():
     assert trace.duration_s == 9
 
 
-@pytest.mark.parametrize(("body", "says"), [
+BAD = [
     ("t,rank,mbps,delay_ms,loss\n0,*,1,0,0\n", "row 1: the header is"),
     (HEAD + "0,*,fast,0,0\n", "row 2: mbps='fast' is not a number"),
     (HEAD + "0,*,0,0,0\n", "row 2: mbps=0 must be within"),
@@ -68,7 +68,10 @@ def test_a_repeated_setting_is_no_change():
     (HEAD + "0,*,10,0\n", "row 2: 4 values, expected 5"),
     (HEAD + "-1,*,10,0,0\n", "t_s=-1 is before the start"),
     ("", "the file is empty"),
-])
+]
+
+
+@pytest.mark.parametrize(("body", "says"), BAD, ids=[says for _, says in BAD])
 def test_bad_input_names_the_row_and_the_fix(body, says):
     with pytest.raises(ValueError, match="^net.trace=t.csv") as e:
         parse_trace(body, 2, "t.csv")
@@ -90,3 +93,28 @@ def test_files_and_shipped_names(tmp_path):
         load_trace(tmp_path / "bin.csv", 2)
     for name in shipped():
         assert resolve(name) == SHIPPED_DIR / f"{name}.csv"
+
+
+def test_the_shipped_traces_are_what_the_script_makes(tmp_path):
+    """scripts/make_traces.py writes the shipped files as they are (its assumptions, deterministic), and
+    each loads for 2 workers: the diurnal day in 240 s, the bursts, rank 1's minute of outage."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_traces.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path)], check=True, capture_output=True)
+    assert shipped() == ("bursts", "diurnal", "outage")
+    for name in shipped():
+        assert (tmp_path / f"{name}.csv").read_text() == (SHIPPED_DIR / f"{name}.csv").read_text(), name
+    day = load_trace(resolve("diurnal"), 2)
+    assert day.duration_s == 240 and day.at(0, 0) == day.at(240, 1)
+    assert day.at(200, 0) == LinkState(100, 24, 0.001)  # 20:00: the evening peak
+    assert day.at(40, 0).mbps == pytest.approx(400)  # 04:00: the quietest
+    out = load_trace(resolve("outage"), 2)
+    assert out.at(90, 1).mbps == 0.001 and out.at(90, 0).mbps == 100 and out.at(120, 1).mbps == 100
+    assert out.mean_mbps(1, 0, 180) == pytest.approx((100 * 120 + 0.001 * 60) / 180)
+    with pytest.raises(ValueError, match="rank=1 is beyond the job's 1 worker"):
+        load_trace(resolve("outage"), 1)
+    rates = {c.state.mbps for c in load_trace(resolve("bursts"), 3).changes()}
+    assert max(rates) == 200 and all(40 <= r <= 100 for r in rates - {200}) and len(rates) == 8
