@@ -68,7 +68,7 @@ from compbench.engines.base import Engine
 from compbench.records.stats import StepStats
 from compbench.schedulers import Scheduler
 from compbench.seam.pipeline import GradientPipeline
-from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
+from compbench.sync import ExchangePlan, SyncTraits
 from compbench.sync.diloco import RECIPE, DiLoCo
 from compbench.sync.diloco import check_options as check_diloco
 
@@ -99,7 +99,6 @@ class DelayedDiLoCo(DiLoCo):
                                                    replicas_diverge=True, engines=("torch",), elastic=False,
                                                    delay_key="staleness")
     check_options: ClassVar[Callable[..., None]] = staticmethod(check_options)
-    check_model = staticmethod(fits_any_model)  # the whole model is one exchange
 
     def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, engine: Engine, stats: StepStats,
                  inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
