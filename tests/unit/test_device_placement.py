@@ -79,6 +79,7 @@ RUNS = [
     ["compressor=fp16", "comm=ring", "scheduler=secopa", "scheduler.gbps=0.001"],
     ["compressor=topk", "comm=allgather", "optim=adamw"],
     *([f"sync={s}", "optim=adamw", "sync.inner_steps=2"] for s in ("diloco", "noloco", "sparta_diloco")),
+    ["sync=delayed_diloco", "engine=torch", "optim=adamw", "sync.inner_steps=1"],  # 3 rounds, 1 in flight
     ["sync=sparta", "optim=adamw"],
     ["sync=desloc", "optim=adamw", "sync.param_period=1", "sync.first_moment_period=1",
      "sync.second_moment_period=1"],
