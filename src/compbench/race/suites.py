@@ -132,6 +132,9 @@ TEXT = Race(
         "ddp-fp16": ("optim=adamw", "compressor=fp16", "comm=allreduce", "scheduler=bucket",
                      "scheduler.bucket_mb=1"),
         "diloco": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.eager=true"),
+        # DiLoCo's outer step one round late (sync=delayed_diloco, PCCL's asynchronous DiLoCo): each
+        # round's exchange travels behind the next round's inner steps; every worker's θ stays the same
+        "diloco-delayed": ("optim=adamw", "sync=delayed_diloco", f"sync.inner_steps={H}", "sync.staleness=1"),
         "diloco-1worker": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "engine.np=1",
                            "batch_size=64"),
         "streaming": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.fragments=3",
