@@ -151,6 +151,10 @@ SUMMARY: dict[str, str] = {
     "memory_mb": "per worker, in rank order: megabytes of its parameters, gradients and optimizer state (its "
                  "shards where sharded) and of the activations and gathered weights forward saved, measured "
                  "on the first steps, and the process's peak (peak_of: what measured it)",
+    "goodput": "the share of the workers' time that trained the model: (compute + optimizer seconds of every "
+               "worker, less the compute a mode discarded) / (workers x train_time_s), with idle_share, "
+               "discarded_share, step_goodput (over the steps' time only) and each worker's seconds "
+               "(compbench.records.goodput)",
     "sharded": "sharding=fsdp|hsdp: the layout, and per step the bytes gathered, scattered, across replicas "
                "and across nodes, and the milliseconds inside the all-gathers and reduce-scatters",
     "throughput": _MEDIAN.format(tag="train/throughput", unit="samples/s"),

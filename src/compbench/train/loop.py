@@ -20,7 +20,7 @@ from compbench.catalog import registry
 from compbench.data.loader import ShardedLoader
 from compbench.optim.clip import clip_grad_norm
 from compbench.optim.schedule import build_schedule
-from compbench.records import fault_events, provenance
+from compbench.records import fault_events, goodput, provenance
 from compbench.records.memory import MemoryLedger
 from compbench.records.results import (
     PHASES,
@@ -103,6 +103,7 @@ class Trainer:
             assert isinstance(self.sync, ShardedSync)
             self.sharded, self.local = self.sync, local  # a tensor's part on this worker: its shard
         self.footprint = MemoryLedger(self.device, self.model, self.optimizer, self.local)  # memory, split
+        self.goodput = goodput.GoodputLedger()  # this worker's compute and step seconds (summary.goodput)
         # optim.clip_grad_norm: what the optimizer's step reads is clipped (the averaged gradient per
         # step; each inner step's own gradient in diloco), compbench.optim.clip.
         self.clip = cfg.optim.get("clip_grad_norm")
@@ -152,6 +153,7 @@ class Trainer:
         self.sync.drain()  # an exchange still in flight (diloco's overlap) ends before the engine does
         self.record_waits_for_last_rank()
         self.memory_per_rank = self.footprint.gather(self.engine)  # a collective: every worker's figures
+        self.goodput_per_rank = self.goodput.gather(self.engine)  # a collective too
         self.others = machine.Others(None, None) if watch is None else watch.finish(self.engine)
         return self.finish(self.final, time.perf_counter() - self.t_start)
 
@@ -264,6 +266,7 @@ class Trainer:
             with stats.time("loss_read"):
                 loss_value = loss.item()  # the step's last wait on a GPU: inside its time
             stats.end_step()
+            self.goodput.add_step(stats.ms)
             self.arrivals.append(math.nan if stats.arrived is None else stats.arrived)
             units = self.task.count(y) * engine.size
             unloaded = stats.unloaded_ms(torch.get_num_threads())  # None on a GPU
@@ -458,6 +461,9 @@ class Trainer:
             "train_s": round(self.progress.train_s, 3),
             "eval_s": round(self.progress.eval_s, 3),
             "memory_mb": self.memory_per_rank,
+            # a mode that discards work reports its compute seconds in its summary (compbench.records.goodput)
+            "goodput": goodput.record(self.goodput_per_rank, seconds,
+                                      float(self.sync.summary().get("discarded_compute_s", 0.0))),
         }
         if self.sharded is not None:
             summary["sharded"] = {**self.sharded.record(),
