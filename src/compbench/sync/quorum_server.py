@@ -1,0 +1,199 @@
+"""The synchronizer of `sync=quorum_diloco` as threads on rank 0, and the learners' side of its wire.
+
+Point to point over torch.distributed (gloo, host tensors), on two process groups of their own made
+by every rank at setup (`new_group` is collective): gloo's groups must not be shared between
+threads, and here each is used by one thread per process:
+- `deliveries`: learners 1..N-1 send from their training thread; rank 0's receiver thread takes
+  them from any source (gloo receives from any sender: `irecv` with no source).
+- `replies`: rank 0's synchronizer thread sends θ; learners 1..N-1 receive it in their training
+  thread.
+Rank 0's own learner talks to the synchronizer through in-process queues (a process cannot send to
+itself).
+
+Messages (host tensors): a delivery is a header int64[HEADER] = (kind, base version, steps, tokens,
+compute microseconds) with tag _TAG_HEAD, then, for a delivery, the outer gradient Δ flat (the
+parameters' dtype) with tag _TAG_BODY from the same sender; kind LEAVE has no body. A reply is
+int64[1] (θ's version), then θ flat. Gloo keeps the order of one sender's messages of one tag.
+
+The synchronizer thread applies compbench.sync.quorum_merge.QuorumState's rules: it waits for the
+next delivery at most until the pending merge's window closes, merges when due, and answers the
+learners. It stops when every learner has left (compbench.sync.quorum_diloco's `drain` at the
+end of training); the receiver thread stops when every remote learner has. A failure in either
+thread is kept and raised in rank 0's training thread at its next exchange; remote learners then
+see their receive time out (engine.timeout_s).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from compbench.sync.quorum_merge import Contribution, QuorumState
+
+DELIVER, LEAVE = 1, 2
+HEADER = 5
+_TAG_HEAD, _TAG_BODY, _TAG_REPLY, _TAG_THETA = 21, 22, 23, 24
+# How often rank 0's learner looks whether the synchronizer thread failed while it waits.
+_POLL_S = 1.0
+
+
+@dataclass
+class Leave:
+    rank: int
+
+
+def header(kind: int, base: int, steps: int, tokens: int, compute_s: float) -> Tensor:
+    return torch.tensor([kind, base, steps, tokens, round(compute_s * 1e6)], dtype=torch.int64)
+
+
+class QuorumServer:
+    """Rank 0's synchronizer: `submit` (rank 0's learner) and the receiver thread feed one queue of
+    events; the synchronizer thread owns `state` (under `lock` for checkpoints) and replies."""
+
+    def __init__(self, state: QuorumState, learners: int, numel: int, dtype: torch.dtype,
+                 deliveries: Any, replies: Any) -> None:
+        self.state, self.learners, self.numel, self.dtype = state, learners, numel, dtype
+        self.deliveries, self.replies = deliveries, replies
+        self.events: queue.Queue[Contribution | Leave] = queue.Queue()
+        self.mine: queue.Queue[tuple[int, Tensor]] = queue.Queue()  # replies to rank 0's learner
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+        now = time.monotonic()
+        for rank in range(learners):  # every learner starts on θ version 0 now: its first round's clock
+            state.answered(rank, now)
+        self.threads = [threading.Thread(target=self._guard, args=(self._serve,), name="quorum-sync",
+                                         daemon=True)]
+        if learners > 1:
+            self.threads.append(threading.Thread(target=self._guard, args=(self._receive,),
+                                                 name="quorum-recv", daemon=True))
+        for t in self.threads:
+            t.start()
+
+    def _guard(self, loop: Any) -> None:
+        try:
+            loop()
+        except BaseException as e:  # kept for rank 0's training thread (a thread's error is lost otherwise)
+            self.error = e
+
+    # -- rank 0's learner ---------------------------------------------------------------------
+
+    def submit(self, event: Contribution | Leave) -> None:
+        self.raise_failure()
+        self.events.put(event)
+
+    def wait_reply(self) -> tuple[int, Tensor]:
+        while True:
+            self.raise_failure()
+            try:
+                return self.mine.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+
+    def raise_failure(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the quorum synchronizer failed: {self.error!r}") from self.error
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join()
+        self.raise_failure()
+
+    # -- the threads --------------------------------------------------------------------------
+
+    def _receive(self) -> None:
+        """Remote learners' deliveries, from any source, until every one of them has left."""
+        remaining = self.learners - 1
+        while remaining:
+            head = torch.empty(HEADER, dtype=torch.int64)
+            work = dist.irecv(head, group=self.deliveries, tag=_TAG_HEAD)  # from any sender
+            assert work is not None  # this rank is in the group
+            work.wait()
+            rank = int(work._source_rank())
+            kind, base, steps, tokens, compute_us = (int(v) for v in head.tolist())
+            if kind == LEAVE:
+                self.events.put(Leave(rank))
+                remaining -= 1
+                continue
+            body = torch.empty(self.numel, dtype=self.dtype)
+            dist.recv(body, group=self.deliveries, group_src=rank, tag=_TAG_BODY)
+            self.events.put(Contribution(rank, base, steps, tokens, compute_us / 1e6, body))
+
+    def _serve(self) -> None:
+        state = self.state
+        while True:
+            with self.lock:
+                if state.done and self.events.empty():
+                    state.close()
+                    return
+                deadline = state.deadline()
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                event = self.events.get(timeout=timeout)
+            except queue.Empty:
+                event = None
+            with self.lock:
+                now = time.monotonic()
+                answer: list[int] = []
+                if isinstance(event, Leave):
+                    state.leave(event.rank, now)
+                elif event is not None:
+                    event.delta = event.delta.to(state.theta[0].device)
+                    answer = state.deliver(event, now)
+                if state.due(now):
+                    answer += state.merge(now)
+                self._answer(answer)
+
+    def _answer(self, ranks: list[int]) -> None:
+        """Send the latest θ to `ranks` (under the lock)."""
+        if not ranks:
+            return
+        theta = self.state.flat_theta()
+        version = self.state.version
+        host = theta.cpu() if any(r != 0 for r in ranks) else theta
+        for rank in ranks:
+            self.state.answered(rank, time.monotonic())
+            if rank == 0:
+                self.mine.put((version, theta.clone()))
+                continue
+            dist.send(torch.tensor([version], dtype=torch.int64), group=self.replies, group_dst=rank,
+                      tag=_TAG_REPLY)
+            dist.send(host, group=self.replies, group_dst=rank, tag=_TAG_THETA)
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        with self.lock:
+            return self.state.state_dict()
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        with self.lock:
+            self.state.load_state_dict(saved)
+            now = time.monotonic()
+            for rank in range(self.learners):  # the resumed learners' rounds start now
+                self.state.sent_at[rank] = now
+
+
+def send_delivery(group: Any, base: int, steps: int, tokens: int, compute_s: float, delta: Tensor) -> None:
+    """A remote learner's delivery to rank 0 (its training thread)."""
+    dist.send(header(DELIVER, base, steps, tokens, compute_s), group=group, group_dst=0, tag=_TAG_HEAD)
+    dist.send(delta.cpu(), group=group, group_dst=0, tag=_TAG_BODY)
+
+
+def send_leave(group: Any) -> None:
+    dist.send(header(LEAVE, 0, 0, 0, 0.0), group=group, group_dst=0, tag=_TAG_HEAD)
+
+
+def receive_theta(group: Any, numel: int, dtype: torch.dtype) -> tuple[int, Tensor]:
+    """A remote learner's reply from rank 0: (θ's version, θ flat on the host)."""
+    version = torch.empty(1, dtype=torch.int64)
+    dist.recv(version, group=group, group_src=0, tag=_TAG_REPLY)
+    theta = torch.empty(numel, dtype=dtype)
+    dist.recv(theta, group=group, group_src=0, tag=_TAG_THETA)
+    return int(version.item()), theta
