@@ -48,7 +48,9 @@ def test_the_arithmetic_by_hand():
     prices = Prices(device_hour=3.6, egress_gb=0.09)
     # 2 workers x 17.5 s = 35 device-seconds at 3.6 USD an hour (0.001 USD a second): 0.035 USD;
     # 2 x 18.6667 MB = 0.037333 GB at 0.09 USD: 0.00336 USD
-    device, egress = prices.split_usd(2, 17.5, 18.6667e6)
+    split = prices.split_usd(2, 17.5, 18.6667e6)
+    assert split is not None
+    device, egress = split
     assert device == pytest.approx(0.035)
     assert egress == pytest.approx(0.00336, rel=1e-5)
     assert prices.cost_usd(2, 17.5, 18.6667e6) == pytest.approx(0.03836, rel=1e-5)
@@ -75,7 +77,8 @@ def test_the_bytes_at_the_crossing_are_interpolated_as_the_tokens_are(tmp_path):
     assert first is not None and first.bytes_sent == round(SENT["diloco"] * 200)
     for p in results["curve"]:
         del p["bytes_sent"]
-    assert to_target(results, "eval/loss", False).bytes_sent is None  # an older run's curve: unknown
+    older = to_target(results, "eval/loss", False)
+    assert older is not None and older.bytes_sent is None  # an older run's curve: unknown
 
 
 def test_the_report_costs_every_time_to_target(tmp_path, validated):

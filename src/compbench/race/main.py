@@ -36,8 +36,10 @@ from compbench.base.args import ArgumentParser, decimal, override_key, whole
 from compbench.base.errors import INTERRUPTED_EXIT
 from compbench.cli.matrix import Job, check_jobs, run_jobs
 from compbench.network.netem import RATE_GBPS
+from compbench.network.trace import shipped
 from compbench.race.cost import parse_prices
 from compbench.race.model import WhatIf
+from compbench.race.on_trace import trace_link
 from compbench.race.report import load, write
 from compbench.race.suites import LINKS, RACES, Link, Race
 from compbench.race.targets import TARGETS
@@ -46,7 +48,8 @@ MAX_SEEDS = 10  # a race of 3 links and 8 methods at 10 seeds is 240 runs alread
 MAX_WORKERS = 1_000_000  # the what-if's
 MAX_PARAMS = 1e15
 LINK_KEYS = {f"net.{k}" for k in ("emulate_gbps", "emulate_latency_us", "emulate_rank_gbps",
-                                  "emulate_rank_latency_us")}
+                                  "emulate_rank_latency_us", "trace")}
+TRACE = "trace:"  # a --links item replayed from a trace: trace:NAME (shipped) or trace:FILE
 
 
 def main(argv: list[str]) -> int:
@@ -83,7 +86,8 @@ def main(argv: list[str]) -> int:
     race = RACES[args.suite]
     methods = _select(args.only, race)
     whatif = _whatif(args, race, methods)
-    links = _links(args.links) if args.links is not None else race.links
+    links = _links(args.links, _most_workers(race, methods, args.overrides)) if args.links is not None \
+        else race.links
     if args.seeds is not None and not 1 <= args.seeds <= MAX_SEEDS:
         raise ValueError(f"--seeds {args.seeds} must be within 1 to {MAX_SEEDS} (each seed is one run per "
                          "method and link); e.g. --seeds 3")
@@ -173,19 +177,48 @@ def _once(flag: str, text: str, items: list) -> None:
         raise ValueError(f"{flag} {text} names {twice} twice; give each once")
 
 
-def _links(text: str) -> tuple[Link, ...]:
+def _most_workers(race: Race, methods: list[str], overrides: list[str]) -> int:
+    """The most workers any of the methods runs (engine.np, the race's, its own or the command line's;
+    conf/engine's 2 where none sets it): what a trace must give a link to every rank of."""
+    def np(method: str) -> int:
+        keys = {override_key(o): o.partition("=")[2] for o in (*race.base, *race.methods[method], *overrides)
+                if "=" in o}
+        value = keys.get("engine.np", "2")
+        return int(value) if value.isdigit() else 2  # not a number: compose's check refuses it
+    return max(np(m) for m in methods)
+
+
+def _links(text: str, world: int = 2) -> tuple[Link, ...]:
+    """--links' items: RATE[:DELAY] shaped links, and trace:NAME|FILE links replayed from a trace
+    (compbench.race.on_trace), each trace read and checked for `world` workers here, before any run."""
     links: list[Link] = []
     low, high = (1e3 * g for g in RATE_GBPS)  # a shaped link's rates (compbench.network.netem), in Mbit/s
+    items = _items(text)
+    traced = [x for x in items if x.startswith(TRACE)]
     try:
-        for item in _items(text):
+        for item in items:
+            if item.startswith(TRACE):
+                continue
             rate, colon, delay = item.partition(":")
             links.append(Link(decimal(rate), decimal(delay) if colon else 0.0))
     except argparse.ArgumentTypeError:
         links = []
-    if not links or not all(low <= x.mbps <= high and x.delay_ms >= 0 for x in links):
+    if (not links and not traced) or len(links) + len(traced) < len(items) or \
+            not all(low <= x.mbps <= high and x.delay_ms >= 0 for x in links):
         raise ValueError(f"--links {text} must be a comma-separated list of links, each a rate in Mbit/s "
                          f"from {low:g} to {high:g} and optionally a one-way delay in ms >= 0 after a colon, "
-                         "e.g. --links 10,200:25")
+                         f"e.g. --links 10,200:25; or {TRACE}NAME|FILE, a link replayed from a trace "
+                         f"(shipped: {', '.join(shipped()) or 'none'}; or a CSV file), e.g. --links "
+                         f"100,{TRACE}diurnal")
+    for item in traced:
+        value = item.removeprefix(TRACE).strip()
+        if not value:
+            raise ValueError(f"--links {text}: {item} names no trace; give {TRACE}NAME ("
+                             f"{', '.join(shipped()) or 'none shipped'}) or {TRACE}FILE")
+        try:
+            links.append(trace_link(value, world))
+        except ValueError as e:
+            raise ValueError(f"--links {text}: {e}") from None
     _once("--links", text, links)
     _once("--links", text, [x.folder for x in links])  # 10 and 10.000001 would share a run's folder
     return tuple(links)

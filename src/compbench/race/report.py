@@ -59,6 +59,7 @@ from compbench.race.model import (
     crossover_rtt_ms,
     fit_model,
 )
+from compbench.race.on_trace import load_link_trace, mean_delay_ms, mean_mbps, stretches, time_on_trace_ms
 from compbench.race.suites import Link, Race
 from compbench.race.to_target import (
     MIN_MEASURED_STEPS,
@@ -446,7 +447,8 @@ class Model:
 def fitted(runs: list[Run]) -> Model | None:
     """The model of the race's finished runs (None with fewer than 5): fitted on them where they span
     MIN_BANDWIDTHS bandwidths or more, else the prior (compbench.race.model.fit_model)."""
-    rows = [(r, Profile.of(r.view)) for r in runs if r.ok and r.summary.get("step_ms")]
+    # a run on a trace has no one rate: the fit reads the shaped links' (compbench.race.on_trace predicts it)
+    rows = [(r, Profile.of(r.view)) for r in runs if r.ok and r.summary.get("step_ms") and not r.link.trace]
     if len(rows) < 5:
         return None
     fit = fit_model([(p, r.mbps / 1e3, r.link.delay_ms, float(r.summary["step_ms"]), in_warmup(r, p))
@@ -476,6 +478,53 @@ def predictions(fit: Fit, rows: list[tuple[Run, Profile]]) -> list[tuple[Run, fl
 
     return [(r, predict(r, p), predict(r, fastest[(r.method, r.seed)][1]), fastest[(r.method, r.seed)][2])
             for r, p in rows]
+
+
+@dataclass(frozen=True)
+class OnTrace:
+    """A trace run's predicted mean step (ms), walking its trace's schedule over its steps (to the
+    target, or all it took; compbench.race.on_trace): from its own profile, from its method's run on
+    the fastest shaped link (`source`), and that run's at the trace's mean rate and delay held
+    constant (what walking the schedule changes)."""
+
+    own_ms: float
+    cross_ms: float
+    flat_ms: float
+    source: Link
+    steps: float
+
+
+def trace_predictions(model: Model, runs: list[Run], race: Race
+                      ) -> tuple[dict[tuple[str, Link, int], OnTrace], dict[Link, str]]:
+    """Each trace run's OnTrace (where its method ran on a shaped link too), and the trace links whose
+    file no longer reads (their reason)."""
+    fastest: dict[tuple[str, int | None], tuple[tuple[float, float], Profile, Link]] = {}
+    for r, p in model.rows:
+        rank = (r.mbps, -r.link.delay_ms)
+        for key in ((r.method, r.seed), (r.method, None)):  # its seed's, else any seed's
+            if key not in fastest or rank > fastest[key][0]:
+                fastest[key] = (rank, p, r.link)
+    out: dict[tuple[str, Link, int], OnTrace] = {}
+    unread: dict[Link, str] = {}
+    for r in runs:
+        source = fastest.get((r.method, r.seed)) or fastest.get((r.method, None))
+        if not (r.ok and r.link.trace and r.summary.get("step_ms")) or source is None or r.link in unread:
+            continue
+        try:
+            trace = load_link_trace(r.link, r.workers)
+        except ValueError as e:
+            unread[r.link] = str(e)
+            continue
+        t = r.to_target(race)
+        steps = t.steps if t is not None else float(r.summary.get("steps") or 0)
+        if steps <= 0:
+            continue
+        fit, profile = model.fit, source[1]
+        flat = profile.time_ms(steps, fit, mean_mbps(trace) / 1e3, latency_ms=mean_delay_ms(trace))
+        out[(r.method, r.link, r.seed)] = OnTrace(
+            time_on_trace_ms(Profile.of(r.view), steps, fit, trace) / steps,
+            time_on_trace_ms(profile, steps, fit, trace) / steps, flat / steps, source[2], steps)
+    return out, unread
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -512,7 +561,10 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
             predicted[(r.method, r.link, r.seed)] = (own, cross)
             sources[(r.method, r.link, r.seed)] = source
     prices = whatif.prices
-    rows = [_row(race, table, c, method, link, predicted, prices) for method in methods for link in links
+    on_trace, unread = trace_predictions(model, runs, race) if model is not None else ({}, {})
+    # the tables' predictions: the shaped links' (the model's check reads those alone) and the traces'
+    shown: Predicted = {**predicted, **{k: (p.own_ms, p.cross_ms) for k, p in on_trace.items()}}
+    rows = [_row(race, table, c, method, link, shown, prices) for method in methods for link in links
             if (c := table.get((method, link))) is not None]
     config: dict = next(((r.results or {})["config"] for r in runs if r.ok), {})
     budget = config.get("max_train_s")
@@ -548,6 +600,8 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
                        disable_numparse=True), ""]
     lines += _clock_lines(table, methods, links)
     lines += _verdict_lines(race, table, methods, links)
+    lines += _trace_lines(out / "plots", race, runs, table, methods, [x for x in links if x.trace], on_trace,
+                          unread)
     lines += _model_lines(race, table, methods, links, model, predicted, sources, whatif)
     if checks is not None:
         lines += ["## Targets", "",
@@ -558,7 +612,7 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
     (out / "race.md").write_text(text + "\n")
-    _write_csv(out / "race.csv", *_run_table(race, runs, predicted, prices))
+    _write_csv(out / "race.csv", *_run_table(race, runs, shown, prices))
     _write_csv(out / "race_curves.csv", *_curve_table(race, runs))
     _plots(out / "plots", race, runs, table, methods, links, model, quick)
     if prices is not None:
@@ -656,11 +710,15 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted, prices: Prices
               # the cost (compbench.race.cost): empty without --prices; the bytes whatever the prices
               "workers", "bytes per worker to target", "cost to target (USD)",
               "devices' cost to target (USD)", "egress cost to target (USD)",
-              "cost to target predicted (USD)", "device-hour price (USD)", "egress price (USD/GB)"]
+              "cost to target predicted (USD)", "device-hour price (USD)", "egress price (USD/GB)",
+              # a link replayed from a trace (compbench.race.on_trace): its name or file; link (Mbit/s) is
+              # then its slowest worker's mean rate
+              "trace"]
     rows = []
     for r in runs:
         if not r.ok:
-            rows.append([r.method, r.mbps, r.link.delay_ms, r.seed, False, *[None] * (len(header) - 5)])
+            rows.append([r.method, r.mbps, r.link.delay_ms, r.seed, False, *[None] * (len(header) - 6),
+                         r.link.trace or None])
             continue
         one, t = Cell([r], race), r.to_target(race)
         target, env = r.summary.get("target") or {}, (r.results or {}).get("environment") or {}
@@ -677,14 +735,15 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted, prices: Prices
                      _round(r.summary.get(_rate_key(race))),
                      _round(r.summary.get("utilization")), _round(one.per_unit_bytes()),
                      r.summary.get("peak_bytes_per_step"), _round(one.exposed_per_exchange_ms()),
-                     _round(one.skew_per_exchange_ms()), _round(one.wire_per_exchange_ms(r.mbps)),
+                     _round(one.skew_per_exchange_ms()),
+                     _round(None if r.link.trace else one.wire_per_exchange_ms(r.mbps)),
                      r.summary.get("steps"),
                      r.loaded, env.get("load_before"), env.get("load_after"),
                      env.get("commit"), "unloaded estimate" if r.estimated else "wall clock",
                      _round(t.seconds(r.wall_step_ms) if t and r.wall_step_ms else None),
                      _round(t.resolution_steps if t else None), r.family,
                      _round(others_per_core(env)), env.get("nice"), env.get("threads_per_rank"),
-                     *_cost_columns(r, t, pred, prices)])
+                     *_cost_columns(r, t, pred, prices), r.link.trace or None])
     return header, rows
 
 
@@ -737,7 +796,7 @@ def _row(race: Race, table: Table, c: Cell, method: str, link: Link, predicted: 
             _fmt(statistics.fmean(preds) if preds else None, ".1f"), _fmt(c.mean("utilization"), ".2f"),
             _fmt(c.per_unit_bytes(), ".3g"), _fmt((c.mean("peak_bytes_per_step") or 0) / 1e3, ".1f"),
             _fmt(c.exposed_per_exchange_ms(), ".1f"), _fmt(c.skew_per_exchange_ms(), ".1f"),
-            _fmt(c.wire_per_exchange_ms(link.mbps), ".1f"),
+            _fmt(None if link.trace else c.wire_per_exchange_ms(link.mbps), ".1f"),  # a trace: no one rate
             f"{c.loaded}/{len(c.done)}")
 
 
@@ -839,6 +898,80 @@ def _verdict_lines(race: Race, table: Table, methods: list[str], links: list[Lin
             "clock (the same tokens at each run's measured step).", "",
             tabulate(rows, headers=("link", "order, step clock", "order, wall clock", "loaded runs",
                                     "verdict"), tablefmt="github", disable_numparse=True), ""]
+
+
+def _trace_lines(folder: Path, race: Race, runs: list[Run], table: Table, methods: list[str],
+                 trace_links: list[Link], on_trace: dict[tuple[str, Link, int], OnTrace],
+                 unread: dict[Link, str]) -> list[str]:
+    """Each trace link: the trace in figures (its length, the effective link's range and mean, what
+    happened after its end), each method's time to target on it measured and predicted by walking the
+    schedule (compbench.race.on_trace) beside the prediction at its mean held constant, and its figure
+    (plots/trace_NAME.png, compbench.race.trace_plot)."""
+    if not trace_links:
+        return []
+    from compbench.race.trace_plot import draw_trace, throughput
+
+    lines = ["## Links that change: traces", "",
+             "A trace link replays a trace on the runs' links (net.trace: each worker's rate, one-way delay "
+             "and loss over time from the workers' start; compbench.network.trace). The model takes the "
+             "effective link at each moment, the slowest worker's rate and the longest one-way delay between "
+             "two workers (loss left out), and walks the schedule: each step at the model's step time on the "
+             "link in force when it starts, from the method's run on the fastest shaped link (and from the "
+             "trace run's own profile, its compute as measured there). Two approximations: the walk's "
+             "clock is the training clock, while the trace's clock runs from the workers' start "
+             "(evaluations and start-up come between), and a periodic mode's exchange is spread over its "
+             "round. Beside it, the same run's prediction at the trace's mean rate and delay held "
+             "constant: where the two differ, the link's changes, not its mean, decided the time.", ""]
+    colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
+    for link in trace_links:
+        done = [r for r in runs if r.link == link and r.ok]
+        name = f"trace_{link.trace_name}.png"
+        try:
+            trace = load_link_trace(link, max((r.workers for r in done), default=1))
+        except ValueError as e:
+            lines += [f"**{link.label}** (`--links {link}`): its trace no longer reads "
+                      f"({unread.get(link, e)}), so the race shows and predicts nothing of it.", ""]
+            continue
+        parts = stretches(trace)
+        walls = [float(curve[-1]["wall_s"]) for r in done if (curve := (r.results or {}).get("curve"))]
+        past = sum(w > trace.duration_s for w in walls)
+        lost = max(s.loss for states in trace.states for s in states)
+        low, high = min(p[1] for p in parts), max(p[1] for p in parts)
+        lines += [f"**{link.label}** (`--links {link}`): {trace.duration_s:g} s, {len(parts) - 1} changes "
+                  f"of the effective link, {low:.4g}-{high:.4g} Mbit/s "
+                  f"(time-weighted mean {mean_mbps(trace):.4g}), one-way delay between two workers "
+                  f"{min(p[2] for p in parts):g}-{max(p[2] for p in parts):g} ms, loss up to {lost:g}. After "
+                  f"its {trace.duration_s:g} s its last settings hold: {past} of {len(walls)} runs trained "
+                  f"past its end (the longest to {max(walls, default=0.0):.0f} s on the wall clock). "
+                  f"Figure: plots/{name}.", ""]
+        rows = []
+        for m in methods:
+            c = table.get((m, link))
+            if c is None or not c.done:
+                continue
+            preds = [(r, t, on_trace.get((m, link, r.seed))) for r, t in c.reached_runs]
+            walked = [t.seconds(p.cross_ms) for _, t, p in preds if p is not None]
+            flat = [t.seconds(p.flat_ms) for _, t, p in preds if p is not None]
+            steps = [p for r in c.done if (p := on_trace.get((m, link, r.seed))) is not None]
+            sources = sorted({p.source.label for p in steps})
+            rows.append((m, c.time_to_target(), _fmt(statistics.fmean(walked) if walked else None, ".1f"),
+                         _fmt(statistics.fmean(flat) if flat else None, ".1f"),
+                         _fmt(c.mean("step_ms"), ".1f"),
+                         _fmt(statistics.fmean(p.own_ms for p in steps) if steps else None, ".1f"),
+                         _fmt(statistics.fmean(p.cross_ms for p in steps) if steps else None, ".1f")
+                         + (f" (from {', '.join(sources)})" if sources else "")))
+        lines += [tabulate(rows, headers=("method", "time to target (s, step clock)",
+                                          "predicted walking the trace (s)",
+                                          "predicted at its mean held constant (s)",
+                                          "step ms (step clock)", "step ms predicted, its own run",
+                                          "step ms predicted from a shaped link's run"),
+                           tablefmt="github", disable_numparse=True), ""]
+        rates = {m: [throughput((r.results or {}).get("curve") or [], race.units) for r in done
+                     if r.method == m] for m in methods}
+        draw_trace(folder / name, trace, link.label, {m: v for m, v in rates.items() if v}, race.units,
+                   colors, f"{race.name} race on {link.label}: the trace and the runs' throughput",
+                   f"seeds per method and link: {_seeds_text(table)}; {_load_text(runs)}")
+    return lines
 
 
 RTT_RATE_MBPS = 200.0  # the rate of the round-trip crossover where the race has no link with delay
@@ -1138,6 +1271,7 @@ def _utilization_plot(plt: Any, folder: Path, race: Race, runs: list[Run], table
         shown = False
         for delayed in (False, True):  # a link with delay: a hollow marker
             xs = [(r.mbps, r.summary["utilization"]) for r in runs if r.method == m and r.ok
+                  and not r.link.trace  # no one rate to place it at
                   and r.summary.get("utilization") is not None and bool(r.link.delay_ms) == delayed]
             if xs:
                 shown = True

@@ -54,26 +54,44 @@ from typing import NamedTuple
 
 
 class Link(NamedTuple):
-    """A race's link: its rate each way (Mbit/s) and its one-way delay between two workers (ms)."""
+    """A race's link: its rate each way (Mbit/s) and its one-way delay between two workers (ms); or a
+    link that changes, replayed from a trace (`trace`: a shipped trace's name or a file's absolute
+    path, net.trace; compbench.race.on_trace), whose `mbps` is then the trace's mean rate of the
+    slowest worker's link over the trace (what orders it among the links; nothing is shaped to it)
+    and `delay_ms` 0."""
 
     mbps: float
     delay_ms: float = 0.0
+    trace: str = ""
 
     def __str__(self) -> str:
-        """As --links takes it: `100`, or `200:25` with a delay."""
+        """As --links takes it: `100`, `200:25` with a delay, `trace:diurnal` replayed from a trace."""
+        if self.trace:
+            return f"trace:{self.trace}"
         return f"{self.mbps:g}:{self.delay_ms:g}" if self.delay_ms else f"{self.mbps:g}"
 
     @property
+    def trace_name(self) -> str:
+        """A trace's name: a shipped one's, or its file's stem."""
+        return self.trace.rpartition("/")[2].removesuffix(".csv")
+
+    @property
     def label(self) -> str:
+        if self.trace:
+            return f"trace {self.trace_name} (mean {self.mbps:.4g} Mbit/s)"
         return f"{self.mbps:g} Mbit/s" + (f", {self.delay_ms:g} ms" if self.delay_ms else "")
 
     @property
     def folder(self) -> str:
         """The link's part of a run's folder name (a link without delay keeps its older name)."""
+        if self.trace:
+            return f"trace-{self.trace_name}"
         return f"{self.mbps:g}mbps" + (f"-{self.delay_ms:g}ms" if self.delay_ms else "")
 
     @property
     def overrides(self) -> tuple[str, ...]:
+        if self.trace:
+            return (f"net.trace={self.trace}",)
         rate = (f"net.emulate_gbps={self.mbps / 1e3:g}",)
         return (*rate, f"net.emulate_latency_us={self.delay_ms * 1e3:g}") if self.delay_ms else rate
 

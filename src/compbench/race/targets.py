@@ -50,7 +50,9 @@ def text_targets(table: Table) -> list[Check]:
             out.append((what, None if ratio is None else ratio >= bound,
                         "-" if ratio is None else f"{ratio:.2f}x"))
     over, checked = [], 0
-    undelayed = [(key, c) for key, c in sorted(table.items()) if not key[1].delay_ms and c.done]
+    # a trace's link has no one rate to take a wire time at (nor, mostly, no delay)
+    undelayed = [(key, c) for key, c in sorted(table.items()) if not key[1].delay_ms and not key[1].trace
+                 and c.done]
     for (method, link), c in undelayed:
         exposed, wire = c.exposed_less_skew_per_exchange_ms(), c.wire_per_exchange_ms(link.mbps)
         if exposed is None or wire is None:
