@@ -83,6 +83,9 @@ def _sweep(tmp_path, sync: str, compressors, max_steps: int | None = None, **set
 # The baselines wrap a real process group (DDP, Horovod's optimizer): tests/integration/test_baselines.py
 # trains them; here they are checked for refusals only.
 BASELINES = ("ddp", "horovod_optimizer")
+# sync=quorum_diloco sends point to point over torch.distributed groups of its own, which threaded ranks
+# have not: tests/dist/test_quorum_diloco.py trains it on real process groups.
+POINT_TO_POINT = ("quorum_diloco",)
 
 
 # DiLoCo's outer step with SPARTA's averaging in between: the same pipeline as sync=diloco's, swept
@@ -94,6 +97,7 @@ SUBSETS = {"sparta_diloco": ("none", "topk", "qsgd", "fp16"),
            "desloc": ("none", "topk", "qsgd", "fp16", "powersgd")}
 
 
-@pytest.mark.parametrize("sync", [s for s in registry.options("sync") if s not in ("step", *BASELINES)])
+@pytest.mark.parametrize("sync", [s for s in registry.options("sync")
+                                  if s not in ("step", *BASELINES, *POINT_TO_POINT)])
 def test_every_sync_mode_is_refused_or_trains(sync, tmp_path):
     _sweep(tmp_path, sync, SUBSETS.get(sync, registry.options("compressor")))
