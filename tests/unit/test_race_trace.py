@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from compbench.comm.cost_model import Fit
+from compbench.network.delay import has_tun
+from compbench.network.netem import can_shape
 from compbench.network.trace import parse_trace
 from compbench.race.model import Profile
 from compbench.race.on_trace import (
@@ -125,7 +127,8 @@ def test_a_bad_trace_is_one_error_line_and_exit_2_before_anything_is_written(tex
     path.write_text(text)
     out = tmp_path / "race"
     with pytest.raises(SystemExit) as stop:
-        main(["race", "--quick", "--out", str(out), "--links", f"100,trace:{path}"])
+        main(["race", "--quick", "--only", "ddp-adamw,diloco", "--out", str(out), "--links",
+              f"100,trace:{path}"])
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and message.format(path=path) in err, err
@@ -196,3 +199,34 @@ def test_the_report_shows_the_trace_and_predicts_by_walking_it(tmp_path, monkeyp
     assert diloco["time to target predicted (s)"].tolist() == pytest.approx([walked] * 2, rel=1e-5)
     assert (out / "plots" / "trace_dip.png").stat().st_size > 10_000
     assert (out / "plots" / "curves_trace-dip.png").exists()
+
+
+def test_a_shipped_trace_is_checked_for_every_methods_workers(no_runs):
+    """The outage trace sets rank 1's link: the text race's one-worker DiLoCo has no rank 1, so the
+    trace is refused for it, naming the method and the way round (--only)."""
+    from compbench.race.main import main
+
+    with pytest.raises(ValueError, match=r"--links trace:outage: net.trace=outage row 6: rank=1 is beyond "
+                                         r"the job's 1 worker\(s\).*\(for diloco-1worker, on 1 worker\(s\): "
+                                         r"--only leaves it out\)"):
+        main(["--links", "trace:outage"])
+
+
+@pytest.mark.skipif(not (can_shape() and has_tun()), reason="net.trace's check needs root, iproute2 and "
+                                                            "/dev/net/tun (a trace that delays)")
+def test_the_text_race_on_a_shipped_trace_composes_every_run(tmp_path):
+    """The text race's methods of each kind (per step, periodic, a warm-up), on `--links trace:outage`,
+    as the race makes their runs, pass the config check (the trace's own included; nothing written)."""
+    from compbench.compose import config
+
+    link = trace_link("outage", 2)
+    assert (link.trace, link.folder, link.overrides) == ("outage", "trace-outage", ("net.trace=outage",))
+    # rank 1's link at the floor rate for 60 s of the trace's 180: the slowest link's mean
+    assert link.mbps == pytest.approx((100 * 120 + 0.001 * 60) / 180)
+    for m in ("ddp-adamw", "diloco", "onebit-adam"):
+        cfg = config.check(config.compose(
+            [*TEXT.base, *TEXT.methods[m], *link.overrides, TEXT.quick_target, "stop_at_target=true",
+             f"max_train_s={TEXT.quick_budget_s:g}", "budget_clock=unloaded", "nice=-20", "seed=0",
+             f"output_dir={tmp_path / m}"]))
+        assert cfg.net.trace == "outage" and cfg.net.get("emulate_gbps") is None
+    assert not any(tmp_path.iterdir())

@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     race = RACES[args.suite]
     methods = _select(args.only, race)
     whatif = _whatif(args, race, methods)
-    links = _links(args.links, _most_workers(race, methods, args.overrides)) if args.links is not None \
+    links = _links(args.links, _workers(race, methods, args.overrides)) if args.links is not None \
         else race.links
     if args.seeds is not None and not 1 <= args.seeds <= MAX_SEEDS:
         raise ValueError(f"--seeds {args.seeds} must be within 1 to {MAX_SEEDS} (each seed is one run per "
@@ -177,20 +177,23 @@ def _once(flag: str, text: str, items: list) -> None:
         raise ValueError(f"{flag} {text} names {twice} twice; give each once")
 
 
-def _most_workers(race: Race, methods: list[str], overrides: list[str]) -> int:
-    """The most workers any of the methods runs (engine.np, the race's, its own or the command line's;
-    conf/engine's 2 where none sets it): what a trace must give a link to every rank of."""
-    def np(method: str) -> int:
-        keys = {override_key(o): o.partition("=")[2] for o in (*race.base, *race.methods[method], *overrides)
+def _workers(race: Race, methods: list[str], overrides: list[str]) -> dict[int, list[str]]:
+    """The methods by the workers each runs (engine.np: the race's, its own or the command line's;
+    conf/engine's 2 where none sets it): what a trace must fit, a link for every rank."""
+    out: dict[int, list[str]] = {}
+    for m in methods:
+        keys = {override_key(o): o.partition("=")[2] for o in (*race.base, *race.methods[m], *overrides)
                 if "=" in o}
         value = keys.get("engine.np", "2")
-        return int(value) if value.isdigit() else 2  # not a number: compose's check refuses it
-    return max(np(m) for m in methods)
+        out.setdefault(int(value) if value.isdigit() else 2, []).append(m)  # not a number: compose refuses it
+    return out
 
 
-def _links(text: str, world: int = 2) -> tuple[Link, ...]:
+def _links(text: str, workers: dict[int, list[str]] | None = None) -> tuple[Link, ...]:
     """--links' items: RATE[:DELAY] shaped links, and trace:NAME|FILE links replayed from a trace
-    (compbench.race.on_trace), each trace read and checked for `world` workers here, before any run."""
+    (compbench.race.on_trace), each trace read and checked here, before any run, for every number of
+    workers the methods run (`workers`: their methods by it; default 2 workers)."""
+    workers = workers or {2: []}
     links: list[Link] = []
     low, high = (1e3 * g for g in RATE_GBPS)  # a shaped link's rates (compbench.network.netem), in Mbit/s
     items = _items(text)
@@ -215,10 +218,15 @@ def _links(text: str, world: int = 2) -> tuple[Link, ...]:
         if not value:
             raise ValueError(f"--links {text}: {item} names no trace; give {TRACE}NAME ("
                              f"{', '.join(shipped()) or 'none shipped'}) or {TRACE}FILE")
-        try:
-            links.append(trace_link(value, world))
-        except ValueError as e:
-            raise ValueError(f"--links {text}: {e}") from None
+        for world, methods in sorted(workers.items()):
+            try:
+                link = trace_link(value, world)
+            except ValueError as e:
+                them = "it" if len(methods) == 1 else "them"
+                who = (f" (for {', '.join(methods)}, on {world} worker(s): --only leaves {them} out)"
+                       if methods and len(workers) > 1 else "")
+                raise ValueError(f"--links {text}: {e}{who}") from None
+        links.append(link)  # the most workers': every rank's link counts in its effective rate
     _once("--links", text, links)
     _once("--links", text, [x.folder for x in links])  # 10 and 10.000001 would share a run's folder
     return tuple(links)
