@@ -156,9 +156,11 @@ def _race_with_a_trace(tmp_path: Path) -> tuple[list, Link]:
     path.write_text(DIP_RACE)
     link = trace_link(str(path), 2)
     entries = _fake_race(tmp_path / "race", (Link(10), Link(100), Link(1000), link))
-    for *_, run_dir in entries:
+    for method, run_link, _, run_dir in entries:
         res = json.loads((run_dir / "results.json").read_text())
         for p in res["curve"]:
+            if (method, run_link) == ("diloco", link):  # a slow stretch its median step does not show
+                p["train_s"] = {50: 5.0, 100: 10.0, 150: 30.0, 200: 40.0}[p["step"]]
             p["wall_s"] = p["train_s"] + 2.0  # start-up before the first step
         (run_dir / "results.json").write_text(json.dumps(res))
     return entries, link
@@ -188,7 +190,10 @@ def test_the_report_shows_the_trace_and_predicts_by_walking_it(tmp_path, monkeyp
     source = next(p for r, p in model.rows if (r.method, r.link, r.seed) == ("diloco", Link(1000), 0))
     trace = parse_trace(DIP_RACE, 2)
     walked = time_on_trace_ms(source, 175, model.fit, trace) / 1e3
-    row = next(v for k, v in _rows(text).items() if k[0] == "diloco" and k[1].startswith("17.5"))
+    # measured on a trace: the training seconds at the crossing (halfway from 30 s to 40 s), not its
+    # 175 steps x its median step of 100 ms
+    assert _rows(text)[("diloco", str(link))][2] == "35.0 +- 0.0 s (2/2)"
+    row = next(v for k, v in _rows(text).items() if k[0] == "diloco" and k[1].startswith("35.0"))
     assert row[2] == f"{walked:.1f}"
     table = pd.read_csv(out / "race.csv")
     on_trace = table[table["trace"].notna()]
@@ -197,6 +202,8 @@ def test_the_report_shows_the_trace_and_predicts_by_walking_it(tmp_path, monkeyp
     assert on_trace["wire ms/exchange"].isna().all()  # no one rate to take a wire time at
     diloco = on_trace[on_trace["method"] == "diloco"]
     assert diloco["time to target predicted (s)"].tolist() == pytest.approx([walked] * 2, rel=1e-5)
+    assert diloco["time to target (s)"].tolist() == [35.0, 35.0]
+    assert diloco["time to target at the measured step (s)"].tolist() == [35.0, 35.0]  # the wall clock's
     assert (out / "plots" / "trace_dip.png").stat().st_size > 10_000
     assert (out / "plots" / "curves_trace-dip.png").exists()
 

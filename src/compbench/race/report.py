@@ -117,7 +117,8 @@ class Run:
     def to_target(self, race: Race) -> ToTarget | None:
         if not self.ok:
             return None
-        return to_target(self.results or {}, race.metric, race.higher_is_better, self.loaded)
+        return to_target(self.results or {}, race.metric, race.higher_is_better, self.loaded,
+                         on_trace=bool(self.link.trace))
 
     @property
     def loaded(self) -> bool:
@@ -260,7 +261,8 @@ class Cell:
     def seconds(self, clock: str = "step") -> list[float]:
         """The decomposed seconds to the target of the seeds that reached it: at the verdicts' step
         (`step`: the wall clock, a loaded run's unloaded estimate) or at the measured one (`wall`)."""
-        return [t.seconds(r.wall_step_ms if clock == "wall" else None) for r, t in self.reached_runs]
+        return [t.wall_seconds(r.wall_step_ms) if clock == "wall" and r.wall_step_ms else t.seconds()
+                for r, t in self.reached_runs]
 
     def resolution(self) -> str:
         """The crossing's resolution: +- half the interval between the evaluations around it, in
@@ -740,7 +742,7 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted, prices: Prices
                      r.summary.get("steps"),
                      r.loaded, env.get("load_before"), env.get("load_after"),
                      env.get("commit"), "unloaded estimate" if r.estimated else "wall clock",
-                     _round(t.seconds(r.wall_step_ms) if t and r.wall_step_ms else None),
+                     _round(t.wall_seconds(r.wall_step_ms) if t and r.wall_step_ms else None),
                      _round(t.resolution_steps if t else None), r.family,
                      _round(others_per_core(env)), env.get("nice"), env.get("threads_per_rank"),
                      *_cost_columns(r, t, pred, prices), r.link.trace or None])

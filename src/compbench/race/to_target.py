@@ -58,14 +58,27 @@ class ToTarget:
     # the bytes one worker had sent at the crossing (its curve's bytes_sent, interpolated as the units
     # are); None where its curve recorded none
     bytes_sent: float | None = None
+    # a run on a link that changes (a trace): its training seconds at the crossing, interpolated, on
+    # the step clock (a loaded run's unloaded clock) and on the wall clock; None on a constant link
+    clock_s: float | None = None
+    wall_s: float | None = None
 
     @property
     def steps(self) -> float:
         return self.units / self.per_step
 
     def seconds(self, step_ms: float | None = None) -> float:
-        """Steps to the target times a step's time (the measured median, or `step_ms`: a prediction)."""
+        """Steps to the target times a step's time (the measured median, or `step_ms`: a prediction);
+        on a trace, measured: its training seconds to the crossing (a median step would hide the link's
+        slow stretches)."""
+        if step_ms is None and self.clock_s is not None:
+            return self.clock_s
         return self.steps * (self.step_ms if step_ms is None else step_ms) / 1e3
+
+    def wall_seconds(self, wall_step_ms: float) -> float:
+        """The same on the wall clock: steps x the measured (wall) median step; on a trace, the
+        training seconds on the wall clock to the crossing."""
+        return self.wall_s if self.wall_s is not None else self.steps * wall_step_ms / 1e3
 
     @property
     def resolution_steps(self) -> float:
@@ -94,10 +107,13 @@ def step_times(summary: dict[str, Any], loaded: bool) -> tuple[float, float, flo
     return float(median), float(median if q1 is None else q1), float(median if q3 is None else q3)
 
 
-def to_target(results: dict[str, Any], metric: str, higher_is_better: bool, loaded: bool = False
-              ) -> ToTarget | None:
+def to_target(results: dict[str, Any], metric: str, higher_is_better: bool, loaded: bool = False,
+              on_trace: bool = False) -> ToTarget | None:
     """The decomposition of a run that reached its target (None otherwise, or without a step time);
-    `loaded`: the run ran on a loaded machine (its step time is then the unloaded estimate)."""
+    `loaded`: the run ran on a loaded machine (its step time is then the unloaded estimate);
+    `on_trace`: its link changed over time (a trace), so its time to target is the training seconds
+    its curve reached the crossing in (train_unloaded_s where loaded and recorded, else train_s),
+    not steps x a median step."""
     summary = results.get("summary") or {}
     target = summary.get("target") or {}
     curve = [p for p in results.get("curve") or [] if p.get(metric) is not None]
@@ -114,17 +130,25 @@ def to_target(results: dict[str, Any], metric: str, higher_is_better: bool, load
     if i is None:  # the summary's target and the curve's evaluations disagree: nothing to read
         return None
     hit = curve[i]
-    miss = curve[i - 1] if i else {units_key: 0, "bytes_sent": 0}  # before the first: from the start
+    miss = curve[i - 1] if i else {units_key: 0}  # before the first evaluation: from the start (0)
     gap = miss[metric] - hit[metric] if i else 0.0
     share = (miss[metric] - value) / gap if gap else 1.0
     resolution = float(hit[units_key] - miss[units_key])
     units = float(miss[units_key]) + share * resolution
-    sent = None
-    if hit.get("bytes_sent") is not None and miss.get("bytes_sent") is not None:
-        sent = float(miss["bytes_sent"]) + share * float(hit["bytes_sent"] - miss["bytes_sent"])
+    def at(key: str) -> float | None:  # a curve's figure at the crossing, interpolated as the units are
+        if hit.get(key) is None or (i and miss.get(key) is None):
+            return None
+        before = float(miss.get(key) or 0.0)
+        return before + share * (float(hit[key]) - before)
+
+    clock_s = wall_s = None
+    if on_trace:
+        wall_s = at("train_s")
+        clock_s = at("train_unloaded_s") if loaded and hit.get("train_unloaded_s") is not None else wall_s
     last = curve[-1]
     per_step = float(last[units_key]) / max(1, int(last["step"]))
-    return ToTarget(units, resolution, per_step, *step, bytes_sent=sent)
+    return ToTarget(units, resolution, per_step, *step, bytes_sent=at("bytes_sent"), clock_s=clock_s,
+                    wall_s=wall_s)
 
 
 def family(results: dict[str, Any]) -> str:
