@@ -181,14 +181,26 @@ def test_ctrl_c_leaves_no_namespace_line_or_worker_behind(tmp_path):
 
 @needs_line
 def test_each_workers_link_delays_by_its_own_amount():
-    """Workers 1 ms and 4 ms away from the switch: a round trip between them crosses both links twice.
-    The fastest of the round trips is the line's fidelity (never below 10 ms, at most 0.5 ms above);
-    the others are the machine's too (a loaded machine measured a median of 14.5 ms): not asserted."""
+    """Workers 1 ms and 4 ms away from the switch: a round trip between them crosses both links twice,
+    so no round trip is faster than 10 ms (one link's delay alone would give 2 or 8 ms). How close the
+    fastest comes to 10 ms is the line's fidelity, which needs the cores: the slow tier's bound below
+    (beside two busy loops per core every one of 60 trips came out 1-14 ms long)."""
     with RankLinks([1.0, 1.0], line=Impairment(rank_latency_us=(1000.0, 4000.0)),
                    rank_latency_us=[1000.0, 4000.0]) as links:
-        rtts = probes.round_trips(links, 10)
-    assert 0.010 <= min(rtts) <= 0.0105, rtts
+        rtts = probes.round_trips(links, 20)
+    assert min(rtts) >= 0.010, rtts
     assert _left_behind() == ([], "")
+
+
+@pytest.mark.slow
+@needs_line
+def test_the_fastest_round_trip_over_two_links_of_their_own_delays_is_within_half_a_millisecond():
+    """The fidelity of the per-link delays on a machine nobody else loads: the fastest of 60 round
+    trips at most 0.5 ms above the 10 ms of two links of 1 and 4 ms each way."""
+    with RankLinks([1.0, 1.0], line=Impairment(rank_latency_us=(1000.0, 4000.0)),
+                   rank_latency_us=[1000.0, 4000.0]) as links:
+        rtts = probes.round_trips(links, 60)
+    assert 0.010 <= min(rtts) <= 0.0105, rtts
 
 
 @pytest.mark.dist
