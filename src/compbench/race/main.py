@@ -1,13 +1,14 @@
 """`compbench race [--suite text|field|cnn|sharded] [--quick] [--out DIR] [--only M,...]
-[--links MBPS[:MS],...] [--seeds N] [--workers N] [--per-node L] [--memory-gb GB] [--params P,...]
-[--prices device_hour=USD,egress_gb=USD] [key=value ...]`: which method reaches a target quality
-first over a given link, and at what cost.
+[--links MBPS[:MS]|trace:NAME|FILE,...] [--seeds N] [--workers N] [--per-node L] [--memory-gb GB]
+[--params P,...] [--prices device_hour=USD,egress_gb=USD] [key=value ...]`: which method reaches a
+target quality first over a given link, and at what cost.
 
 Runs every method of the race (compbench.race.suites) on every link (net.emulate_gbps: a shaped
-network namespace, root; `MBPS:MS` adds MS milliseconds of one-way delay, net.emulate_latency_us)
-for every seed, each to the race's target (stop_at_target) within its budget of training seconds
-(max_train_s), through `compbench train`, into DIR/runs/METHOD-LINKmbps[-DELAYms]-sSEED/
-(compbench.cli.matrix: resumable; a finished run is kept). Then DIR/race.md, race.csv and plots/
+network namespace, root; `MBPS:MS` adds MS milliseconds of one-way delay, net.emulate_latency_us;
+`trace:NAME|FILE` replays a trace on the runs' links, net.trace: compbench.race.on_trace) for every
+seed, each to the race's target (stop_at_target) within its budget of training seconds
+(max_train_s), through `compbench train`, into DIR/runs/METHOD-LINK-sSEED/ (LINK: MBPSmbps[-DELAYms]
+or trace-NAME; compbench.cli.matrix: resumable, a finished run is kept). Then DIR/race.md, race.csv and plots/
 (compbench.race.report): time to target with its spread, throughput against the baseline,
 utilization, bytes per token, peak bytes per exchange, exposed communication against the wire time,
 the what-if model's step times beside the measured ones, the bandwidth below which each method
@@ -64,7 +65,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default=None, help="output folder (default outputs/race-SUITE[-quick])")
     parser.add_argument("--only", default=None, help="comma-separated methods (default: all)")
     parser.add_argument("--links", default=None,
-                        help="comma-separated links: Mbit/s, or Mbit/s:one-way delay in ms (default: the "
+                        help="comma-separated links: Mbit/s, or Mbit/s:one-way delay in ms, or "
+                             "trace:NAME|FILE (a link replayed from a trace, net.trace) (default: the "
                              f"suite's, {','.join(map(str, LINKS))}; sharded: 1000,100)")
     parser.add_argument("--seeds", type=whole, default=None,
                         help=f"seeds per run, 1 to {MAX_SEEDS} (default 2, 3 for methods the race names; "
