@@ -13,8 +13,10 @@ at its time:
   compbench.network.netem.change_rate): its queue stays, nothing is dropped;
 - the one-way delay and loss: a `set` line to the delay line (compbench.network.delay_line).
 
-Each applied change is a row of RUN_DIR/trace_applied.csv (`t_s,applied_s,rank,mbps,delay_ms,loss`:
-the trace's time and the time the change took effect, both from the clock's start), and the trace
+Each applied change is a row of RUN_DIR/trace_applied.csv (`t_s,applied_s,unix_s,rank,mbps,delay_ms,
+loss`: the trace's time and the time the change took effect, from the clock's start and as a Unix
+time; the t = 0 settings first, at the clock's start, which compbench.report.trace_plot places the
+run's records against), and the trace
 itself is copied to RUN_DIR/trace.csv, so a run's record says what its links did. After the
 trace's last row its settings hold. A change that fails (tc, or the line gone) ends the job with one
 line, as a delay line that ends does (`failure`, read by the launcher's watch); the thread stops
@@ -41,7 +43,7 @@ from compbench.network.trace import Change, LinkState, Trace, load_trace, resolv
 
 APPLIED_FILE = "trace_applied.csv"
 TRACE_FILE = "trace.csv"
-APPLIED_HEADER = "t_s,applied_s,rank,mbps,delay_ms,loss"
+APPLIED_HEADER = "t_s,applied_s,unix_s,rank,mbps,delay_ms,loss"
 
 
 def needs_line(trace: Trace) -> bool:
@@ -103,11 +105,11 @@ class TracedLinks(RankLinks):
                          rank_latency_us=[s.delay_ms * 1000 for s in top], through_line=line)
         self.trace, self.log = trace, log
         self.now = [trace.at(0, k) for k in range(trace.world)]
-        self.applied: list[tuple[Change, float]] = []  # each change and when it took effect (s from t0)
+        self.applied: list[tuple[Change, float]] = []  # each change after t = 0 and when it took effect
         self.error: str | None = None
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
-        self.t0 = 0.0
+        self.t0 = self.t0_unix = 0.0
 
     def _build(self) -> None:
         super()._build()
@@ -129,7 +131,10 @@ class TracedLinks(RankLinks):
 
     def start_clock(self) -> None:
         """t = 0 of the trace (the workers start now): the replay's thread starts."""
-        self.t0 = time.monotonic()
+        self.t0, self.t0_unix = time.monotonic(), time.time()
+        for change in self.trace.changes():
+            if change.t_s == 0:  # applied when the links were made: in effect from the clock's start
+                self._log(change, 0.0)
         self.thread = threading.Thread(target=self._play, name="trace-player", daemon=True)
         self.thread.start()
 
@@ -147,10 +152,14 @@ class TracedLinks(RankLinks):
 
     def _record(self, change: Change, applied_s: float) -> None:
         self.applied.append((change, applied_s))
+        self._log(change, applied_s)
+
+    def _log(self, change: Change, applied_s: float) -> None:
         if self.log is not None:
             s = change.state
             with self.log.open("a") as f:
-                f.write(f"{change.t_s:g},{applied_s:.4f},{change.rank},{s.mbps:g},{s.delay_ms:g},{s.loss:g}\n")
+                f.write(f"{change.t_s:g},{applied_s:.4f},{self.t0_unix + applied_s:.4f},{change.rank},"
+                        f"{s.mbps:g},{s.delay_ms:g},{s.loss:g}\n")
 
     def failure(self) -> str | None:
         return super().failure() or self.error
