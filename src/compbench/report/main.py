@@ -13,6 +13,7 @@ from typing import Any
 from compbench.base.args import ArgumentParser
 from compbench.comm.cost_model import Fit
 from compbench.records.results import SPLIT, split_ms
+from compbench.report.trace_plot import trace_figures
 from compbench.report.whatif import (
     ASSUMPTIONS,
     break_even_workers,
@@ -313,6 +314,7 @@ def main(argv: list[str]) -> int:
     if failed:
         md += ["## Failed runs", ""] + [f"- `{r['job']}`: {r['error']}" for r in failed] + [""]
     pngs = plots(rows, root / "plots", context)
+    pngs += trace_figures(root, rows, root / "plots", context)  # runs on a net.trace: its rate above theirs
     md += (["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs]
            + ["", whatif_section(rows, model, args.per_node, source)])
     (root / "report.md").write_text("\n".join(md) + "\n")
