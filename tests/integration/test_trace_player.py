@@ -2,7 +2,7 @@
 changes in place (no root), then, with root, a trace of three 2 s phases replayed in a job's namespaces
 and measured from inside them (a bulk TCP transfer's rate, a UDP ping's round trips, as
 compbench.network.probes measures a constant link), and a training job on a trace that records what
-was applied and leaves nothing behind.
+was applied, which `compbench report` draws beside its throughput, and leaves nothing behind.
 
 Fidelity (stated, asserted): in each phase, from 0.3 s after its change to its end, the measured rate
 is within 15% of the file's, and half the fastest round trip is at least the file's one-way delay
@@ -24,6 +24,8 @@ from compbench.network.delay_line import Line
 from compbench.network.netem import can_shape, list_namespaces
 from compbench.network.trace import parse_trace
 from compbench.network.trace_player import APPLIED_FILE, APPLIED_HEADER, TRACE_FILE, TracedLinks
+from compbench.report.main import main as report
+from compbench.report.trace_plot import read_applied, throughput
 
 needs_line = pytest.mark.skipif(not (can_shape() and delay.has_tun()),
                                 reason="needs root, iproute2 and /dev/net/tun")
@@ -184,12 +186,14 @@ def test_a_replayed_trace_gives_each_phase_its_rate_and_delay():
     assert [n for n in list_namespaces() if n.startswith(f"compbench-{os.getpid()}-")] == []
 
 
+@pytest.mark.slow  # 16-25 s here: two workers' start-up and the report's figures
 @pytest.mark.dist
 @needs_line
 def test_a_job_on_a_trace_records_what_was_applied_and_leaves_nothing(tmp_path):
     """The text workload (model=gpt, dataset=shakespeare) on 2 torch workers, rank 1's link dropping to
     20 Mbit/s with 5 ms more delay after 1 s: the run says what it replays, copies the trace, logs each
-    applied change with its time, and removes its namespaces and line."""
+    applied change with its time (the report's figure places the run's throughput by it), and removes
+    its namespaces and line."""
     trace = tmp_path / "drop.csv"
     trace.write_text("t_s,rank,mbps,delay_ms,loss\n0,*,200,1,0\n1,1,20,6,0\n")
     out = tmp_path / "run"
@@ -203,11 +207,21 @@ def test_a_job_on_a_trace_records_what_was_applied_and_leaves_nothing(tmp_path):
             "t=0; 1 change(s) over 1 s, then its last row holds for the rest of the run")
     assert said in proc.stdout, proc.stdout
     assert (out / TRACE_FILE).read_text() == trace.read_text()
-    rows = (out / APPLIED_FILE).read_text().splitlines()
-    assert rows[0] == APPLIED_HEADER and len(rows) == 2  # the run outlasts 1 s (its workers' start-up alone)
-    t_s, applied_s, rank, mbps, delay_ms, loss = rows[1].split(",")
-    assert (t_s, rank, mbps, delay_ms, loss) == ("1", "1", "20", "6", "0") and float(applied_s) >= 1.0
+    rows = [row.split(",") for row in (out / APPLIED_FILE).read_text().splitlines()]
+    assert ",".join(rows[0]) == APPLIED_HEADER
+    # the t = 0 settings at the clock's start, then the change (the run outlasts 1 s: its start-up alone)
+    assert [(t, rank, mbps, delay, loss) for t, _, _, rank, mbps, delay, loss in rows[1:]] == [
+        ("0", "0", "200", "1", "0"), ("0", "1", "200", "1", "0"), ("1", "1", "20", "6", "0")]
+    applied = [float(row[1]) for row in rows[1:]]
+    assert applied[:2] == [0, 0] and applied[2] >= 1.0
+    assert float(rows[3][2]) - float(rows[1][2]) == pytest.approx(applied[2], abs=1e-3)  # Unix times
     assert "compbench: net.trace: 1 of 1 change(s) applied, the latest" in proc.stdout
+    # compbench report draws the trace above the run's throughput, both on the trace's clock
+    assert report([str(out)]) == 0 and (out / "plots" / "trace_run.png").stat().st_size > 0
+    start, world, later = read_applied(out)
+    unit, points = throughput(out)
+    assert world == 2 and later == [(applied[2], 1)] and unit == "tokens/s, all workers" and len(points) == 4
+    assert all(0 < wall - start < 240 for wall, _ in points)  # after the workers' start, within the run
     switch = re.search(r"network namespaces (compbench-\S+)-sw", proc.stdout)
     assert switch, proc.stdout
     assert [n for n in list_namespaces() if n.startswith(switch.group(1))] == []
