@@ -212,9 +212,7 @@ def _links(text: str, workers: dict[int, list[str]] | None = None) -> tuple[Link
             not all(low <= x.mbps <= high and x.delay_ms >= 0 for x in links):
         raise ValueError(f"--links {text} must be a comma-separated list of links, each a rate in Mbit/s "
                          f"from {low:g} to {high:g} and optionally a one-way delay in ms >= 0 after a colon, "
-                         f"e.g. --links 10,200:25; or {TRACE}NAME|FILE, a link replayed from a trace "
-                         f"(shipped: {', '.join(shipped()) or 'none'}; or a CSV file), e.g. --links "
-                         f"100,{TRACE}diurnal")
+                         "e.g. --links 10,200:25")  # trace:NAME|FILE items: --help and the guide
     for item in traced:
         value = item.removeprefix(TRACE).strip()
         if not value:
