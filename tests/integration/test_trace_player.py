@@ -204,7 +204,7 @@ def test_a_job_on_a_trace_records_what_was_applied_and_leaves_nothing(tmp_path):
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     said = (f"net.trace={trace}: a link per worker replayed from the trace (rank 0 200, rank 1 200 Mbit/s at "
-            "t=0; 1 change(s) over 1 s, then its last row holds for the rest of the run")
+            "t=0; 1 change(s) of a rank's link over 1 s, then its last row holds for the rest of the run")
     assert said in proc.stdout, proc.stdout
     assert (out / TRACE_FILE).read_text() == trace.read_text()
     rows = [row.split(",") for row in (out / APPLIED_FILE).read_text().splitlines()]

@@ -154,7 +154,7 @@ def _number(at: str, key: str, text: str, fix: str) -> float:
 def _state(at: str, mbps: str, delay_ms: str, loss: str) -> LinkState:
     rate = _number(at, "mbps", mbps, "write the link's rate in Mbit/s, e.g. 200")
     if not MBPS_MIN <= rate <= MBPS_MAX:
-        raise ValueError(f"{at}: mbps={mbps} must be within [{MBPS_MIN:g}, {MBPS_MAX:g}] Mbit/s "
+        raise ValueError(f"{at}: mbps={mbps} must be within [{MBPS_MIN:g}, {MBPS_MAX:.0f}] Mbit/s "
                          f"(a rate cannot be 0 or below: write a failed link as mbps={MBPS_MIN:g})")
     delay = _number(at, "delay_ms", delay_ms, "write the one-way delay in ms, e.g. 10")
     if not 0 <= delay <= DELAY_MS_MAX:
@@ -230,8 +230,8 @@ def parse_trace(text: str, world: int, source: str = "") -> Trace:
         last_t = t
     missing = [k for k in range(world) if not times[k] or times[k][0] != 0]
     if missing:
-        ranks = ", ".join(map(str, missing))
-        raise ValueError(f"{where}: rank(s) {ranks} have no setting at t_s=0 (a gap: the "
+        gaps = ", ".join(map(str, missing))
+        raise ValueError(f"{where}: rank(s) {gaps} have no setting at t_s=0 (a gap: the "
                          f"link is undefined until the first row); add a row 0,{EVERY},MBPS,DELAY_MS,LOSS")
     return Trace(world, tuple(map(tuple, times)), tuple(map(tuple, states)), source)
 

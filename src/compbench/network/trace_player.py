@@ -191,8 +191,8 @@ def traced(value: str, world: int, seed: int = 0, run_dir: Path | None = None) -
         first = ", ".join(f"rank {k} {links.now[k].mbps:g}" for k in range(world))
         how = ", delay and loss through compbench's delay line" if links.line is not None else ""
         print(f"compbench: net.trace={value}: a link per worker replayed from the trace ({first} Mbit/s at "
-              f"t=0; {later} change(s) over {trace.duration_s:g} s, then its last row holds for the rest of "
-              f"the run{how}; network namespaces {links.switch} and its ranks')", flush=True)
+              f"t=0; {later} change(s) of a rank's link over {trace.duration_s:g} s, then its last row holds "
+              f"for the rest of the run{how}; network namespaces {links.switch} and its ranks')", flush=True)
         links.start_clock()
         try:
             yield links
