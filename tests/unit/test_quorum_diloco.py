@@ -11,7 +11,7 @@ import torch
 from compbench.compose import config
 from compbench.records import goodput
 from compbench.sync.quorum_merge import Contribution, QuorumSettings, QuorumState, merge_weights, merged_delta
-from tests.helpers import TINY
+from tests.helpers import TINY, compbench
 
 
 def test_the_merge_is_the_token_weighted_mean():
@@ -152,3 +152,12 @@ def test_bad_settings_are_refused_with_one_line(overrides, message):
     with pytest.raises(ValueError) as e:
         config.check(config.compose(args))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_cli_refuses_a_quorum_above_the_workers_before_writing_anything(tmp_path):
+    proc = compbench("train", *TINY, "sync=quorum_diloco", "engine=torch", "engine.np=2", "sync.quorum=3",
+                     f"outputs_root={tmp_path / 'outputs'}", cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: sync.quorum=3 is more than engine.np=2 workers")
+    assert not (tmp_path / "outputs").exists()

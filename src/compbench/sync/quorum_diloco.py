@@ -134,9 +134,6 @@ class QuorumDiLoCo:
                  weighting: str = "tokens", max_staleness: int = 4) -> None:
         check_options(inner_steps, outer_lr, outer_momentum, nesterov, quorum, window_s, window_factor,
                       weighting, max_staleness)
-        if not isinstance(engine, TorchEngine) or engine.group is not None:
-            raise ValueError("sync=quorum_diloco sends point to point over torch.distributed's world: add "
-                             "engine=torch (and no sharding)")
         check_workers(engine.size, quorum)
         self.engine, self.stats = engine, stats
         self.inner_steps = int(inner_steps)
@@ -153,6 +150,9 @@ class QuorumDiLoCo:
         self.server: QuorumServer | None = None
 
     def setup(self, model: nn.Module) -> nn.Module:
+        if not isinstance(self.engine, TorchEngine) or self.engine.group is not None:
+            raise ValueError("sync=quorum_diloco sends point to point over torch.distributed's world: add "
+                             "engine=torch (and no sharding)")
         self.params = [p for p in model.parameters() if p.requires_grad]
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
@@ -178,7 +178,8 @@ class QuorumDiLoCo:
             self.tokens += batch_units(args[0])
 
     def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
-        self.inner_optimizer = optimizer_over(model, self.params, optim)
+        trainable = [p for p in model.parameters() if p.requires_grad]  # setup's `params`, in its order
+        self.inner_optimizer = optimizer_over(model, trainable, optim)
         return self.inner_optimizer
 
     def begin_step(self, step: int, epoch: float) -> None:

@@ -39,6 +39,7 @@ Rules (each a decision, written down here and in docs/guide/synchronization.md):
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -293,7 +294,8 @@ class QuorumState:
                     "compute_s": c.compute_s, "delta": c.delta.clone()}
 
         return {"version": self.version, "theta": [t.detach().clone() for t in self.theta],
-                "outer": self.outer.state_dict(), "fresh": [plain(c) for c in self.fresh],
+                # a copy: the synchronizer thread goes on stepping θ after the snapshot
+                "outer": copy.deepcopy(self.outer.state_dict()), "fresh": [plain(c) for c in self.fresh],
                 "late": [plain(c) for c in self.late], "lead_step": self.lead_step,
                 "rounds": list(self.rounds), "ledger": self.ledger.record()}
 
