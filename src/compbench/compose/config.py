@@ -365,17 +365,18 @@ def _check_rounds_fit(cfg: DictConfig, sync: SyncTraits) -> None:
 
 def _check_delay_fits(cfg: DictConfig, sync: SyncTraits, per_epoch: int | None) -> None:
     """A mode that applies each outer step `delay_key` rounds late applies none in a run of no more
-    rounds than that (a delay of 0 is the plain mode: its own checks apply)."""
+    rounds than that (a delay of 0 is the plain mode, and a run shorter than one round is the plain
+    mode's question: their own checks apply)."""
     run = _run_steps(cfg, per_epoch)
     if not (sync.delay_key and sync.period_key and run):
         return
     key, delay, period = sync.delay_key, cfg.sync[sync.delay_key], cfg.sync[sync.period_key]
     rounds = run[0] // period
-    if delay > 0 and rounds <= delay:
-        keep = f"sync.{key}={rounds - 1} or less, or " if rounds else ""
-        raise ValueError(f"sync.{key}={delay} applies each outer step {delay} rounds late and the run has "
-                         f"{rounds} rounds of sync.{sync.period_key}={period} ({run[1]}): no outer step "
-                         f"would be applied; pass {keep}a longer run")
+    if 0 < rounds <= delay:
+        late, has = (f"{n} round{'s' if n > 1 else ''}" for n in (delay, rounds))
+        raise ValueError(f"sync.{key}={delay} applies each outer step {late} late and the run has {has} of "
+                         f"sync.{sync.period_key}={period} ({run[1]}): no outer step would be applied; pass "
+                         f"sync.{key}={rounds - 1} or less, or a longer run")
 
 
 def _check_workers_fit(cfg: DictConfig, sync: SyncTraits, np: int) -> None:
