@@ -156,6 +156,9 @@ TEXT = Race(
         # against 3.03 with DiLoCo's Nesterov momentum applied to late averages (docs' synchronization)
         "diloco-delayed": ("optim=adamw", "sync=delayed_diloco", f"sync.inner_steps={H}", "sync.staleness=1",
                            "sync.outer_momentum=0", "sync.nesterov=false"),
+        # DiLoCo around a quorum synchronizer (sync=quorum_diloco, after Decoupled DiLoCo): a merge needs
+        # one learner of the two and waits the adaptive window for the other (no fault: both are in)
+        "diloco-quorum": ("optim=adamw", "sync=quorum_diloco", f"sync.inner_steps={H}", "sync.quorum=1"),
         "diloco-1worker": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "engine.np=1",
                            "batch_size=64"),
         "streaming": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.fragments=3",
