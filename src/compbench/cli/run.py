@@ -25,7 +25,7 @@ def train(overrides: list[str], run_dir: Path | None = None) -> int:
             raise ValueError(f"this job was started by the {joined} launcher; add engine={joined}")
         from compbench.train.start import run_worker
 
-        for key in ("emulate_gbps", "emulate_rank_gbps"):
+        for key in ("emulate_gbps", "emulate_rank_gbps", "trace"):
             if cfg.net.get(key) is not None:
                 warnings.warn(f"net.{key} is ignored under the {joined} launcher (it shapes jobs compbench "
                               "starts; compbench cluster run --gbps shapes the nodes' links)", stacklevel=1)
