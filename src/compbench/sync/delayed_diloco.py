@@ -5,7 +5,9 @@ docs "Async DiLoCo" and `python/examples/nanogpt_diloco/async_diloco.py`, there 
 `AsyncDiLoCo` applies the same rule), generalized to k rounds; k = 0 is sync=diloco exactly.
 
 θ is the global parameters, the same on every worker; θ_m worker m's local parameters; OuterOpt the
-outer Nesterov SGD of sync=diloco (`outer_lr`, `outer_momentum`, `nesterov`); H = `inner_steps`;
+outer Nesterov SGD of sync=diloco (`outer_lr`, `outer_momentum`, `nesterov`, with sync=diloco's
+defaults, so that the staleness is the only difference; PCCL's example steps plain SGD, lr 0.7 without
+momentum: `outer_momentum=0 nesterov=false`); H = `inner_steps`;
 rounds r = 0, 1, ... At the end of round r (after its H inner steps, on every worker m):
 
     Δ_r,m = θ − θ_m                    θ as it was when round r started (θ only moves at round ends)
