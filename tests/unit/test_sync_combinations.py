@@ -19,7 +19,7 @@ from tests.unit.test_combinations import ALTERNATIVE, _compose
 
 COMMS = ("allgather", "allreduce")  # the pipeline's two collective shapes; test_combinations has the rest
 OPTIM = {"demo": "sgd", "onebit_adam": "adamw", "onebit_lamb": "adamw", "diloco": "adamw", "noloco": "adamw",
-         "sparta": "adamw", "sparta_diloco": "adamw", "desloc": "adamw"}
+         "sparta": "adamw", "sparta_diloco": "adamw", "desloc": "adamw", "delayed_diloco": "adamw"}
 
 
 def _with_sync(base, sync: str):
@@ -28,6 +28,10 @@ def _with_sync(base, sync: str):
         cfg.sync = registry.option_config("sync", sync)
         if sync in ("diloco", "noloco", "sparta_diloco"):
             cfg.sync.inner_steps = 2  # a round and a half in 3 steps
+        if sync == "delayed_diloco":  # 3 rounds: round 0's average applied at round 1's end, and so on
+            cfg.sync.inner_steps = 1
+            cfg.engine = registry.option_config("engine", "torch")  # its only engine
+            cfg.choices.engine = "torch"
         if sync == "desloc":  # parameters and first moment every 2 steps (a period and a half), v every 3
             cfg.sync.update(param_period=2, first_moment_period=2, second_moment_period=3)
         if sync == "onebit_adam":
@@ -94,7 +98,9 @@ POINT_TO_POINT = ("quorum_diloco",)
 # DiLoCo's path through the pipeline.
 SUBSETS = {"sparta_diloco": ("none", "topk", "qsgd", "fp16"),
            "onebit_lamb": ("none", "rms_sign", "onebit", "topk"),
-           "desloc": ("none", "topk", "qsgd", "fp16", "powersgd")}
+           "desloc": ("none", "topk", "qsgd", "fp16", "powersgd"),
+           # sync=diloco's exchange (swept there); its dense and top-k paths are test_delayed_diloco's
+           "delayed_diloco": ("topk",)}
 
 
 @pytest.mark.parametrize("sync", [s for s in registry.options("sync")
