@@ -164,6 +164,33 @@ class WhatIf:
         return f"{total:.3g} GB, {'fits' if total <= self.memory_gb else 'does not fit'}"
 
 
+QUORUM_MODE = "quorum_diloco"  # the mode whose outer step merges a quorum (compbench.race.under_fault)
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """A quorum mode's settings as its run recorded them (config.sync of sync=quorum_diloco): the
+    learners a merge needs (None: every worker), the grace window after the quorum (seconds,
+    "adaptive": `window_factor` x the median round time, None: until every learner on the current θ
+    has delivered) and the merges a late outer gradient may lag by before it is discarded."""
+
+    quorum: int | None
+    window_s: float | str | None
+    window_factor: float
+    max_staleness: int
+
+    @classmethod
+    def of(cls, results: dict) -> Quorum | None:
+        config = results.get("config") or {}
+        if (config.get("choices") or {}).get("sync") != QUORUM_MODE:
+            return None
+        sync = config.get("sync") or {}
+        quorum, window = sync.get("quorum"), sync.get("window_s", "adaptive")
+        return cls(None if quorum is None else int(quorum),
+                   window if window is None or isinstance(window, str) else float(window),
+                   float(sync.get("window_factor", 0.1)), int(sync.get("max_staleness", 4)))
+
+
 @dataclass(frozen=True)
 class Profile:
     """What the model needs of one run (per worker, per step unless said otherwise)."""
@@ -178,6 +205,8 @@ class Profile:
     warmup_steps: int = 0
     sharded: Sharded | None = None   # a sharded run's own collectives (sharding=fsdp|hsdp)
     memory: Memory | None = None     # None: the run recorded no memory split
+    optimizer_ms: float = 0.0        # the optimizer's phase: with compute_ms, the work goodput counts
+    quorum: Quorum | None = None     # a quorum mode's settings (compbench.race.under_fault)
 
     @classmethod
     def of(cls, results: dict) -> Profile:
@@ -205,7 +234,8 @@ class Profile:
                    overlaps_backward=(bool(plan.get("overlaps_backward", False)) and groups != 1
                                       and sharded is None),
                    workers=int(results["environment"]["world_size"]),
-                   warmup_steps=int(plan.get("warmup_steps", 0)), sharded=sharded, memory=memory)
+                   warmup_steps=int(plan.get("warmup_steps", 0)), sharded=sharded, memory=memory,
+                   optimizer_ms=float(s.get("optimizer_ms") or 0.0), quorum=Quorum.of(results))
 
     def _shape(self, gbps: float, workers: int | None, per_node: int) -> Shape:
         n = workers or self.workers
