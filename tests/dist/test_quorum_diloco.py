@@ -53,3 +53,27 @@ def test_with_a_straggler_the_quorum_merges_without_it_and_counts_its_late_work(
     g = r["summary"]["goodput"]
     assert g["workers"] == 4 and g["discarded_compute_s"] == record["discarded_compute_s"]
     assert g["goodput"] + g["idle_share"] + g["discarded_share"] == pytest.approx(1.0, abs=2e-4)
+
+
+@pytest.mark.slow  # three 2-rank runs
+def test_a_run_resumed_mid_round_ends_where_the_uninterrupted_run_ends(tmp_path):
+    """A quorum of every worker decides nothing by the clock: the checkpoint at step 7 (a round of 3
+    begun) holds every learner's round and the synchronizer's θ and outer momentum, and the resumed
+    run ends bit for bit where the uninterrupted one does."""
+    common = [*RUN, "engine.np=2", "batch_size=16", "max_steps=12", "sync=quorum_diloco"]
+    full, _ = train(tmp_path, *common, name="full")
+    half, _ = train(tmp_path, *common, "max_steps=7", name="half")
+    resumed, proc = train(tmp_path, *common, f"resume={half}", name="resumed")
+    assert "resumed from" in proc.stdout
+    a, b, h = (torch.load(run / "checkpoint.pt", weights_only=True) for run in (full, resumed, half))
+    assert h["per_rank"][0]["inner"] == 1 and h["per_rank"][0]["synchronizer"]["version"] == 2
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    for rank in (0, 1):
+        for key in ("base", "local_params"):
+            assert all(torch.equal(x, y) for x, y in zip(a["per_rank"][rank][key], b["per_rank"][rank][key],
+                                                         strict=True)), (rank, key)
+    sa, sb = a["per_rank"][0]["synchronizer"], b["per_rank"][0]["synchronizer"]
+    assert sa["version"] == sb["version"] == 4
+    assert all(torch.equal(x, y) for x, y in zip(sa["theta"], sb["theta"], strict=True))
+    momentum = [s["outer"]["state"][i]["momentum_buffer"] for s in (sa, sb) for i in (0, 1)]
+    assert torch.equal(momentum[0], momentum[2]) and torch.equal(momentum[1], momentum[3])
