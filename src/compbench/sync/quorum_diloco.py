@@ -44,9 +44,9 @@ in flight: a learner's exchange finishes inside `after_step`.
 
 Checkpoints: every learner saves its θ_base, version, round position, local parameters and inner
 optimizer; rank 0 also the synchronizer's θ, outer optimizer, pending contributions (their Δs) and
-ledger. A resumed run continues from them; a merge whose window closes while the checkpoint is being
-taken lands before or after the snapshot (held under a lock), so such a resume is consistent but not
-the same run.
+ledger. With a quorum of every worker a resume mid-round is exact (tests/dist/test_quorum_diloco.py);
+with a window, a merge whose window closes while the checkpoint is being taken lands before or after
+the snapshot (held under a lock), so such a resume is consistent but not the same run.
 
 Not supported (refused at compose time): engines other than engine=torch, engine.elastic (the
 synchronizer's state lives on rank 0), compressors (Δ travels dense: compressor, memory and comm
