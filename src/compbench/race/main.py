@@ -1,19 +1,23 @@
 """`compbench race [--suite text|field|cnn|sharded] [--quick] [--out DIR] [--only M,...]
 [--links MBPS[:MS]|trace:NAME|FILE,...] [--seeds N] [--workers N] [--per-node L] [--memory-gb GB]
-[--params P,...] [--prices device_hour=USD,egress_gb=USD] [key=value ...]`: which method reaches a
-target quality first over a given link, and at what cost.
+[--params P,...] [--prices device_hour=USD,egress_gb=USD] [--faults NAME,...] [key=value ...]`: which
+method reaches a target quality first over a given link, under a given fault, and at what cost.
 
 Runs every method of the race (compbench.race.suites) on every link (net.emulate_gbps: a shaped
 network namespace, root; `MBPS:MS` adds MS milliseconds of one-way delay, net.emulate_latency_us;
 `trace:NAME|FILE` replays a trace on the runs' links, net.trace: compbench.race.on_trace) for every
 seed, each to the race's target (stop_at_target) within its budget of training seconds
 (max_train_s), through `compbench train`, into DIR/runs/METHOD-LINK-sSEED/ (LINK: MBPSmbps[-DELAYms]
-or trace-NAME; compbench.cli.matrix: resumable, a finished run is kept). Then DIR/race.md, race.csv and plots/
-(compbench.race.report): time to target with its spread, throughput against the baseline,
-utilization, bytes per token, peak bytes per exchange, exposed communication against the wire time,
-the what-if model's step times beside the measured ones, the bandwidth below which each method
-beats the baseline and the round trip above which it does; for the text race, its throughput
-targets as met or not.
+or trace-NAME, then -SCENARIO under a fault; compbench.cli.matrix: resumable, a finished run is
+kept). --faults runs every link under each fault scenario named (compbench.race.scenarios: none,
+straggler3x, kill-rejoin, dropout; default none): a method that cannot run under one is listed as
+not run under it, or refused where --only names it; race.md then ranks the methods per link and
+scenario by time to target with each run's goodput beside (compbench.race.fault_report). Then
+DIR/race.md, race.csv and plots/ (compbench.race.report): time to target with its spread,
+throughput against the baseline, utilization, bytes per token, peak bytes per exchange, exposed
+communication against the wire time, the what-if model's step times beside the measured ones, the
+bandwidth below which each method beats the baseline and the round trip above which it does; for
+the text race, its throughput targets as met or not.
 
 The what-if (compbench.race.model) predicts each method's time to target at 10, 100 and 1000 Mbit/s
 with --workers N workers (default 8), --per-node L to a machine (default 1: each its own), 10 ms per
@@ -42,6 +46,16 @@ from compbench.race.cost import parse_prices
 from compbench.race.model import WhatIf
 from compbench.race.on_trace import trace_link
 from compbench.race.report import load, write
+from compbench.race.scenarios import (
+    ELASTIC_KEY,
+    FAULT_KEYS,
+    NONE,
+    SCENARIOS,
+    Scenario,
+    parse_faults,
+    parts_of,
+    why_not,
+)
 from compbench.race.suites import LINKS, RACES, Link, Race
 from compbench.race.targets import TARGETS
 
@@ -83,20 +97,31 @@ def main(argv: list[str]) -> int:
                         help="cost to target in US dollars at these prices: device_hour (a worker's device "
                              "an hour) and egress_gb (a GB sent out of a worker's node), e.g. "
                              "device_hour=2.5,egress_gb=0.09; a price not given is 0 (default: no costs)")
+    parser.add_argument("--faults", default=None,
+                        help="comma-separated fault scenarios, every link run under each: "
+                             + ", ".join(f"{s.name} ({s.text})" for s in SCENARIOS.values())
+                             + " (default: none)")
     parser.add_argument("overrides", nargs="*", help="key=value applied to every run")
     args = parser.parse_args(argv)
     race = RACES[args.suite]
     methods = _select(args.only, race)
     whatif = _whatif(args, race, methods)
+    scenarios = parse_faults(args.faults) if args.faults is not None else (SCENARIOS[NONE],)
     links = _links(args.links, _workers(race, methods, args.overrides)) if args.links is not None \
         else race.links
+    _check_fault_keys(args.overrides, scenarios)
+    not_run = _not_run(race, methods, scenarios, args.overrides, named=args.only is not None)
     if args.seeds is not None and not 1 <= args.seeds <= MAX_SEEDS:
         raise ValueError(f"--seeds {args.seeds} must be within 1 to {MAX_SEEDS} (each seed is one run per "
                          "method and link); e.g. --seeds 3")
     out = Path(args.out or f"outputs/race-{race.name}{'-quick' if args.quick else ''}")
     target = race.quick_target if args.quick else race.target
     budget = race.quick_budget_s if args.quick else race.budget_s
-    entries = [(m, link, seed, out / "runs" / f"{m}-{link.folder}-s{seed}") for m in methods for link in links
+    # every link under each scenario (the scenario's runs a link of their own: Link.scenario)
+    conditions = [link._replace(scenario="" if s.name == NONE else s.name) for s in scenarios
+                  for link in links]
+    entries = [(m, link, seed, out / "runs" / f"{m}-{link.folder}-s{seed}") for m in methods
+               for link in conditions if m not in not_run.get(link.fault, {})
                for seed in range(race.seeds_of(m, args.seeds, args.quick))]
     # Other work on the machine: the workers take the cores first (nice=-20; shaped links need root
     # anyway), and the budget counts the clock a loaded machine does not stretch (budget_clock=unloaded;
@@ -115,11 +140,14 @@ def main(argv: list[str]) -> int:
     jobs: list[Job] = [(run_dir, [*race.base, *race.methods[m], *link.overrides, *race_keys, *args.overrides,
                                   f"seed={seed}"])
                        for m, link, seed, run_dir in entries]
+    for scenario, skipped in not_run.items():
+        for m, why in skipped.items():
+            print(f"race: {m} not run under {scenario}: {why}", flush=True)
     check_jobs(jobs, out / "runs" / "_check")
     code = run_jobs(jobs, "race")
     if code == INTERRUPTED_EXIT:
         return code
-    text = write(out, race, load(entries), args.quick, TARGETS.get(race.name), whatif)
+    text = write(out, race, load(entries), args.quick, TARGETS.get(race.name), whatif, not_run)
     print(text)
     print(f"race: {out / 'race.md'}, {out / 'race.csv'}, plots in {out / 'plots'}", flush=True)
     return code
@@ -157,6 +185,37 @@ def _whatif(args: argparse.Namespace, race: Race, methods: list[str]) -> WhatIf:
         _once("--params", args.params, list(params))
     prices = parse_prices(args.prices) if args.prices is not None else None
     return WhatIf(workers=n, per_node=per, memory_gb=args.memory_gb, params=params, prices=prices)
+
+
+def _check_fault_keys(overrides: list[str], scenarios: tuple[Scenario, ...]) -> None:
+    """A `fault` override on the command line (or engine.elastic beside a scenario that kills) would
+    run a fault its folder does not name: the scenarios are the race's to set (--faults)."""
+    given = {override_key(o) for o in overrides}
+    keys = sorted(k for k in given if k == FAULT_KEYS[0] or k.startswith(FAULT_KEYS[1])
+                  or (k == ELASTIC_KEY and any(s.elastic for s in scenarios)))
+    if keys:
+        raise ValueError(f"{keys[0]} is set by the race's fault scenarios; drop it and pass --faults "
+                         f"NAME,... ({', '.join(SCENARIOS)})")
+
+
+def _not_run(race: Race, methods: list[str], scenarios: tuple[Scenario, ...], overrides: list[str],
+             named: bool) -> dict[str, dict[str, str]]:
+    """The methods that cannot run under each scenario, with why (compbench.race.scenarios.why_not,
+    from what their parts declare); a method `named` with --only that cannot is refused instead
+    (ValueError of one line naming it and the fix)."""
+    out: dict[str, dict[str, str]] = {}
+    for s in scenarios:
+        if s.name == NONE:
+            continue
+        for m in methods:
+            why = why_not(parts_of([*race.base, *race.methods[m], *s.overrides, *overrides]), s)
+            if why is None:
+                continue
+            if named:
+                raise ValueError(f"--only {m} --faults {s.name}: {m} cannot run under {s.name} ({why}); "
+                                 f"leave {m} out of --only, or {s.name} out of --faults")
+            out.setdefault(s.name, {})[m] = why
+    return out
 
 
 def _select(only: str | None, race: Race) -> list[str]:

@@ -51,8 +51,10 @@ from tabulate import tabulate
 
 from compbench.comm.cost_model import Fit
 from compbench.race.cost import Prices
+from compbench.race.fault_report import GOODPUT_KEYS, fault_lines, goodput_of, goodput_text
 from compbench.race.model import (
     MIN_BANDWIDTHS,
+    PRIOR,
     Profile,
     WhatIf,
     crossover_gbps,
@@ -449,8 +451,10 @@ class Model:
 def fitted(runs: list[Run]) -> Model | None:
     """The model of the race's finished runs (None with fewer than 5): fitted on them where they span
     MIN_BANDWIDTHS bandwidths or more, else the prior (compbench.race.model.fit_model)."""
-    # a run on a trace has no one rate: the fit reads the shaped links' (compbench.race.on_trace predicts it)
-    rows = [(r, Profile.of(r.view)) for r in runs if r.ok and r.summary.get("step_ms") and not r.link.trace]
+    # a run on a trace has no one rate: the fit reads the shaped links' (compbench.race.on_trace predicts it);
+    # a run under a fault waited for it (compbench.race.under_fault predicts that)
+    rows = [(r, Profile.of(r.view)) for r in runs if r.ok and r.summary.get("step_ms") and not r.link.trace
+            and not r.link.scenario]
     if len(rows) < 5:
         return None
     fit = fit_model([(p, r.mbps / 1e3, r.link.delay_ms, float(r.summary["step_ms"]), in_warmup(r, p))
@@ -510,7 +514,9 @@ def trace_predictions(model: Model, runs: list[Run], race: Race
     unread: dict[Link, str] = {}
     for r in runs:
         source = fastest.get((r.method, r.seed)) or fastest.get((r.method, None))
-        if not (r.ok and r.link.trace and r.summary.get("step_ms")) or source is None or r.link in unread:
+        # a trace run under a fault waited for it: not the trace's walk (compbench.race.under_fault's)
+        traced = r.ok and r.link.trace and not r.link.scenario and r.summary.get("step_ms")
+        if not traced or source is None or r.link in unread:
             continue
         try:
             trace = load_link_trace(r.link, r.workers)
@@ -540,7 +546,7 @@ def _header(race: Race, priced: bool = False) -> tuple[str, ...]:
             f"{race.units} to target", f"{race.units}/s (step clock)", "x baseline",
             "step ms (q1-q3, step clock)", "step ms predicted", "utilization (wall clock)", f"bytes per {u}",
             "peak kB/step", "exposed comm ms/exchange", "of it waiting for the last rank", "wire ms/exchange",
-            "loaded runs")
+            "fault scenario", "goodput (wall clock)", "loaded runs")
 
 
 Checks = Callable[[Table], list[tuple[str, bool | None, str]]]
@@ -548,9 +554,10 @@ Predicted = dict[tuple[str, Link, int], tuple[float, float]]  # (method, link, s
 
 
 def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | None,
-          whatif: WhatIf | None = None) -> str:
+          whatif: WhatIf | None = None, not_run: Mapping[str, Mapping[str, str]] | None = None) -> str:
     """race.md, race.csv, race_curves.csv and plots/ into `out`; race.md's text. `whatif`: the
-    configuration the model's what-if predicts (default: WhatIf's, 8 workers)."""
+    configuration the model's what-if predicts (default: WhatIf's, 8 workers); `not_run`: the
+    methods not run under each fault scenario, with why (compbench.race.scenarios)."""
     whatif = whatif or WhatIf()
     table = cells(runs, race)
     methods = list(dict.fromkeys(r.method for r in runs))
@@ -601,10 +608,15 @@ def write(out: Path, race: Race, runs: list[Run], quick: bool, checks: Checks | 
     lines += [tabulate(rows, headers=_header(race, prices is not None), tablefmt="github",
                        disable_numparse=True), ""]
     lines += _clock_lines(table, methods, links)
-    lines += _verdict_lines(race, table, methods, links)
+    plain = [x for x in links if not x.scenario]  # the links without a fault: the verdicts and the model's
+    lines += _verdict_lines(race, table, methods, plain)
+    lines += fault_lines(out / "plots", race, runs, table, methods, links,
+                         {x: _verdict(race, table, methods, x)[3] for x in links}, not_run or {},
+                         model.fit if model is not None else PRIOR,
+                         f"seeds per method and link: {_seeds_text(table)}; {_load_text(runs)}")
     lines += _trace_lines(out / "plots", race, runs, table, methods, [x for x in links if x.trace], on_trace,
                           unread)
-    lines += _model_lines(race, table, methods, links, model, predicted, sources, whatif)
+    lines += _model_lines(race, table, methods, plain, model, predicted, sources, whatif)
     if checks is not None:
         lines += ["## Targets", "",
                   tabulate([(text, "no verdict" if met is None else "yes" if met else "NO", figures)
@@ -715,12 +727,15 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted, prices: Prices
               "cost to target predicted (USD)", "device-hour price (USD)", "egress price (USD/GB)",
               # a link replayed from a trace (compbench.race.on_trace): its name or file; link (Mbit/s) is
               # then its slowest worker's mean rate
-              "trace"]
+              "trace",
+              # the fault scenario (compbench.race.scenarios) and summary.goodput (compbench.records.goodput)
+              "fault scenario", *(k.replace("_", " ") for k in GOODPUT_KEYS)]
     rows = []
     for r in runs:
         if not r.ok:
-            rows.append([r.method, r.mbps, r.link.delay_ms, r.seed, False, *[None] * (len(header) - 6),
-                         r.link.trace or None])
+            rows.append([r.method, r.mbps, r.link.delay_ms, r.seed, False,
+                         *[None] * (len(header) - 7 - len(GOODPUT_KEYS)), r.link.trace or None, r.link.fault,
+                         *[None] * len(GOODPUT_KEYS)])
             continue
         one, t = Cell([r], race), r.to_target(race)
         target, env = r.summary.get("target") or {}, (r.results or {}).get("environment") or {}
@@ -745,7 +760,8 @@ def _run_table(race: Race, runs: list[Run], predicted: Predicted, prices: Prices
                      _round(t.wall_seconds(r.wall_step_ms) if t and r.wall_step_ms else None),
                      _round(t.resolution_steps if t else None), r.family,
                      _round(others_per_core(env)), env.get("nice"), env.get("threads_per_rank"),
-                     *_cost_columns(r, t, pred, prices), r.link.trace or None])
+                     *_cost_columns(r, t, pred, prices), r.link.trace or None, r.link.fault,
+                     *(goodput_of(r, k) for k in GOODPUT_KEYS)])
     return header, rows
 
 
@@ -799,7 +815,7 @@ def _row(race: Race, table: Table, c: Cell, method: str, link: Link, predicted: 
             _fmt(c.per_unit_bytes(), ".3g"), _fmt((c.mean("peak_bytes_per_step") or 0) / 1e3, ".1f"),
             _fmt(c.exposed_per_exchange_ms(), ".1f"), _fmt(c.skew_per_exchange_ms(), ".1f"),
             _fmt(None if link.trace else c.wire_per_exchange_ms(link.mbps), ".1f"),  # a trace: no one rate
-            f"{c.loaded}/{len(c.done)}")
+            link.fault, goodput_text(c), f"{c.loaded}/{len(c.done)}")
 
 
 def _validation_text() -> str:
@@ -892,6 +908,8 @@ def _verdict(race: Race, table: Table, methods: list[str], link: Link) -> tuple[
 
 
 def _verdict_lines(race: Race, table: Table, methods: list[str], links: list[Link]) -> list[str]:
+    if not links:  # every link ran under a fault: the fault section's verdicts
+        return []
     rows = [(str(link), *_verdict(race, table, methods, link)) for link in links]
     return ["## The verdict per link", "",
             "First to the target first, among the methods that reached it in every seed: the decomposed "
@@ -1273,7 +1291,7 @@ def _utilization_plot(plt: Any, folder: Path, race: Race, runs: list[Run], table
         shown = False
         for delayed in (False, True):  # a link with delay: a hollow marker
             xs = [(r.mbps, r.summary["utilization"]) for r in runs if r.method == m and r.ok
-                  and not r.link.trace  # no one rate to place it at
+                  and not r.link.trace and not r.link.scenario  # no one rate to place it at; a fault's wait
                   and r.summary.get("utilization") is not None and bool(r.link.delay_ms) == delayed]
             if xs:
                 shown = True

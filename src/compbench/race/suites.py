@@ -52,17 +52,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from compbench.race.scenarios import NONE, SCENARIOS
+
 
 class Link(NamedTuple):
     """A race's link: its rate each way (Mbit/s) and its one-way delay between two workers (ms); or a
     link that changes, replayed from a trace (`trace`: a shipped trace's name or a file's absolute
     path, net.trace; compbench.race.on_trace), whose `mbps` is then the trace's mean rate of the
     slowest worker's link over the trace (what orders it among the links; nothing is shaped to it)
-    and `delay_ms` 0."""
+    and `delay_ms` 0. `scenario`: the fault scenario its runs ran under (compbench.race.scenarios;
+    "" for none): a race's runs are told apart by their link and scenario together, so each scenario
+    is a condition of its own in every table, verdict and folder."""
 
     mbps: float
     delay_ms: float = 0.0
     trace: str = ""
+    scenario: str = ""
 
     def __str__(self) -> str:
         """As --links takes it: `100`, `200:25` with a delay, `trace:diurnal` replayed from a trace."""
@@ -77,23 +82,41 @@ class Link(NamedTuple):
 
     @property
     def label(self) -> str:
+        """In words, with its fault scenario's name where it has one."""
         if self.trace:
-            return f"trace {self.trace_name} (mean {self.mbps:.4g} Mbit/s)"
-        return f"{self.mbps:g} Mbit/s" + (f", {self.delay_ms:g} ms" if self.delay_ms else "")
+            text = f"trace {self.trace_name} (mean {self.mbps:.4g} Mbit/s)"
+        else:
+            text = f"{self.mbps:g} Mbit/s" + (f", {self.delay_ms:g} ms" if self.delay_ms else "")
+        return f"{text}, {self.scenario}" if self.scenario else text
 
     @property
     def folder(self) -> str:
-        """The link's part of a run's folder name (a link without delay keeps its older name)."""
+        """The link's part of a run's folder name, its fault scenario's after it (a link without delay
+        or scenario keeps its older name)."""
         if self.trace:
-            return f"trace-{self.trace_name}"
-        return f"{self.mbps:g}mbps" + (f"-{self.delay_ms:g}ms" if self.delay_ms else "")
+            name = f"trace-{self.trace_name}"
+        else:
+            name = f"{self.mbps:g}mbps" + (f"-{self.delay_ms:g}ms" if self.delay_ms else "")
+        return f"{name}-{self.scenario}" if self.scenario else name
+
+    @property
+    def fault(self) -> str:
+        """Its fault scenario's name: `none` where it has none."""
+        return self.scenario or NONE
+
+    @property
+    def shaped(self) -> Link:
+        """The same link without its fault scenario."""
+        return self._replace(scenario="")
 
     @property
     def overrides(self) -> tuple[str, ...]:
+        """Its runs' overrides: the link's (net.*), then its fault scenario's."""
+        faults = SCENARIOS[self.scenario].overrides if self.scenario else ()
         if self.trace:
-            return (f"net.trace={self.trace}",)
-        rate = (f"net.emulate_gbps={self.mbps / 1e3:g}",)
-        return (*rate, f"net.emulate_latency_us={self.delay_ms * 1e3:g}") if self.delay_ms else rate
+            return (f"net.trace={self.trace}", *faults)
+        delay = (f"net.emulate_latency_us={self.delay_ms * 1e3:g}",) if self.delay_ms else ()
+        return (f"net.emulate_gbps={self.mbps / 1e3:g}", *delay, *faults)
 
 
 LINKS = (Link(10), Link(100), Link(1000), Link(200, 25))
