@@ -282,7 +282,7 @@ def test_the_what_if_flags_reach_the_report(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr(race_module, "check_jobs", lambda jobs, scratch: seen.update(jobs=jobs))
     monkeypatch.setattr(race_module, "run_jobs", lambda jobs, label: 0)
-    monkeypatch.setattr(race_module, "write", lambda out, race, runs, quick, checks, whatif:
+    monkeypatch.setattr(race_module, "write", lambda out, race, runs, quick, checks, whatif, not_run:
                         seen.update(whatif=whatif) or "")
     assert race_module.main(["--suite", "sharded", "--out", str(tmp_path), "--workers", "16", "--per-node",
                              "4", "--memory-gb", "24", "--params", "1.3e9,7e9"]) == 0

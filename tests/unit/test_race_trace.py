@@ -99,7 +99,7 @@ def test_a_trace_link_runs_with_net_trace_and_is_named_after_its_file(tmp_path, 
     seen: dict = {}
     monkeypatch.setattr(race_module, "check_jobs", lambda jobs, scratch: seen.update(jobs=jobs))
     monkeypatch.setattr(race_module, "run_jobs", lambda jobs, label: 0)
-    monkeypatch.setattr(race_module, "write", lambda out, race, runs, quick, checks, whatif: "")
+    monkeypatch.setattr(race_module, "write", lambda out, race, runs, quick, checks, whatif, not_run: "")
     assert race_module.main(["--quick", "--only", "ddp-adamw,diloco", "--out", str(tmp_path / "race"),
                              "--links", f"100,trace:{path}"]) == 0
     link = Link(55.0, 0.0, str(path.resolve()))
