@@ -186,7 +186,8 @@ def test_every_mode_that_takes_muon_keeps_the_embeddings_and_the_head_on_adamw(s
     def body(engine):
         sync_mode = build_synchronizer(nodes, engine, StepStats())
         model = _gpt()
-        if sync_mode.sync_traits.elastic:  # the baselines' setup wraps the model in the engine's own
+        # a baseline's setup wraps the model in the engine's own (sync=quorum_diloco's needs torch's world)
+        if sync_mode.sync_traits.elastic or sync_mode.sync_traits.pipeline:
             model = sync_mode.setup(model)
         opt = sync_mode.make_optimizer(model, dict(optim))
         assert isinstance(opt, Muon) and opt.muon is not None
