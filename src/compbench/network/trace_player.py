@@ -13,6 +13,9 @@ at its time:
   compbench.network.netem.change_rate): its queue stays, nothing is dropped;
 - the one-way delay and loss: a `set` line to the delay line (compbench.network.delay_line).
 
+The thread runs at the highest CPU priority (nice -20, its own: the launcher's other threads keep
+theirs), as the delay line does: a link does not wait for the CPU.
+
 Each applied change is a row of RUN_DIR/trace_applied.csv (`t_s,applied_s,unix_s,rank,mbps,delay_ms,
 loss`: the trace's time and the time the change took effect, from the clock's start and as a Unix
 time; the t = 0 settings first, at the clock's start, which compbench.report.trace_plot places the
@@ -30,6 +33,7 @@ largest bandwidth-delay product), set when they are made.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import threading
 import time
@@ -140,6 +144,10 @@ class TracedLinks(RankLinks):
 
     def _play(self) -> None:
         later = [c for c in self.trace.changes() if c.t_s > 0]
+        # This thread (and the tc it starts) first on the cores, as the delay line is: a change that waits
+        # for the CPU behind the job's workers comes late (seconds, at 10 runnable tasks a core here).
+        # Linux gives each thread a priority of its own, and a child inherits its thread's.
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -20)
         try:
             for t_s, changes in groupby(later, key=lambda c: c.t_s):
                 if self.stopped.wait(max(0.0, self.t0 + t_s - time.monotonic())):
