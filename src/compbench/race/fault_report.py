@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tabulate import tabulate
 
@@ -29,8 +29,9 @@ from compbench.race.scenarios import SCENARIOS
 from compbench.race.suites import Link, Race
 from compbench.race.under_fault import under_straggler
 
-if TYPE_CHECKING:
-    from compbench.race.report import Cell, Run
+# compbench.race.report's Run and Cell: report imports this module, so they are not imported here
+Run = Any
+Cell = Any
 
 GOODPUT_KEYS = ("goodput", "idle_share", "discarded_share", "step_goodput")
 
