@@ -130,6 +130,7 @@ def test_a_bad_scenario_is_one_error_line_and_exit_2(capsys):
     assert err.strip().count("\n") == 0 and err.startswith("error: --faults meteor: unknown scenario meteor")
 
 
+@pytest.mark.slow  # 14 runs' config checks and 20 compositions: about 30 s on an idle 2-core machine
 @pytest.mark.skipif(not can_shape(),
                     reason="engine.elastic=true on one machine needs root (network namespaces)")
 def test_every_method_a_scenario_applies_to_composes_and_the_others_are_listed(tmp_path, monkeypatch, capsys):
