@@ -60,6 +60,30 @@ def test_target_record_and_state():
     assert copy.last_metrics == {"eval/loss": 0.8}
 
 
+def test_the_schedule_evaluates_four_times_as_often_near_the_target():
+    """Within eval_near_target of the target (not at it) every `every` / 4 steps, whole rounds."""
+    near = {"target_loss": 2.0, "eval_near_target": 0.15}
+    progress = Progress(_settings(eval_every_steps=40, **near), "tokens", 400, 1)
+    assert progress.due(40) and not progress.due(10)
+    progress.point(40, 0.1, {"eval/loss": 2.5}, _Engine())  # 25% above: far
+    assert not progress.due(50) and progress.due(80)
+    progress.point(80, 0.2, {"eval/loss": 2.2}, _Engine())  # 10% above: near
+    assert progress.due(90) and not progress.due(85)
+    progress.point(90, 0.3, {"eval/loss": 1.9}, _Engine())  # reached: the coarse schedule again
+    assert not progress.due(100) and progress.due(120)
+    rounds = Progress(_settings(eval_every_steps=60, **near), "tokens", 600, 30)
+    rounds.point(60, 0.1, {"eval/loss": 2.1}, _Engine())
+    assert rounds.due(90) and not rounds.due(75)  # a quarter of 60, rounded up to a round of 30
+    # an accuracy target: near from below
+    acc = Progress(_settings(eval_every_steps=40, target_acc1=90, eval_near_target=0.1), "samples", 400, 1)
+    acc.point(40, 0.1, {"eval/acc1": 82.0}, _Engine())
+    assert acc.due(50)
+    # off (the default): the coarse schedule only
+    off = Progress(_settings(eval_every_steps=40, target_loss=2.0), "tokens", 400, 1)
+    off.point(40, 0.1, {"eval/loss": 2.01}, _Engine())
+    assert not off.due(50)
+
+
 def test_a_budget_ends_the_run_at_the_evaluation_after_it():
     progress, engine = Progress(_settings(max_train_s=0.25), "samples", 10_000, 1), _Engine()
     assert progress.every_s == pytest.approx(0.25 / 8)  # eval_points over the budget
@@ -106,6 +130,8 @@ def test_accuracy_targets_are_reached_from_below():
     (["stop_at_target=true"], "stop_at_target=true needs a target; pass target_loss=VALUE or "
                               "target_acc1=VALUE"),
     (["stop_at_target=yes"], "stop_at_target=yes must be true or false"),
+    (["eval_near_target=0.2"], "eval_near_target=0.2 refines the evaluations near a target and none is set"),
+    (["target_loss=1", "eval_near_target=1.5"], "eval_near_target=1.5 must be at most 1"),
     (["max_train_s=0"], "max_train_s=0 must be a finite number > 0"),
     (["max_train_s=10", "eval=false"], "max_train_s is checked at evaluations and eval=false runs none"),
     (["budget_clock=cpu"], "budget_clock=cpu is unknown; use wall or unloaded"),

@@ -83,6 +83,8 @@ class RunSettings:
     target_acc1: float | None = _number(0, high=100, strict=True, fix="an accuracy in % to reach, e.g. "
                                         "target_acc1=95", nullable=True)
     stop_at_target: bool = _flag()
+    eval_near_target: float = _number(0, high=1, fix="a relative distance to the target within which the "
+                                      "schedule evaluates 4 times as often, e.g. 0.15; 0: off")
     max_train_s: float | None = _number(0, strict=True, nullable=True,
                                         fix="seconds of training, e.g. max_train_s=90")
     budget_clock: str = _choice(BUDGET_CLOCKS)

@@ -186,6 +186,9 @@ def _check_run_settings(cfg: DictConfig) -> None:
                          "set; set max_train_s=SECONDS or drop budget_clock")
     if s.stop_at_target and target is None:
         raise ValueError("stop_at_target=true needs a target; pass target_loss=VALUE or target_acc1=VALUE")
+    if s.eval_near_target and target is None:
+        raise ValueError(f"eval_near_target={s.eval_near_target:g} refines the evaluations near a target and "
+                         "none is set; pass target_loss=VALUE or target_acc1=VALUE, or drop eval_near_target")
     if s.target_acc1 is not None and "vocab_size" in cfg.model:
         raise ValueError(f"target_acc1 is an accuracy and model={cfg.choices['model']} a language model; "
                          "pass target_loss=VALUE instead")

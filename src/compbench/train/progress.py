@@ -14,7 +14,11 @@ workers hold the global parameters there.
 
 A target (`target_loss`: eval/loss at or below, or `target_acc1`: eval/acc1 at or above) records
 the first point that reaches it (`summary.target`, and the time to it in the run's summary);
-`stop_at_target` ends the run there. A budget (`max_train_s`) ends the run at the first evaluation
+`stop_at_target` ends the run there. With `eval_near_target=d`, once an evaluation is within a
+relative distance d of the target (a loss at most (1 + d) x the target, an accuracy at least (1 - d)
+x it) and has not reached it, the schedule evaluates NEAR_DIVISOR times as often (still whole rounds),
+so the crossing, interpolated between the evaluations around it, is resolved finely where it is read
+without evaluating often over the whole run. A budget (`max_train_s`) ends the run at the first evaluation
 after that many seconds of training (rank 0's clock decides, for every rank); with a budget and no
 schedule of steps or seconds, the `eval_points` evaluations are spread over the budget's seconds.
 
@@ -35,6 +39,7 @@ from compbench.base.settings import RunSettings
 from compbench.engines.base import Engine
 
 PROBE = range(5, 15)  # steps whose median time turns eval_every_s into steps (after the warm-up)
+NEAR_DIVISOR = 4  # near the target (eval_near_target) the interval between evaluations is a quarter
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,15 @@ class Target:
         if settings.target_acc1 is not None:
             return cls("eval/acc1", settings.target_acc1, True)
         return None
+
+    def near(self, metrics: dict[str, float], distance: float) -> bool:
+        """Whether `metrics` are within the relative `distance` of the target, not yet at it."""
+        value = metrics.get(self.tag)
+        if value is None or self.met(metrics):
+            return False
+        if self.higher_is_better:
+            return value >= self.value * (1 - distance)
+        return value <= self.value * (1 + distance)
 
     def met(self, metrics: dict[str, float]) -> bool:
         value = metrics.get(self.tag)
@@ -70,6 +84,7 @@ class Progress:
         self.units_key, self.period = units, period
         self.target = Target.of(settings)
         self.stop_at_target = settings.stop_at_target
+        self.near_distance = settings.eval_near_target
         self.train_s = 0.0
         self.unloaded = settings.budget_clock == "unloaded"
         self.clock_s = 0.0  # training seconds on the budget's clock (budget_clock)
@@ -117,8 +132,16 @@ class Progress:
                 self.every = self._snap(max(1, round(self.every_s * 1e3 / ms)))
 
     def due(self, steps_taken: int) -> bool:
-        """Whether the schedule evaluates after this many steps."""
-        return self.every > 0 and steps_taken % self.every == 0
+        """Whether the schedule evaluates after this many steps: every `every` steps, every
+        `every` / NEAR_DIVISOR (whole rounds) while the last evaluation is near the target. The
+        metrics are allreduced, so every rank decides the same."""
+        if self.every <= 0:
+            return False
+        every = self.every
+        if self.near_distance and self.target is not None and self.target.near(self.last_metrics,
+                                                                               self.near_distance):
+            every = self._snap(max(1, every // NEAR_DIVISOR))
+        return steps_taken % every == 0
 
     def point(self, steps_taken: int, epoch: float, metrics: dict[str, float], engine: Engine) -> bool:
         """Record an evaluation; returns whether the run stops here: its target reached, or its
