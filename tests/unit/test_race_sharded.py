@@ -305,8 +305,8 @@ def test_the_sharded_suite_composes_every_run(tmp_path):
             for link in SHARDED.links:
                 cfg = config.check(config.compose(
                     [*SHARDED.base, *overrides, *link.overrides, target, "stop_at_target=true",
-                     "eval_near_target=0.15", f"max_train_s={budget:g}", "budget_clock=unloaded", "nice=-20", "seed=0",
-                     f"output_dir={tmp_path / m}"]))
+                     "eval_near_target=0.15", f"max_train_s={budget:g}", "budget_clock=unloaded", "nice=-20",
+                     "seed=0", f"output_dir={tmp_path / m}"]))
                 sharding = cfg.choices["sharding"]
                 assert (sharding, cfg.engine.np) == {"ddp-adamw": ("none", 2), "fsdp": ("fsdp", 2),
                                                      "zeropp": ("fsdp", 2), "hsdp-diloco": ("hsdp", 4)}[m]
