@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from compbench.race.stacked_bars import finish
+
 # (method, link label) -> (each costed seed's (devices, egress) USD, the seeds that ran)
 Bars = Mapping[tuple[str, str], tuple[Sequence[tuple[float, float]], int]]
 
@@ -60,9 +62,4 @@ def draw_cost(path: Path, bars: Bars, methods: Sequence[str], links: Sequence[st
     handles += [Patch(facecolor="none", edgecolor="0.4", hatch="///", label="egress cost (above it)"),
                 Line2D([], [], color="0.15", marker="o", ms=4, ls="", label="a seed's total"),
                 Line2D([], [], color="0.4", marker="v", ms=8, ls="", label="no seed reached it")]
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.text(0.01, 0.01, footnote, fontsize=6.5, color="0.3", ha="left", va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    finish(fig, ax, handles, footnote, path)

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from compbench.race.stacked_bars import finish
+
 # (method, condition label) -> each finished seed's (goodput, discarded share); empty: none recorded
 Bars = Mapping[tuple[str, str], Sequence[tuple[float, float]]]
 
@@ -54,9 +56,4 @@ def draw_goodput(path: Path, bars: Bars, methods: Sequence[str], conditions: Seq
     handles += [Patch(facecolor="none", edgecolor="0.4", hatch="///", label="discarded (above it)"),
                 Line2D([], [], color="0.15", marker="o", ms=3, ls="", label="a seed's goodput"),
                 Line2D([], [], color="0.4", marker="x", ms=8, ls="", label="ran, no goodput recorded")]
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.text(0.01, 0.01, footnote, fontsize=6.5, color="0.3", ha="left", va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    finish(fig, ax, handles, footnote, path)
