@@ -71,7 +71,8 @@ while (now := time.perf_counter()) - t0 < seconds:
 conn.close()
 print((total - mark[1]) * 8 / (now - mark[0]) / 1e9, total)
 """
-_SOURCE = """
+# The bulk sender (as fast as it can to argv[1]); tests/integration/test_trace_player.py sends with it too.
+SOURCE = """
 import socket, sys
 s = socket.create_connection((sys.argv[1], PORT))
 chunk = bytes(1 << 20)
@@ -162,7 +163,7 @@ def bulk_gbps(links: Links, seconds: float = 12.0, settle: float = 4.0) -> tuple
     """A TCP transfer from rank 0 to rank 1 for `seconds`: (Gbit/s after the first `settle` seconds,
     bytes in all)."""
     sink = _python(links, 1, _SINK, seconds, settle)
-    out, _ = _pair(links, sink, _python(links, 0, _SOURCE, links.address(1)), timeout=seconds + 60)
+    out, _ = _pair(links, sink, _python(links, 0, SOURCE, links.address(1)), timeout=seconds + 60)
     gbps, total = out.split()
     return float(gbps), int(total)
 
