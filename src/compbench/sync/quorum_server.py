@@ -39,6 +39,7 @@ from compbench.sync.quorum_merge import Contribution, QuorumState
 
 DELIVER, LEAVE = 1, 2
 HEADER = 5
+HOST = "cpu"  # gloo's point to point carries host tensors: every message is built on the host
 _TAG_HEAD, _TAG_BODY, _TAG_REPLY, _TAG_THETA = 21, 22, 23, 24
 # How often rank 0's learner looks whether the synchronizer thread failed while it waits.
 _POLL_S = 1.0
@@ -50,7 +51,7 @@ class Leave:
 
 
 def header(kind: int, base: int, steps: int, tokens: int, compute_s: float) -> Tensor:
-    return torch.tensor([kind, base, steps, tokens, round(compute_s * 1e6)], dtype=torch.int64)
+    return torch.tensor([kind, base, steps, tokens, round(compute_s * 1e6)], dtype=torch.int64, device=HOST)
 
 
 class QuorumServer:
@@ -111,7 +112,7 @@ class QuorumServer:
         """Remote learners' deliveries, from any source, until every one of them has left."""
         remaining = self.learners - 1
         while remaining:
-            head = torch.empty(HEADER, dtype=torch.int64)
+            head = torch.empty(HEADER, dtype=torch.int64, device=HOST)
             work = dist.irecv(head, group=self.deliveries, tag=_TAG_HEAD)  # from any sender
             assert work is not None  # this rank is in the group
             work.wait()
@@ -121,7 +122,7 @@ class QuorumServer:
                 self.events.put(Leave(rank))
                 remaining -= 1
                 continue
-            body = torch.empty(self.numel, dtype=self.dtype)
+            body = torch.empty(self.numel, dtype=self.dtype, device=HOST)
             dist.recv(body, group=self.deliveries, group_src=rank, tag=_TAG_BODY)
             self.events.put(Contribution(rank, base, steps, tokens, compute_us / 1e6, body))
 
@@ -162,8 +163,8 @@ class QuorumServer:
             if rank == 0:
                 self.mine.put((version, theta.clone()))
                 continue
-            dist.send(torch.tensor([version], dtype=torch.int64), group=self.replies, group_dst=rank,
-                      tag=_TAG_REPLY)
+            dist.send(torch.tensor([version], dtype=torch.int64, device=HOST), group=self.replies,
+                      group_dst=rank, tag=_TAG_REPLY)
             dist.send(host, group=self.replies, group_dst=rank, tag=_TAG_THETA)
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -192,8 +193,8 @@ def send_leave(group: Any) -> None:
 
 def receive_theta(group: Any, numel: int, dtype: torch.dtype) -> tuple[int, Tensor]:
     """A remote learner's reply from rank 0: (θ's version, θ flat on the host)."""
-    version = torch.empty(1, dtype=torch.int64)
+    version = torch.empty(1, dtype=torch.int64, device=HOST)
     dist.recv(version, group=group, group_src=0, tag=_TAG_REPLY)
-    theta = torch.empty(numel, dtype=dtype)
+    theta = torch.empty(numel, dtype=dtype, device=HOST)
     dist.recv(theta, group=group, group_src=0, tag=_TAG_THETA)
     return int(version.item()), theta
