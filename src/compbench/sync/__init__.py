@@ -76,6 +76,11 @@ class SyncTraits:
       (sync=delayed_diloco's staleness): a run of no more rounds than it would apply none.
     at_most_workers: settings that count workers (sync=quorum_diloco's `quorum`): each, where set
       (not null), must be at most engine.np (checked at compose time).
+    divides_workers: settings that split the workers into equal groups (sync=halos's `regions`):
+      each must divide engine.np (checked at compose time).
+    checkpoints: the mode's state can be saved and resumed; False (sync=halos, whose servers' state
+      lives in threads with messages in flight) refuses checkpoint=true, checkpoint_every_steps and
+      resume at compose time.
     """
 
     pipeline: bool = True
@@ -92,6 +97,9 @@ class SyncTraits:
     shards: bool = False
     delay_key: str | None = None
     at_most_workers: tuple[str, ...] = ()
+    learners_independent: bool = False
+    divides_workers: tuple[str, ...] = ()
+    checkpoints: bool = True
 
 
 @dataclass(frozen=True)
@@ -160,3 +168,17 @@ class Synchronizer(Protocol):
     def exchange_plan(self) -> ExchangePlan: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class IndependentLearners(Protocol):
+    """What the trainer asks of a mode whose `sync_traits.learners_independent` is true (and only of
+    such a mode): the stop travels through the mode's own messages, not a collective."""
+
+    def stop_requested(self) -> bool:
+        """Whether this worker was told to stop training (read by the trainer once per step)."""
+        ...
+
+    def stop_learners(self) -> None:
+        """Rank 0's training ended (target, budget or max_steps): tell the other workers to stop at
+        their next exchange. Called by rank 0 only, once, before the collectives after training."""
+        ...
