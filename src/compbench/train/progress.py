@@ -80,8 +80,11 @@ class Progress:
     """The running totals, the evaluation schedule and the curve (the same on every rank: the
     metrics are allreduced, so every rank stops at the same point)."""
 
-    def __init__(self, settings: RunSettings, units: str, total_steps: int, period: int) -> None:
-        self.units_key, self.period = units, period
+    def __init__(self, settings: RunSettings, units: str, total_steps: int, period: int,
+                 alone: bool = False) -> None:
+        """`alone`: rank 0 alone evaluates and decides (a mode whose learners are independent,
+        compbench.sync.SyncTraits.learners_independent): no broadcast, the other ranks never ask."""
+        self.units_key, self.period, self.alone = units, period, alone
         self.target = Target.of(settings)
         self.stop_at_target = settings.stop_at_target
         self.near_distance = settings.eval_near_target
@@ -128,7 +131,8 @@ class Progress:
             if step in PROBE:
                 self._probe.append(step_ms)
             if step == PROBE[-1]:  # every rank at the same step: one broadcast of rank 0's median
-                ms = engine.broadcast_object(statistics.median(self._probe) if engine.rank == 0 else None, 0)
+                ms = statistics.median(self._probe) if self.alone else engine.broadcast_object(
+                    statistics.median(self._probe) if engine.rank == 0 else None, 0)
                 self.every = self._snap(max(1, round(self.every_s * 1e3 / ms)))
 
     def due(self, steps_taken: int) -> bool:
@@ -145,7 +149,8 @@ class Progress:
 
     def point(self, steps_taken: int, epoch: float, metrics: dict[str, float], engine: Engine) -> bool:
         """Record an evaluation; returns whether the run stops here: its target reached, or its
-        budget spent (rank 0's clock, broadcast: every rank stops together)."""
+        budget spent (rank 0's clock, broadcast: every rank stops together; `alone`: rank 0's own
+        decision, not broadcast)."""
         point = {"step": steps_taken, "epoch": round(epoch, 4), "train_s": round(self.train_s, 3),
                  **({"train_unloaded_s": round(self.clock_s, 3)} if self.unloaded else {}),
                  "wall_s": round(self.wall_s(), 3), self.units_key: self.units,
@@ -157,7 +162,8 @@ class Progress:
                 self.stopped = "target"
                 return True
         if self.budget_s is not None:
-            spent = engine.broadcast_object(self.clock_s >= self.budget_s if engine.rank == 0 else None, 0)
+            spent = self.clock_s >= self.budget_s if self.alone else engine.broadcast_object(
+                self.clock_s >= self.budget_s if engine.rank == 0 else None, 0)
             if spent:
                 self.stopped = "max_train_s"
                 return True
