@@ -346,6 +346,7 @@ def check(cfg: DictConfig) -> DictConfig:
     _check_rounds_fit(cfg, sync_cls.sync_traits)
     _check_delay_fits(cfg, sync_cls.sync_traits, per_epoch)
     _check_workers_fit(cfg, sync_cls.sync_traits, int(np))
+    _check_checkpoints(cfg, sync_cls.sync_traits, picked["sync"])
     from compbench.train.checkpoint import check_resume
 
     # last: the checkpoint's run is compared with this one as normalized above
@@ -389,6 +390,24 @@ def _check_workers_fit(cfg: DictConfig, sync: SyncTraits, np: int) -> None:
         if value is not None and external_engine() is None and value > np:
             raise ValueError(f"sync.{key}={value} is more than engine.np={np} workers; pass sync.{key}<={np} "
                              f"(or sync.{key}=null: every worker)")
+    for key in sync.divides_workers:
+        value = cfg.sync[key]
+        if external_engine() is None and np % value:
+            raise ValueError(f"sync.{key}={value} does not divide engine.np={np} workers; pass a divisor "
+                             f"of {np} (e.g. sync.{key}=1)")
+
+
+def _check_checkpoints(cfg: DictConfig, sync: SyncTraits, name: str) -> None:
+    """A mode that cannot save its state (`SyncTraits.checkpoints` false) writes and resumes none."""
+    if sync.checkpoints:
+        return
+    for key, value, off in (("checkpoint", cfg.get("checkpoint"), False),
+                            ("checkpoint_every_steps", cfg.get("checkpoint_every_steps"), 0),
+                            ("resume", cfg.get("resume"), None)):
+        if value not in (off, None):
+            shown = str(value).lower() if isinstance(value, bool) else value
+            raise ValueError(f"{key}={shown}: sync={name} does not save its state; pass "
+                             f"{key}={'null' if off is None else str(off).lower()}")
 
 
 def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:
