@@ -81,6 +81,10 @@ class SyncTraits:
     checkpoints: the mode's state can be saved and resumed; False (sync=halos, whose servers' state
       lives in threads with messages in flight) refuses checkpoint=true, checkpoint_every_steps and
       resume at compose time.
+    per_worker_key: the setting that gives each worker its own number of trained steps per round
+      (sync=diloco's `inner_steps_per_worker`; null: every worker trains every step). A mode that
+      declares it answers `step_share()` (PerWorkerSteps), which the trainer asks every step; where
+      the setting is set, compbench.sync.per_worker_steps checks the job at compose time.
     """
 
     pipeline: bool = True
@@ -100,6 +104,7 @@ class SyncTraits:
     learners_independent: bool = False
     divides_workers: tuple[str, ...] = ()
     checkpoints: bool = True
+    per_worker_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -181,4 +186,23 @@ class IndependentLearners(Protocol):
     def stop_learners(self) -> None:
         """Rank 0's training ended (target, budget or max_steps): tell the other workers to stop at
         their next exchange. Called by rank 0 only, once, before the collectives after training."""
+        ...
+
+
+@dataclass(frozen=True)
+class StepShare:
+    """Who trains one step of the loop: this worker (`mine`; otherwise it idles: no forward,
+    backward or optimizer step, its batch unseen) and how many workers do (`workers`: the step's
+    global units are a batch's units times it)."""
+
+    mine: bool
+    workers: int
+
+
+class PerWorkerSteps(Protocol):
+    """What the trainer asks of a mode that declares `sync_traits.per_worker_key` (and only of such a
+    mode), every step after `begin_step`."""
+
+    def step_share(self) -> StepShare:
+        """Who trains the coming step."""
         ...
