@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -36,6 +36,7 @@ from compbench.records.results import (
 )
 from compbench.records.stats import StepStats, clock_for
 from compbench.seam.build import build_datasets, build_model
+from compbench.sync import IndependentLearners
 from compbench.sync.build import build_synchronizer
 from compbench.sync.sharding import DIRECTIONS, Sharding
 from compbench.train import faults, loggers, machine
@@ -89,6 +90,14 @@ class Trainer:
         # compbench's pipeline, a baseline's own (sync=ddp, horovod_optimizer), in rounds (diloco).
         self.sync = build_synchronizer(cfg, engine, self.stats, guard_nonfinite=s.on_nonfinite == "skip")
         self.pipeline, self.scheduler = self.sync.pipeline, self.sync.scheduler
+        # sync_traits.learners_independent (sync=quorum_diloco), read here only: the workers meet in no
+        # collective while they train; rank 0 alone evaluates, on every rank's evaluation shard in rank
+        # order (the whole set, summed as the allreduce of 2 would), and the mode carries the stop.
+        independent = self.sync.sync_traits.learners_independent
+        self.learners = cast(IndependentLearners, self.sync) if independent else None
+        self.whole_eval = [[ShardedLoader(ds, s.eval_batch_size, r, engine.size, train=False,
+                                          device=self.device) for ds in eval_sets]
+                           for r in range(engine.size)] if independent and self.rank0 else []
         if self.pipeline is not None:
             self.compressor, self.memory = self.pipeline.compressor, self.pipeline.memory
         # The gradients the compressor's compiled passes checked for NaN/Inf this step (codec/finite.py)
@@ -126,7 +135,8 @@ class Trainer:
         self.recoveries: list[dict[str, Any]] = []
         self.step = 0
         total = len(self.train_loader) * self.epochs
-        self.progress = Progress(s, self.task.units, min(total, s.max_steps or total), self.period())
+        self.progress = Progress(s, self.task.units, min(total, s.max_steps or total), self.period(),
+                                 alone=self.learners is not None)
         self.final: dict[str, float] = {}  # the metrics of the last evaluation
         self.dense_since = 0  # dense bytes of the steps since the last one that sent anything
         self.arrivals: list[float] = []  # per finished step, when it first waited on an exchange (every rank)
@@ -140,11 +150,13 @@ class Trainer:
         watch = None if self.elastic else machine.Watch(self.engine)
         max_steps = s.max_steps or math.inf
         epoch, batch = self.resume_position()
-        while epoch < self.epochs and self.step < max_steps:
+        while epoch < self.epochs and self.step < max_steps and not self.told_to_stop():
             self.train_loader.epoch = epoch
             batch = self.train_epoch(epoch, batch, max_steps)
             if batch < len(self.train_loader):  # stopped inside the epoch (max_steps, or the target)
                 self.evaluate_once(epoch + batch / len(self.train_loader))  # the last step is evaluated
+                if self.learners is not None and self.rank0:
+                    self.learners.stop_learners()  # before the checkpoint's collective, which they join
                 self.checkpoint(epoch, batch)
                 break
             self.evaluate_once(epoch + 1.0)
@@ -157,10 +169,15 @@ class Trainer:
         self.others = machine.Others(None, None) if watch is None else watch.finish(self.engine)
         return self.finish(self.final, time.perf_counter() - self.t_start)
 
+    def told_to_stop(self) -> bool:
+        """Independent learners only: the mode carried rank 0's stop to this worker."""
+        return self.learners is not None and self.learners.stop_requested()
+
     def record_waits_for_last_rank(self) -> None:
         """`time/comm_skew_ms` per step (compbench.train.skew): on the host clock, where the ranks share
-        it, and not across an elastic run's changes of world (its steps' ranks differ). A collective."""
-        if self.elastic or self.stats.cpu_time is None or not self.arrivals:
+        it, and not across an elastic run's changes of world (its steps' ranks differ), nor where the
+        learners are independent (no step waits for another rank). A collective."""
+        if self.elastic or self.learners is not None or self.stats.cpu_time is None or not self.arrivals:
             return
         r = self.recorder
         exposed = r.history.get("time/comm_exposed_ms", []) if r is not None else None
@@ -186,6 +203,8 @@ class Trainer:
         curve = self.progress.curve
         if not self.settings.eval or (curve and curve[-1]["step"] == self.step):
             return False
+        if self.learners is not None and not self.rank0:
+            return False  # independent learners: rank 0 alone evaluates, and stops the others
         started = time.perf_counter()
         self.final = self.evaluate(epoch)
         self.progress.eval_s += time.perf_counter() - started
@@ -275,6 +294,9 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}")
             self.step += 1
+            if self.told_to_stop():  # independent learners: rank 0 stopped, said at this round's end
+                bar.close()
+                return i + 1
             if self.progress.due(self.step) and i + 1 < steps and self.evaluate_once(epoch + (i + 1) / steps):
                 bar.close()
                 return i + 1  # the target was reached, or the time budget spent: the run stops here
@@ -370,16 +392,18 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, epoch: float) -> dict[str, float]:
         # BatchNorm running statistics differ per rank: use rank 0's, as DDP does.
-        for name, b in self.model.named_buffers():
+        for name, b in self.model.named_buffers() if self.learners is None else ():
             self.engine.broadcast_(b.data, 0, f"bn.{name}")
         self.model.eval()
         metrics = self.eval_metrics()
-        if self.sharded is not None and self.sync.sync_traits.replicas_diverge and self.sharded.replicas > 1:
+        # independent learners: no replica diagnosis (a collective); rank 0 holds θ at a round's end
+        diverge = self.sync.sync_traits.replicas_diverge and self.learners is None
+        if self.sharded is not None and diverge and self.sharded.replicas > 1:
             # the replica groups' shards differ: averaged over each shard's replicas
             assert self.sharded.view is not None
             metrics.update(diagnose(self.sharded.view, self.sharded.replica_engine, self.eval_metrics,
                                     self.sharded.shard_engine))
-        elif self.sync.sync_traits.replicas_diverge and self.engine.size > 1:
+        elif diverge and self.engine.size > 1:
             # the workers' parameters differ: their average's metrics and their distance too
             metrics.update(diagnose(self.model, self.engine, self.eval_metrics))
         if self.recorder:
@@ -402,6 +426,12 @@ class Trainer:
         return f"epoch {epoch:.2f}/{self.epochs} (step {self.step})"
 
     def eval_metrics(self) -> dict[str, float]:
+        if self.whole_eval:  # independent learners' rank 0: every shard, summed in rank order, no collective
+            with self.autocast:
+                sums = self.task.eval_sums(self.model, self.whole_eval[0], self.device)
+                for loaders in self.whole_eval[1:]:
+                    sums += self.task.eval_sums(self.model, loaders, self.device)
+            return self.task.metrics(sums)
         with self.autocast:  # correct and samples, or nats and tokens, summed on the device
             sums = self.task.eval_sums(self.model, self.eval_loaders, self.device)
         return self.task.metrics(self.engine.allreduce(sums, "eval", average=False))
