@@ -87,9 +87,10 @@ def _sweep(tmp_path, sync: str, compressors, max_steps: int | None = None, **set
 # The baselines wrap a real process group (DDP, Horovod's optimizer): tests/integration/test_baselines.py
 # trains them; here they are checked for refusals only.
 BASELINES = ("ddp", "horovod_optimizer")
-# sync=quorum_diloco sends point to point over torch.distributed groups of its own, which threaded ranks
-# have not: tests/dist/test_quorum_diloco.py trains it on real process groups.
-POINT_TO_POINT = ("quorum_diloco",)
+# sync=quorum_diloco and sync=halos send point to point over torch.distributed groups of their own,
+# which threaded ranks have not: tests/dist/test_quorum_diloco.py and test_halos.py train them on real
+# process groups.
+POINT_TO_POINT = ("quorum_diloco", "halos")
 
 
 # DiLoCo's outer step with SPARTA's averaging in between: the same pipeline as sync=diloco's, swept
