@@ -346,6 +346,7 @@ def check(cfg: DictConfig) -> DictConfig:
     _check_rounds_fit(cfg, sync_cls.sync_traits)
     _check_delay_fits(cfg, sync_cls.sync_traits, per_epoch)
     _check_workers_fit(cfg, sync_cls.sync_traits, int(np))
+    _check_independent_learners(cfg, sync_cls.sync_traits, picked["sync"])
     _check_checkpoints(cfg, sync_cls.sync_traits, picked["sync"])
     from compbench.train.checkpoint import check_resume
 
@@ -408,6 +409,22 @@ def _check_checkpoints(cfg: DictConfig, sync: SyncTraits, name: str) -> None:
             shown = str(value).lower() if isinstance(value, bool) else value
             raise ValueError(f"{key}={shown}: sync={name} does not save its state; pass "
                              f"{key}={'null' if off is None else str(off).lower()}")
+
+
+def _check_independent_learners(cfg: DictConfig, sync: SyncTraits, name: str) -> None:
+    """A mode whose learners train at their own pace (`SyncTraits.learners_independent`) takes no
+    setting that makes them meet mid-run in a collective: on_nonfinite=skip (an allreduce every
+    step) and checkpoint_every_steps (a checkpoint gathers every rank's state)."""
+    if not sync.learners_independent:
+        return
+    if cfg.get("on_nonfinite") == "skip":
+        raise ValueError(f"on_nonfinite=skip: sync={name}'s learners train at their own pace, and skipping "
+                         "a step needs every rank's agreement each step; pass on_nonfinite=raise or "
+                         "on_nonfinite=ignore")
+    if cfg.get("checkpoint_every_steps"):
+        raise ValueError(f"checkpoint_every_steps={cfg.checkpoint_every_steps}: sync={name}'s learners train "
+                         "at their own pace, and a checkpoint mid-epoch would make the fast ones wait for "
+                         "the slowest; pass checkpoint_every_steps=0 (checkpoints at epoch ends)")
 
 
 def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:
