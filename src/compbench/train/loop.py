@@ -36,7 +36,7 @@ from compbench.records.results import (
 )
 from compbench.records.stats import StepStats, clock_for
 from compbench.seam.build import build_datasets, build_model
-from compbench.sync import IndependentLearners
+from compbench.sync import IndependentLearners, PerWorkerSteps, StepShare
 from compbench.sync.build import build_synchronizer
 from compbench.sync.sharding import DIRECTIONS, Sharding
 from compbench.train import faults, loggers, machine
@@ -111,6 +111,12 @@ class Trainer:
 
             assert isinstance(self.sync, ShardedSync)
             self.sharded, self.local = self.sync, local  # a tensor's part on this worker: its shard
+        # sync_traits.per_worker_key (sync=diloco's inner_steps_per_worker), read here only: who trains
+        # each step; every worker, every step, for the other modes (and a sharded run, which refuses it)
+        everyone = StepShare(True, engine.size)
+        self.step_share: Callable[[], StepShare] = (
+            cast(PerWorkerSteps, self.sync).step_share if self.sync.sync_traits.per_worker_key
+            and self.sharded is None else lambda: everyone)
         self.footprint = MemoryLedger(self.device, self.model, self.optimizer, self.local)  # memory, split
         self.goodput = goodput.GoodputLedger()  # this worker's compute and step seconds (summary.goodput)
         # optim.clip_grad_norm: what the optimizer's step reads is clipped (the averaged gradient per
@@ -262,37 +268,44 @@ class Trainer:
             stats.begin_step()
             t0 = time.perf_counter()
             self.sync.begin_step(self.step, epoch + i / steps)
-            self.footprint.begin_step()
-            with stats.time("compute"):
-                with self.autocast:
-                    loss = self.task.loss(model(x), y)
-                self.footprint.end_forward()
-                self.optimizer.zero_grad()
-                self.sync.before_backward()  # overlapping schedulers arm their hooks
-                loss.backward()
-                self.faults.straggle(engine.rank, time.perf_counter() - t0)
-            if s.on_nonfinite != "ignore" and not self.gradients_finite():  # booked as other's "check"
-                self.step += 1  # on_nonfinite=skip: every rank drops this step together
-                continue
-            self.sync.synchronize()  # per step: memory -> compress -> communicate -> decompress
-            with stats.time("optimizer"):
-                if self.clip is not None:
-                    clip_grad_norm(self.model.parameters(), float(self.clip))
-                self.optimizer.step()
+            share = self.step_share()  # per-worker rounds: this worker may idle (its batch skipped)
+            if share.mine:
+                self.footprint.begin_step()
+                with stats.time("compute"):
+                    with self.autocast:
+                        loss = self.task.loss(model(x), y)
+                    self.footprint.end_forward()
+                    self.optimizer.zero_grad()
+                    self.sync.before_backward()  # overlapping schedulers arm their hooks
+                    loss.backward()
+                    self.faults.straggle(engine.rank, time.perf_counter() - t0)
+                if s.on_nonfinite != "ignore" and not self.gradients_finite():  # booked as other's "check"
+                    self.step += 1  # on_nonfinite=skip: every rank drops this step together
+                    continue
+                self.sync.synchronize()  # per step: memory -> compress -> communicate -> decompress
+                with stats.time("optimizer"):
+                    if self.clip is not None:
+                        clip_grad_norm(self.model.parameters(), float(self.clip))
+                    self.optimizer.step()
+                    self.lr_schedule.step()
+            else:  # no compute booked: idle time; the schedule follows the loop's steps on every worker
                 self.lr_schedule.step()
             self.sync.after_step()  # a periodic mode ends its round here
-            self.footprint.end_step()
+            if share.mine:
+                self.footprint.end_step()
             with stats.time("loss_read"):
-                loss_value = loss.item()  # the step's last wait on a GPU: inside its time
+                # the step's last wait on a GPU: inside its time
+                loss_value = loss.item() if share.mine else None
             stats.end_step()
             self.goodput.add_step(stats.ms)
             self.arrivals.append(math.nan if stats.arrived is None else stats.arrived)
-            units = self.task.count(y) * engine.size
+            units = self.task.count(y) * share.workers  # the workers that trained it
             unloaded = stats.unloaded_ms(torch.get_num_threads())  # None on a GPU
             self.progress.add_step(self.step, stats.ms["step"], units, stats.bytes_sent, engine, unloaded)
             self.record_step(loss_value, units, unloaded)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.3f}")
+            if loss_value is not None:
+                bar.set_postfix(loss=f"{loss_value:.3f}")
             self.step += 1
             if self.told_to_stop():  # independent learners: rank 0 stopped, said at this round's end
                 bar.close()
@@ -354,12 +367,14 @@ class Trainer:
                   f"non-finite gradient ({', '.join(bad[:3]) or 'another rank'})", flush=True)
         return False
 
-    def record_step(self, loss: float, global_count: int, unloaded_ms: float | None) -> None:
+    def record_step(self, loss: float | None, global_count: int, unloaded_ms: float | None) -> None:
+        """`loss`: None at a step rank 0 did not train (per-worker rounds): no train/loss there."""
         if self.recorder is None:
             return
         r, s, st = self.recorder, self.stats, self.step
         r.train_s = self.progress.train_s
-        r.scalar("train/loss", loss, st)
+        if loss is not None:
+            r.scalar("train/loss", loss, st)
         r.scalar(self.task.throughput_tag, global_count / (s.ms["step"] / 1e3), st)  # samples or tokens/s
         r.scalar("train/lr", self.optimizer.param_groups[0]["lr"], st)
         for phase in PHASES:
