@@ -137,7 +137,8 @@ def test_resume_mid_round_is_exact(tmp_path):
     (["sync.nesterov=true", "sync.outer_momentum=0"], "sync.nesterov=true needs sync.outer_momentum > 0; "
                                                       "pass sync.nesterov=false"),
     (["+sync.outer_lrr=1"], "sync.outer_lrr is not a setting of sync=diloco; its settings are: inner_steps, "
-                            "outer_lr, outer_momentum, nesterov, fragments, overlap, mix, timing, eager"),
+                            "outer_lr, outer_momentum, nesterov, fragments, overlap, mix, timing, eager, "
+                            "inner_steps_per_worker"),
     (["sync.fragments=0"], "sync.fragments=0 must be an integer >= 1; pass sync.fragments=1 (the whole "
                            "model at once, DiLoCo) or more"),
     (["sync.overlap=-1"], "sync.overlap=-1 must be an integer >= 0 (inner steps an exchange overlaps); "

@@ -47,6 +47,12 @@ at least H/P with P fragments: all exchanges in flight are collected then), wher
 folded in. Each worker's θ then differs from the others' by its own last contribution (bounded;
 the sum of the averages is common). `overlap` must stay 0: the exchange overlaps the whole round.
 
+Per-worker sync intervals (`inner_steps_per_worker`: null, a list of H_r per worker, or `adaptive`;
+compbench.sync.per_worker_steps): a round stays H loop steps for everyone, worker r trains the first
+H_r of them and idles the rest (`step_share`), and the round's outer gradients are averaged weighted by
+the tokens each worker trained (N·w_r·Δ_r into the pipeline's mean, w_r = H_r / sum H). Unset, nothing
+changes; with every H_r equal the weights are exactly 1 and the run is DiLoCo's bit for bit.
+
 Compositions, not new code paths:
 - DiLoCo: compressor=none comm=allreduce (the dense allreduce of the reference).
 - Streaming DiLoCo's quantized outer gradients: compressor=fp16 or compressor=qsgd.
@@ -73,7 +79,8 @@ from compbench.optim.optimizers import optimizer_over
 from compbench.records.stats import StepStats
 from compbench.schedulers import Scheduler
 from compbench.seam.pipeline import GradientPipeline
-from compbench.sync import ExchangePlan, SyncTraits
+from compbench.sync import ExchangePlan, StepShare, SyncTraits
+from compbench.sync.per_worker_steps import PerWorkerPlan, check_setting
 from compbench.sync.step import load_pipeline_state, pipeline_state
 
 TIMINGS = ("after", "before")
@@ -86,8 +93,10 @@ RECIPE = {"optim.clip_grad_norm": 1.0}
 
 def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                   nesterov: bool = True, fragments: int = 1, overlap: int = 0, mix: float = 0.0,
-                  timing: str = "after", eager: bool = False) -> None:
-    """Config-time check of sync=diloco's settings."""
+                  timing: str = "after", eager: bool = False,
+                  inner_steps_per_worker: list[int] | str | None = None) -> None:
+    """Config-time check of sync=diloco's settings (the per-worker steps against the job:
+    compbench.sync.per_worker_steps.check_job)."""
     if not is_int(inner_steps) or inner_steps < 1:
         raise ValueError(f"sync.inner_steps={inner_steps} must be an integer >= 1 (steps per round)")
     for key, value, low in (("outer_lr", outer_lr, 0.0), ("outer_momentum", outer_momentum, 0.0)):
@@ -129,6 +138,11 @@ def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: 
         raise ValueError(f"sync.overlap={overlap} must be < sync.inner_steps/sync.fragments={every} (one "
                          f"fragment's exchange in flight at a time); pass sync.overlap={every - 1}"
                          + (" or less" if every > 1 else "") + " or a larger sync.inner_steps")
+    check_setting(inner_steps_per_worker, inner_steps)
+    if inner_steps_per_worker is not None and (fragments != 1 or overlap):
+        raise ValueError("sync.inner_steps_per_worker weights a whole round's outer gradients, and a "
+                         "fragment exchanged mid-round would hold fewer of a slow worker's steps; pass "
+                         "sync.fragments=1 and sync.overlap=0")
 
 
 def check_fragments(fragments: int, tensors: int) -> None:
@@ -143,7 +157,8 @@ class DiLoCo:
 
     name = "diloco"
     sync_traits: ClassVar[SyncTraits] = SyncTraits(per_step=False, period_key="inner_steps", recipe=RECIPE,
-                                                   replicas_diverge=True, shards=True)
+                                                   replicas_diverge=True, shards=True,
+                                                   per_worker_key="inner_steps_per_worker")
     check_options: ClassVar[Callable[..., None]] = staticmethod(check_options)  # a subclass adds settings
     scheduler = None
 
@@ -155,9 +170,10 @@ class DiLoCo:
     def __init__(self, pipeline: GradientPipeline, scheduler: Scheduler, engine: Engine, stats: StepStats,
                  inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  nesterov: bool = True, fragments: int = 1, overlap: int = 0, mix: float = 0.0,
-                 timing: str = "after", eager: bool = False) -> None:
+                 timing: str = "after", eager: bool = False,
+                 inner_steps_per_worker: list[int] | str | None = None) -> None:
         check_options(inner_steps, outer_lr, outer_momentum, nesterov, fragments, overlap, mix, timing,
-                      eager)
+                      eager, inner_steps_per_worker)
         self.pipeline, self.engine, self.stats = pipeline, engine, stats
         self.inner_steps, self.outer_lr = int(inner_steps), float(outer_lr)
         self.outer_momentum, self.nesterov = float(outer_momentum), bool(nesterov)
@@ -176,6 +192,9 @@ class DiLoCo:
         # Eager: the fragments whose exchanges are in flight (in submission order), this worker's
         # part Δ/N of each tensor's last exchange, and the others' part Δ̄ − Δ/N of the one before.
         self.eager_pending: list[int] = []
+        # Per-worker sync intervals: this round's H_r of every worker (None: all train every step).
+        self.per_worker = (None if inner_steps_per_worker is None
+                           else PerWorkerPlan(inner_steps_per_worker, self.inner_steps, engine))
 
     def setup(self, model: nn.Module) -> nn.Module:
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -207,7 +226,16 @@ class DiLoCo:
     def synchronize(self) -> None:
         pass  # inner steps: each worker steps on its own gradients
 
+    def step_share(self) -> StepShare:
+        """Whether this worker trains the round's coming step, and how many workers do."""
+        if self.per_worker is None:
+            return StepShare(True, self.engine.size)
+        return StepShare(self.per_worker.trains(self.inner), self.per_worker.workers_at(self.inner))
+
     def after_step(self) -> None:
+        """Every loop step, trained or idle (per-worker steps): a round is H loop steps for everyone."""
+        if self.per_worker is not None and self.per_worker.adaptive and self.per_worker.trains(self.inner):
+            self.per_worker.note(self.stats.ms["compute"])
         self.inner += 1
         taken = self.rounds * self.inner_steps + self.inner  # s: steps taken so far
         dense = 4 * self.numel  # what a per-step exchange would have sent: the effective ratio compares
@@ -219,8 +247,19 @@ class DiLoCo:
             self.finish()
         self.stats.bytes_dense += dense
         if self.inner == self.inner_steps:
+            if self.per_worker is not None:  # after the round's Δ went out with this round's weights
+                self.per_worker.end_round(self.engine, self.stats)
             self.inner = 0
             self.rounds += 1
+
+    def weighted(self, deltas: list[Tensor]) -> list[Tensor]:
+        """Per-worker steps: each Δ times N·w_r (in place), so the pipeline's mean is the weighted one;
+        a factor of exactly 1 (equal H_r) leaves Δ untouched."""
+        scale = 1.0 if self.per_worker is None else self.per_worker.scale()
+        if scale != 1.0:
+            for d in deltas:
+                d.mul_(scale)
+        return deltas
 
     @torch.no_grad()
     def start(self, fragment: int, taken: int) -> int:
@@ -228,7 +267,7 @@ class DiLoCo:
         assert self.inflight is None, "overlap < inner_steps/fragments keeps one exchange in flight"
         self.inflight, self.started = fragment, taken
         deltas = [self.outer_params[i] - self.params[i][1] for i in self.members[fragment]]
-        return self.submit(fragment, deltas)
+        return self.submit(fragment, self.weighted(deltas))
 
     def submit(self, fragment: int, deltas: list[Tensor]) -> int:
         """The fragment's Δs into the pipeline (handed over), in one exchange where the communicator
@@ -248,7 +287,7 @@ class DiLoCo:
         outer gradient Δ/N + (Δ̄' − Δ'/N); returns the dense bytes submitted."""
         self.collect_eager()
         members = self.members[fragment]
-        deltas = [self.outer_params[i] - self.params[i][1] for i in members]
+        deltas = self.weighted([self.outer_params[i] - self.params[i][1] for i in members])
         for i, delta in zip(members, deltas, strict=True):
             self.mine[i] = delta / self.engine.size
         sent = self.submit(fragment, deltas)
@@ -308,7 +347,8 @@ class DiLoCo:
         return {"name": self.name, "inner_steps": self.inner_steps, "outer_lr": self.outer_lr,
                 "outer_momentum": self.outer_momentum, "nesterov": self.nesterov, "rounds": self.rounds,
                 "fragments": self.fragments, "overlap": self.overlap, "mix": self.mix, "timing": self.timing,
-                "eager": self.eager}
+                "eager": self.eager,
+                **({} if self.per_worker is None else {"per_worker": self.per_worker.summary()})}
 
     def exchange_plan(self) -> ExchangePlan:
         """One fragment's exchange every H/P steps, hidden behind `overlap` steps, or with the
@@ -328,7 +368,8 @@ class DiLoCo:
             local_params=[p.detach().clone() for _, p in self.params],
             inner_optimizer=self.inner_optimizer.state_dict(),
             inflight=-1 if self.inflight is None else self.inflight, started=self.started,
-            averaged=[t.clone() for t in self.averaged or []], **eager)
+            averaged=[t.clone() for t in self.averaged or []], **eager,
+            **({} if self.per_worker is None else {"per_worker": self.per_worker.state_dict()}))
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -348,3 +389,5 @@ class DiLoCo:
         if self.eager:
             self.mine = [t.clone() for t in state["mine"]]
             self.others = [t.clone() for t in state["others"]]
+        if self.per_worker is not None:
+            self.per_worker.load_state_dict(state["per_worker"])
