@@ -346,6 +346,7 @@ def check(cfg: DictConfig) -> DictConfig:
     _check_rounds_fit(cfg, sync_cls.sync_traits)
     _check_delay_fits(cfg, sync_cls.sync_traits, per_epoch)
     _check_workers_fit(cfg, sync_cls.sync_traits, int(np))
+    _check_per_worker(cfg, sync_cls.sync_traits, int(np), compressor.caps.combine, sharding.on)
     _check_independent_learners(cfg, sync_cls.sync_traits, picked["sync"])
     _check_checkpoints(cfg, sync_cls.sync_traits, picked["sync"])
     from compbench.train.checkpoint import check_resume
@@ -425,6 +426,16 @@ def _check_independent_learners(cfg: DictConfig, sync: SyncTraits, name: str) ->
         raise ValueError(f"checkpoint_every_steps={cfg.checkpoint_every_steps}: sync={name}'s learners train "
                          "at their own pace, and a checkpoint mid-epoch would make the fast ones wait for "
                          "the slowest; pass checkpoint_every_steps=0 (checkpoints at epoch ends)")
+
+
+def _check_per_worker(cfg: DictConfig, sync: SyncTraits, np: int, combine: str, sharded: bool) -> None:
+    """A set `SyncTraits.per_worker_key` (workers training unequal steps per round) against the job."""
+    from compbench.launch.processes import external_engine
+    from compbench.sync.per_worker_steps import check_job
+
+    if sync.per_worker_key is not None:
+        check_job(cfg.sync.get(sync.per_worker_key), np if external_engine() is None else None, combine,
+                  cfg.choices["compressor"], sharded, bool(cfg.engine.get("elastic")), cfg.on_nonfinite)
 
 
 def _check_one_machine(picked: dict[str, str], comm: CommTraits) -> None:
