@@ -80,6 +80,9 @@ RUNS = [
     ["compressor=topk", "comm=allgather", "optim=adamw"],
     *([f"sync={s}", "optim=adamw", "sync.inner_steps=2"] for s in ("diloco", "noloco", "sparta_diloco")),
     ["sync=delayed_diloco", "engine=torch", "optim=adamw", "sync.inner_steps=1"],  # 3 rounds, 1 in flight
+    # per-worker steps: rank 1 idles a round's second step; adaptive's allgather at each round's end
+    *(["sync=diloco", "optim=adamw", "sync.inner_steps=2", f"sync.inner_steps_per_worker={s}"]
+      for s in ("[2,1]", "adaptive")),
     ["sync=sparta", "optim=adamw"],
     ["sync=desloc", "optim=adamw", "sync.param_period=1", "sync.first_moment_period=1",
      "sync.second_moment_period=1"],
