@@ -34,12 +34,42 @@ def test_a_quorum_of_every_worker_without_faults_is_diloco_bit_for_bit(tmp_path)
         assert g["workers"] == 2 and 0 < g["goodput"] <= g["step_goodput"] <= 1 and g["discarded_share"] == 0
 
 
+def test_with_a_quorum_of_one_the_fast_learner_never_waits_for_the_straggler_and_stops_it(tmp_path):
+    """Rank 1 computes 3x slower; quorum 1: rank 0 trains its 48 steps at its own pace (no collective
+    until training ends: rank 0 alone evaluates), then its stop reaches rank 1 at its next delivery,
+    well before rank 1's 48th step. The model rank 0 evaluated is the synchronizer's latest θ."""
+    # compute heavy enough (about 10 ms a step) that rank 1's 3x, a sleep, outweighs the steps' overheads;
+    # 48 steps inside the epoch's 64: no checkpoint mid-run
+    run, _ = train(tmp_path, *RUN, "model.hidden=[1024,1024]", "dataset.image_size=16",
+                   "dataset.train_size=8192", "engine.np=2", "batch_size=64", "max_steps=48", "eval_points=4",
+                   "sync=quorum_diloco", "sync.quorum=1", "fault=straggler", "fault.slow_rank=1",
+                   "fault.slow_factor=3")
+    saved = torch.load(run / "checkpoint.pt", weights_only=True)
+    fast, slow = saved["per_rank"][0], saved["per_rank"][1]
+    assert fast["taken"] == 48 and slow["taken"] < 48, (fast["taken"], slow["taken"])
+    assert slow["taken"] % 3 == 0  # it stopped at a delivery, the end of one of its rounds
+    # the evaluated model: rank 0's parameters right after its last answer, the synchronizer's θ
+    theta = torch.cat([t.reshape(-1) for t in fast["synchronizer"]["theta"]])
+    assert torch.equal(torch.cat([p.reshape(-1) for p in fast["local_params"]]), theta)
+    assert torch.equal(torch.cat([b.reshape(-1) for b in fast["base"]]), theta)
+    r = results(run)
+    assert r["summary"]["steps"] == 48 and len(r["curve"]) >= 2 and r["curve"][-1]["step"] == 48
+    assert r["summary"]["final_test_loss"] == r["curve"][-1]["eval/loss"]
+    record = r["scheduler"]["quorum_record"]
+    # rank 1's round that brought it the stop is discarded, and counted
+    assert record["after_stop"] == 1 and record["per_rank"]["1"]["discarded"] >= 1, record
+    assert record["merges"] == 16 and record["per_rank"]["0"]["merged"] == 16, record  # rank 0 in each
+    g = r["summary"]["goodput"]
+    assert g["discarded_compute_s"] == record["discarded_compute_s"] > 0
+    assert g["goodput"] + g["idle_share"] + g["discarded_share"] == pytest.approx(1.0, abs=2e-4)
+
+
 @pytest.mark.slow  # four processes: 86 s on this 2-core machine while it ran other measurements
 def test_with_a_straggler_the_quorum_merges_without_it_and_counts_its_late_work(tmp_path):
     # 24 steps of 3 (8 rounds), compute heavy enough that rank 1's 3x shows; one evaluation, at the
-    # end (an evaluation is a collective: every learner meets there); a short fixed window
+    # end (rank 0's alone); a short fixed window
     run, _ = train(tmp_path, *RUN, "model.hidden=[256]", "dataset.image_size=16", "dataset.train_size=4096",
-                   "engine.np=4", "batch_size=32", "max_steps=24", "eval_points=1", "checkpoint=false",
+                   "engine.np=4", "batch_size=32", "max_steps=24", "eval_points=1",
                    "sync=quorum_diloco", "sync.quorum=3", "sync.window_s=0.002", "fault=straggler",
                    "fault.slow_rank=1", "fault.slow_factor=3")
     r = results(run)
@@ -47,9 +77,13 @@ def test_with_a_straggler_the_quorum_merges_without_it_and_counts_its_late_work(
     straggler = record["per_rank"]["1"]
     assert record["merges"] >= 1 and record["merges_short"] >= 1, record
     assert straggler["missed"] >= 1 and straggler["late_merged"] + straggler["discarded"] >= 1, record
-    # every delivery is accounted for: 8 rounds of each of the 4 learners
+    # every delivery is accounted for: each learner's rounds (8 for those that reached max_steps; the
+    # straggler's until rank 0's stop reached it)
+    saved = torch.load(run / "checkpoint.pt", weights_only=True)["per_rank"]
     counted = ("merged", "late_merged", "discarded")
-    assert sum(sum(row[k] for k in counted) for row in record["per_rank"].values()) == 32
+    for rank, row in record["per_rank"].items():
+        assert sum(row[k] for k in counted) == saved[int(rank)]["rounds"], (rank, record)
+    assert [saved[rank]["rounds"] for rank in (0, 2, 3)] == [8, 8, 8] and saved[1]["rounds"] <= 8
     g = r["summary"]["goodput"]
     assert g["workers"] == 4 and g["discarded_compute_s"] == record["discarded_compute_s"]
     assert g["goodput"] + g["idle_share"] + g["discarded_share"] == pytest.approx(1.0, abs=2e-4)

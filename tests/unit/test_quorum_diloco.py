@@ -136,6 +136,38 @@ def test_the_synchronizer_s_state_round_trips():
     assert torch.equal(other.flat_theta(), s.flat_theta())  # the outer momentum came along
 
 
+def test_the_stop_answers_the_waiting_discards_what_is_pending_and_every_later_delivery():
+    """Rank 0's training ended (quorum_merge's `stop`): no merge follows; the learner waiting for one
+    is answered at once, pending work and every later delivery are discarded and counted."""
+    s = _started(_state(learners=3, quorum=3, window=None))
+    s.deliver(_c(0, 0, 3, [1.0, 1.0, 1.0], compute_s=1.0), now=1.0)
+    s.deliver(_c(2, 0, 3, [1.0, 1.0, 1.0], compute_s=1.5), now=1.0)  # both wait for learner 1
+    theta = s.flat_theta().clone()
+    assert s.stop() == [0, 2] and s.stopping
+    assert not s.due(5.0) and s.ledger.left_at_end == 2 and s.ledger.discarded_s == 2.5
+    assert s.deliver(_c(1, 0, 3, [9.0, 9.0, 9.0], compute_s=3.0), now=6.0) == [1]  # at once, the stop
+    led = s.ledger.record()
+    assert led["after_stop"] == 1 and led["discarded_compute_s"] == 5.5 and led["merges"] == 0
+    assert led["per_rank"]["1"]["discarded"] == 1 and torch.equal(s.flat_theta(), theta)
+    for rank in range(3):
+        s.leave(rank, 7.0)
+    assert s.done
+    s.close()
+    assert s.ledger.discarded_s == 5.5  # nothing counted twice
+
+
+def test_the_mode_declares_independent_learners_and_answers_the_trainer_s_questions():
+    """The trainer asks a mode with `learners_independent` through compbench.sync.IndependentLearners
+    (no probing): the mode must define both of its methods."""
+    from compbench.sync import IndependentLearners
+    from compbench.sync.quorum_diloco import QuorumDiLoCo
+
+    assert QuorumDiLoCo.sync_traits.learners_independent
+    for name in ("stop_requested", "stop_learners"):
+        assert callable(getattr(QuorumDiLoCo, name)), name
+        assert getattr(QuorumDiLoCo, name).__doc__ and name in IndependentLearners.__dict__
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["engine.np=2", "sync.quorum=3"], "sync.quorum=3 is more than engine.np=2 workers; pass sync.quorum<=2"),
     (["sync.quorum=0"], "sync.quorum=0 must be an integer >= 1"),
@@ -146,6 +178,9 @@ def test_the_synchronizer_s_state_round_trips():
     (["sync.max_staleness=-1"], "sync.max_staleness=-1 must be an integer >= 0"),
     (["engine=horovod"], "sync=quorum_diloco runs on engine=torch, not engine=horovod; add engine=torch"),
     (["engine.elastic=true"], "sync=quorum_diloco"),
+    # the learners meet in no collective mid-run (SyncTraits.learners_independent)
+    (["on_nonfinite=skip"], "on_nonfinite=skip: sync=quorum_diloco's learners train at their own pace"),
+    (["checkpoint_every_steps=4"], "checkpoint_every_steps=4: sync=quorum_diloco's learners train at their"),
 ])
 def test_bad_settings_are_refused_with_one_line(overrides, message):
     args = [*TINY, "sync=quorum_diloco", "sync.inner_steps=2", "engine=torch", "optim=adamw", *overrides]

@@ -37,10 +37,28 @@ Bytes: a delivery books Δ's bytes (+ its 40-byte header) as sent; every step bo
 bytes a per-step exchange would send, as sync=diloco does. The answer (θ, n elements) is received,
 not sent. The wait for the answer is booked as exposed communication.
 
-End of training: `drain` outside a step (the trainer's, after the last evaluation) makes the
-learner leave; rank 0's waits for the synchronizer's threads to end (pending late contributions
-are then discarded and counted). A `drain` inside a step (a dropped non-finite step) has nothing
-in flight: a learner's exchange finishes inside `after_step`.
+Independent learners (`sync_traits.learners_independent`, compbench.train.loop): the learners meet
+in no collective while they train, so a fast one never waits for a straggler except in the merge it
+is in (at most the grace window). Rank 0 alone evaluates, on the whole evaluation set (every rank's
+shard in rank order: with 2 workers the sums of the collective evaluation, bit for bit), and the
+model it evaluates is its own right after its round's answer: the θ the synchronizer had then (the
+latest merge, which took rank 0's Δ; a merge after that answer is in the next evaluation). A
+final evaluation at a step that ends no round evaluates rank 0's local parameters. No replica
+diagnosis (a collective); the trainer records no skew. Rank 0 alone decides its target and budget;
+once its training ends it calls `stop_learners` (before the final checkpoint, a collective the
+others then join) and every later answer carries the stop: the other learners stop at their next
+delivery (`stop_requested`, read by the trainer each step), their round discarded and counted
+(quorum_merge's `after_stop`): it never reaches the evaluated model. A learner that reaches
+max_steps first leaves as before. Compose time refuses what would make the learners meet mid-run:
+on_nonfinite=skip (an allreduce per step) and checkpoint_every_steps. The checkpoint at an epoch's
+end stays a collective: there the learners meet (a run of one epoch, as the race's, has none
+mid-run). With the default quorum (every worker) the learners move in lock-step anyway and the
+run equals sync=diloco bit for bit, its evaluations included (tests/dist/test_quorum_diloco.py).
+
+End of training: `drain` outside a step (the trainer's, after the last evaluation and checkpoint)
+makes the learner leave; rank 0's waits for the synchronizer's threads to end (pending late
+contributions are then discarded and counted). A `drain` inside a step (a dropped non-finite step)
+has nothing in flight: a learner's exchange finishes inside `after_step`.
 
 Checkpoints: every learner saves its θ_base, version, round position, local parameters and inner
 optimizer; rank 0 also the synchronizer's θ, outer optimizer, pending contributions (their Δs) and
@@ -70,7 +88,15 @@ from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.sync.diloco import RECIPE
 from compbench.sync.diloco import check_options as check_diloco
 from compbench.sync.quorum_merge import ADAPTIVE, WEIGHTINGS, Contribution, QuorumSettings, QuorumState
-from compbench.sync.quorum_server import HEADER, Leave, QuorumServer, receive_theta, send_delivery, send_leave
+from compbench.sync.quorum_server import (
+    HEADER,
+    Leave,
+    QuorumServer,
+    Stop,
+    receive_theta,
+    send_delivery,
+    send_leave,
+)
 
 
 def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
@@ -122,7 +148,7 @@ class QuorumDiLoCo:
     sync_traits: ClassVar[SyncTraits] = SyncTraits(pipeline=False, per_step=False, period_key="inner_steps",
                                                    engines=("torch",), pattern="ps", recipe=RECIPE,
                                                    replicas_diverge=True, elastic=False,
-                                                   at_most_workers=("quorum",))
+                                                   at_most_workers=("quorum",), learners_independent=True)
     check_options = staticmethod(check_options)
     check_model = staticmethod(fits_any_model)
     pipeline = None
@@ -147,6 +173,7 @@ class QuorumDiLoCo:
         self.compute_s = 0.0  # compute seconds of the current round
         self.in_step = False
         self.closed = False
+        self.stopped = False  # rank 0's stop came with the last answer: the trainer ends here
         self.server: QuorumServer | None = None
 
     def setup(self, model: nn.Module) -> nn.Module:
@@ -217,7 +244,7 @@ class QuorumDiLoCo:
                 version, theta = self.server.wait_reply()
             else:
                 send_delivery(self.deliveries, self.version, self.taken, self.tokens, self.compute_s, delta)
-                version, theta = receive_theta(self.replies, self.numel, self.dtype)
+                version, self.stopped, theta = receive_theta(self.replies, self.numel, self.dtype)
         self.adopt(version, theta.to(self.params[0].device))
         self.tokens, self.compute_s = 0, 0.0
 
@@ -229,6 +256,16 @@ class QuorumDiLoCo:
             b.copy_(piece)
             start += p.numel()
         self.version = version
+
+    def stop_requested(self) -> bool:
+        """compbench.sync.IndependentLearners: rank 0's stop came with this learner's last answer."""
+        return self.stopped
+
+    def stop_learners(self) -> None:
+        """compbench.sync.IndependentLearners (rank 0, its training over): the synchronizer answers
+        every later delivery with the stop."""
+        assert self.server is not None, "only rank 0 stops the learners"
+        self.server.submit(Stop())
 
     def drain(self) -> None:
         """Inside a step (a dropped one): nothing is in flight. Outside (the end of training): leave."""

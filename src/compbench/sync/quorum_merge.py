@@ -35,6 +35,11 @@ Rules (each a decision, written down here and in docs/guide/synchronization.md):
   `nesterov`) steps θ: DiLoCo's outer optimizer, the same tensors and calls.
 - At the end, contributions still pending (late ones with no merge after them) are discarded and
   counted as such: their compute did not reach the model.
+- The stop (`stop`): rank 0's training ended (its target, budget or max_steps) and rank 0 has
+  evaluated the θ it last took. From then on no merge happens: what is pending is discarded as at
+  the end, the learners waiting for a merge are answered at once, and every later delivery is
+  answered at once and discarded (`after_stop`): its compute never reaches the evaluated model.
+  Every answer from then on carries the stop, and the learner stops training there.
 """
 
 from __future__ import annotations
@@ -93,7 +98,8 @@ class Ledger:
     fresh: int = 0  # contributions merged on the θ they started from
     late_merged: int = 0  # merged with staleness >= 1
     late_discarded: int = 0  # staleness above max_staleness
-    left_at_end: int = 0  # pending when every learner had left
+    left_at_end: int = 0  # pending when every learner had left, or at the stop
+    after_stop: int = 0  # delivered after rank 0's stop: answered with it, discarded
     merged_s: float = 0.0  # compute seconds of contributions that entered a merge
     discarded_s: float = 0.0  # compute seconds of those that did not
     window_waits: int = 0  # merges that waited for the window to close
@@ -107,7 +113,8 @@ class Ledger:
     def record(self) -> dict[str, Any]:
         return {"merges": self.merges, "merges_short": self.merges_short, "fresh": self.fresh,
                 "late_merged": self.late_merged, "late_discarded": self.late_discarded,
-                "left_at_end": self.left_at_end, "merged_compute_s": round(self.merged_s, 3),
+                "left_at_end": self.left_at_end, "after_stop": self.after_stop,
+                "merged_compute_s": round(self.merged_s, 3),
                 "discarded_compute_s": round(self.discarded_s, 3), "window_waits": self.window_waits,
                 "max_staleness_seen": self.max_seen_staleness,
                 "per_rank": {str(r): dict(v) for r, v in sorted(self.per_rank.items())}}
@@ -156,6 +163,7 @@ class QuorumState:
         self.lead_step = 0  # the most steps any delivery reported
         self.rounds: list[float] = []  # observed round times (s), the latest ROUND_HISTORY
         self.quorum_at: float | None = None  # when the pending merge's quorum came in
+        self.stopping = False  # rank 0's training ended: every answer carries the stop, no merge follows
         self.ledger = Ledger()
 
     # -- deliveries ---------------------------------------------------------------------------
@@ -163,6 +171,11 @@ class QuorumState:
     def deliver(self, c: Contribution, now: float) -> list[int]:
         c.arrived = now
         assert c.rank not in self.left, f"learner {c.rank} delivered after it left"
+        if self.stopping:  # rank 0 evaluated its last θ already: this round never reaches the model
+            self.ledger.after_stop += 1
+            self.ledger.discarded_s += c.compute_s
+            self.ledger.count(c.rank, "discarded")
+            return [c.rank]
         self.lead_step = max(self.lead_step, c.step)
         staleness = self.version - c.base
         assert staleness >= 0, f"learner {c.rank} started from θ version {c.base}, after {self.version}"
@@ -194,6 +207,15 @@ class QuorumState:
         self.left.add(rank)
         self.holds[rank] = -1
         self._note_quorum(now)
+
+    def stop(self) -> list[int]:
+        """Rank 0's training ended: no merge follows; returns the learners waiting for one, to answer
+        now (with the stop). What is pending is discarded and counted (`close`)."""
+        self.stopping = True
+        waited = sorted(self.waiting)
+        self.close()
+        self.waiting, self.quorum_at = set(), None
+        return waited
 
     @property
     def done(self) -> bool:
@@ -274,7 +296,7 @@ class QuorumState:
         return waited
 
     def close(self) -> None:
-        """Every learner left: what is still pending never enters the model."""
+        """Every learner left, or rank 0 stopped: what is still pending never enters the model."""
         for c in [*self.fresh, *self.late]:
             self.ledger.left_at_end += 1
             self.ledger.discarded_s += c.compute_s
@@ -315,6 +337,7 @@ class QuorumState:
         led = state["ledger"]
         self.ledger = Ledger(**{k: led[k] for k in ("merges", "merges_short", "fresh", "late_merged",
                                                     "late_discarded", "left_at_end", "window_waits")},
+                             after_stop=int(led.get("after_stop", 0)),  # older checkpoints: none
                              merged_s=float(led["merged_compute_s"]),
                              discarded_s=float(led["discarded_compute_s"]),
                              max_seen_staleness=int(led["max_staleness_seen"]),

@@ -13,7 +13,14 @@ itself).
 Messages (host tensors): a delivery is a header int64[HEADER] = (kind, base version, steps, tokens,
 compute microseconds) with tag _TAG_HEAD, then, for a delivery, the outer gradient Δ flat (the
 parameters' dtype) with tag _TAG_BODY from the same sender; kind LEAVE has no body. A reply is
-int64[1] (θ's version), then θ flat. Gloo keeps the order of one sender's messages of one tag.
+int64[2] (θ's version, the stop: 1 once rank 0's training ended), then θ flat. Gloo keeps the order
+of one sender's messages of one tag.
+
+The stop: rank 0's learner, its training over (its target, budget or max_steps), submits `Stop`
+(compbench.sync.quorum_diloco's `stop_learners`, called by the trainer before the collectives that
+follow training); the synchronizer answers the learners waiting for a merge at once, and every
+later delivery, with the stop flag (compbench.sync.quorum_merge's rules). A learner told to stop
+ends its training there and leaves as at the end (LEAVE), after the trainer's final checkpoint.
 
 The synchronizer thread applies compbench.sync.quorum_merge.QuorumState's rules: it waits for the
 next delivery at most until the pending merge's window closes, merges when due, and answers the
@@ -50,6 +57,11 @@ class Leave:
     rank: int
 
 
+@dataclass
+class Stop:
+    """Rank 0's training ended: the other learners stop at their next delivery."""
+
+
 def header(kind: int, base: int, steps: int, tokens: int, compute_s: float) -> Tensor:
     return torch.tensor([kind, base, steps, tokens, round(compute_s * 1e6)], dtype=torch.int64, device=HOST)
 
@@ -62,7 +74,7 @@ class QuorumServer:
                  deliveries: Any, replies: Any) -> None:
         self.state, self.learners, self.numel, self.dtype = state, learners, numel, dtype
         self.deliveries, self.replies = deliveries, replies
-        self.events: queue.Queue[Contribution | Leave] = queue.Queue()
+        self.events: queue.Queue[Contribution | Leave | Stop] = queue.Queue()
         self.mine: queue.Queue[tuple[int, Tensor]] = queue.Queue()  # replies to rank 0's learner
         self.lock = threading.Lock()
         self.error: BaseException | None = None
@@ -85,7 +97,7 @@ class QuorumServer:
 
     # -- rank 0's learner ---------------------------------------------------------------------
 
-    def submit(self, event: Contribution | Leave) -> None:
+    def submit(self, event: Contribution | Leave | Stop) -> None:
         self.raise_failure()
         self.events.put(event)
 
@@ -144,6 +156,8 @@ class QuorumServer:
                 answer: list[int] = []
                 if isinstance(event, Leave):
                     state.leave(event.rank, now)
+                elif isinstance(event, Stop):
+                    answer = state.stop()
                 elif event is not None:
                     event.delta = event.delta.to(state.theta[0].device)
                     answer = state.deliver(event, now)
@@ -163,8 +177,8 @@ class QuorumServer:
             if rank == 0:
                 self.mine.put((version, theta.clone()))
                 continue
-            dist.send(torch.tensor([version], dtype=torch.int64, device=HOST), group=self.replies,
-                      group_dst=rank, tag=_TAG_REPLY)
+            dist.send(torch.tensor([version, int(self.state.stopping)], dtype=torch.int64, device=HOST),
+                      group=self.replies, group_dst=rank, tag=_TAG_REPLY)
             dist.send(host, group=self.replies, group_dst=rank, tag=_TAG_THETA)
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -191,10 +205,11 @@ def send_leave(group: Any) -> None:
     dist.send(header(LEAVE, 0, 0, 0, 0.0), group=group, group_dst=0, tag=_TAG_HEAD)
 
 
-def receive_theta(group: Any, numel: int, dtype: torch.dtype) -> tuple[int, Tensor]:
-    """A remote learner's reply from rank 0: (θ's version, θ flat on the host)."""
-    version = torch.empty(1, dtype=torch.int64, device=HOST)
-    dist.recv(version, group=group, group_src=0, tag=_TAG_REPLY)
+def receive_theta(group: Any, numel: int, dtype: torch.dtype) -> tuple[int, bool, Tensor]:
+    """A remote learner's reply from rank 0: (θ's version, whether to stop, θ flat on the host)."""
+    head = torch.empty(2, dtype=torch.int64, device=HOST)
+    dist.recv(head, group=group, group_src=0, tag=_TAG_REPLY)
     theta = torch.empty(numel, dtype=dtype, device=HOST)
     dist.recv(theta, group=group, group_src=0, tag=_TAG_THETA)
-    return int(version.item()), theta
+    version, stop = (int(v) for v in head.tolist())
+    return version, bool(stop), theta
