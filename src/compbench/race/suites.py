@@ -182,6 +182,10 @@ TEXT = Race(
         # DiLoCo around a quorum synchronizer (sync=quorum_diloco, after Decoupled DiLoCo): a merge needs
         # one learner of the two and waits the adaptive window for the other (no fault: both are in)
         "diloco-quorum": ("optim=adamw", "sync=quorum_diloco", f"sync.inner_steps={H}", "sync.quorum=1"),
+        # DiLoCo with per-worker sync intervals (torchft's per-replica sync_every): each round's H_r from
+        # the last round's measured compute (a 3x straggler trains about H/3 steps), token-weighted average
+        "diloco-perworker": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.eager=true",
+                             "sync.inner_steps_per_worker=adaptive"),
         "diloco-1worker": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "engine.np=1",
                            "batch_size=64"),
         "streaming": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.fragments=3",
