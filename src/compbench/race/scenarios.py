@@ -81,6 +81,7 @@ class Parts:
     sync: str
     comm: str
     sharding: str
+    per_worker: bool = False  # its mode's SyncTraits.per_worker_key is set (steps per worker)
 
 
 def why_not(parts: Parts, scenario: Scenario) -> str | None:
@@ -97,6 +98,9 @@ def why_not(parts: Parts, scenario: Scenario) -> str | None:
         return f"sync={parts.sync} cannot change its number of workers (SyncTraits.elastic)"
     if not registry.declared("comm", parts.comm).elastic:
         return f"comm={parts.comm} keeps per-rank state cut for its workers (CommTraits.elastic)"
+    if parts.per_worker:
+        return (f"sync={parts.sync}'s steps per worker are the workers' as they started "
+                "(SyncTraits.per_worker_key)")
     if parts.sharding != NONE:
         return f"sharding={parts.sharding}: its shards are fixed to its workers"
     return None
@@ -104,9 +108,11 @@ def why_not(parts: Parts, scenario: Scenario) -> str | None:
 
 def parts_of(overrides: Sequence[str]) -> Parts:
     """The parts of a run made with `overrides` (its config composed, not checked)."""
+    from compbench.catalog import registry
     from compbench.compose import config
 
     cfg = config.compose(list(overrides))
     picked = cfg.choices
+    key = registry.declared("sync", picked["sync"]).per_worker_key
     return Parts(int(cfg.engine.get("np", 1)), str(picked["sync"]), str(picked["comm"]),
-                 str(picked.get("sharding", NONE)))
+                 str(picked.get("sharding", NONE)), key is not None and cfg.sync.get(key) is not None)
