@@ -507,8 +507,9 @@ class Trainer:
             "eval_s": round(self.progress.eval_s, 3),
             "memory_mb": self.memory_per_rank,
             # a mode that discards work reports its compute seconds in its summary (compbench.records.goodput)
-            "goodput": goodput.record(self.goodput_per_rank, seconds,
-                                      float(self.sync.summary().get("discarded_compute_s", 0.0))),
+            "goodput": (goodput.record_elastic(r.history, int(self.cfg.engine.np), seconds) if self.elastic
+                        else goodput.record(self.goodput_per_rank, seconds,
+                                            float(self.sync.summary().get("discarded_compute_s", 0.0)))),
         }
         if self.sharded is not None:
             summary["sharded"] = {**self.sharded.record(),
