@@ -60,3 +60,23 @@ def test_the_adaptive_rule_finds_the_stragglers_third(tmp_path):
     assert len(steps) == 5  # one agreement per round's end (4 rounds)
     for h0, h1 in steps[1:]:  # then rank 1, 3x slower, trains about a third
         assert h0 == H and abs(h1 - H // 3) <= 1, steps
+
+
+@pytest.mark.slow  # three runs
+def test_a_run_resumed_where_a_worker_idles_ends_where_the_uninterrupted_run_ends(tmp_path):
+    """The checkpoint at step 8 falls in the second round after rank 1's 2 trained steps (it idles from
+    there): the resumed run idles it on, and ends bit for bit where the uninterrupted one does."""
+    common = [*RUN, *STRAGGLER, f"sync.inner_steps_per_worker=[{H},{H // 3}]"]
+    full, _ = train(tmp_path, *common, name="full")
+    half, _ = train(tmp_path, *common, "max_steps=8", name="half")
+    resumed, proc = train(tmp_path, *common, f"resume={half}", name="resumed")
+    assert "resumed from" in proc.stdout
+    h = torch.load(half / "checkpoint.pt", weights_only=True)
+    assert [r["inner"] for r in h["per_rank"]] == [8 % H] * 2
+    assert h["per_rank"][1]["per_worker"]["steps"] == [H, H // 3]
+    a, b = (torch.load(run / "checkpoint.pt", weights_only=True) for run in (full, resumed))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    for rank in (0, 1):
+        assert all(torch.equal(x, y) for x, y in zip(a["per_rank"][rank]["local_params"],
+                                                     b["per_rank"][rank]["local_params"], strict=True))
+    assert [_trained_steps(run, 1) for run in (half, resumed)] == [H // 3 + 2, 2 * (H // 3)]
