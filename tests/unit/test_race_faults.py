@@ -146,9 +146,10 @@ def test_every_method_a_scenario_applies_to_composes_and_the_others_are_listed(t
                       "--out", str(tmp_path / "race")]) == 0
     names = sorted(d.name for d, _ in seen["jobs"])
     # not elastic (the delayed exchanges in flight, the synchronizer on rank 0, 1-bit Adam's recipe's
-    # comm=ps with its per-rank server shards, the steps per worker of the workers that started), and one
+    # comm=ps with its per-rank server shards, the steps per worker of the workers that started, HALoS's servers' threads), and one
     # worker
-    not_elastic = {"diloco-delayed", "diloco-quorum", "onebit-adam", "diloco-1worker", "diloco-perworker"}
+    not_elastic = {"diloco-delayed", "diloco-quorum", "onebit-adam", "diloco-1worker", "diloco-perworker",
+                   "halos"}
     assert names == sorted([*(f"{m}-100mbps-straggler3x-s0" for m in TEXT.methods if m != "diloco-1worker"),
                             *(f"{m}-100mbps-kill-rejoin-s0" for m in TEXT.methods if m not in not_elastic)])
     assert set(seen["not_run"]["kill-rejoin"]) == not_elastic

@@ -186,6 +186,11 @@ TEXT = Race(
         # the last round's measured compute (a 3x straggler trains about H/3 steps), token-weighted average
         "diloco-perworker": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.eager=true",
                              "sync.inner_steps_per_worker=adaptive"),
+        # HALoS (sync=halos): a local parameter server per region (here each worker its own region) and a
+        # global one, neither waiting for a worker; the paper's K=32 pushes would never come in a run this
+        # short, so 4 (and the momentum every 4 updates), with the larger steps a short run takes
+        "halos": ("optim=adamw", "sync=halos", "sync.regions=2", "sync.inner_steps=8", "sync.accumulation=4",
+                  "sync.local_delay=4", "sync.local_lr=0.5", "sync.global_lr=0.5"),
         "diloco-1worker": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "engine.np=1",
                            "batch_size=64"),
         "streaming": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.fragments=3",
