@@ -131,6 +131,32 @@ def test_an_lps_pushes_every_k_updates_after_its_last_merge_and_counts_staleness
     assert (c["updates"], c["pushes"], c["merges"], c["staleness_sum"], c["staleness_max"]) == (6, 1, 1, 3, 1)
 
 
+def test_after_the_stop_an_lps_applies_nothing_and_counts_what_it_answered():
+    """Rank 0's training ended (`stop`): each later delivery is answered, not applied, and its compute
+    seconds counted as discarded; the updates before it stay counted as applied."""
+    s = LocalServer(torch.zeros(4), ServerOptim(0.1, 0.9, 2), merge_weight=0.5, accumulation=2)
+    assert not s.update(torch.ones(4), base=0, compute_s=1.0)
+    theta, version = s.theta.clone(), s.version
+    s.stop()
+    assert not s.update(torch.ones(4), base=1, compute_s=2.5)  # would have been due to push: not now
+    assert torch.equal(s.theta, theta) and s.version == version and not s.in_flight
+    c = s.counts.record()
+    assert (c["updates"], c["after_stop"], c["compute_s"], c["discarded_compute_s"]) == (1, 1, 1.0, 2.5)
+    assert "discarded_s" not in c
+
+
+def test_the_mode_declares_independent_learners_and_answers_the_trainer_s_questions():
+    """The trainer asks a mode with `learners_independent` through compbench.sync.IndependentLearners
+    (no probing): the mode must define both of its methods."""
+    from compbench.sync import IndependentLearners
+    from compbench.sync.halos import Halos
+
+    assert Halos.sync_traits.learners_independent
+    for name in ("stop_requested", "stop_learners"):
+        assert callable(getattr(Halos, name)), name
+        assert getattr(Halos, name).__doc__ and name in IndependentLearners.__dict__
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["engine.np=4", "sync.regions=3"], "sync.regions=3 does not divide engine.np=4 workers; pass a divisor"),
     (["sync.regions=0"], "sync.regions=0 must be an integer >= 1"),
@@ -139,7 +165,9 @@ def test_an_lps_pushes_every_k_updates_after_its_last_merge_and_counts_staleness
     (["sync.global_momentum=1"], "sync.global_momentum=1 must be a number in [0, 1)"),
     (["sync.merge_weight=0"], "sync.merge_weight=0 must be a number in (0, 1]"),
     (["checkpoint=true"], "checkpoint=true: sync=halos does not save its state; pass checkpoint=false"),
-    (["checkpoint_every_steps=2"], "checkpoint_every_steps=2: sync=halos does not save its state"),
+    # the workers meet in no collective mid-run (SyncTraits.learners_independent)
+    (["checkpoint_every_steps=2"], "checkpoint_every_steps=2: sync=halos's learners train at their own pace"),
+    (["on_nonfinite=skip"], "on_nonfinite=skip: sync=halos's learners train at their own pace"),
     (["resume=auto"], "resume=auto: sync=halos does not save its state; pass resume=null"),
     (["engine=horovod"], "sync=halos runs on engine=torch, not engine=horovod; add engine=torch"),
     (["compressor=topk"], "sync=halos"),

@@ -19,18 +19,42 @@ regions never wait for each other; only a worker waits for its own LPS's answer.
 Which update an LPS applies first depends on arrival, so a run is not reproducible bit for bit;
 the arithmetic is (tests/unit/test_halos_rules.py replays the reference's rules).
 
-What the evaluations score: each worker's parameters (its LPS's θ_L as last received, plus its
-local steps since), and, as for every mode whose replicas diverge, their average. The GPS's θ_G is
-recorded in no evaluation (the reference evaluates θ_G; here the workers train on θ_L, which merges
-θ_G with weight α every K updates).
+Independent learners (`sync_traits.learners_independent`, compbench.train.loop): the workers meet
+in no collective while they train, so a fast worker never waits for a straggler (it waits only for
+its own LPS, which answers each delivery as it applies it). Rank 0 alone evaluates, on the whole
+evaluation set (every rank's shard in rank order), and decides the stop (target, max_train_s,
+max_steps).
+
+What rank 0 evaluates: its own worker's parameters right after its latest answer, i.e. θ_L of
+region 0 as LPS 0 answered it (the trainer's schedule evaluates at whole rounds, `period_key`; a
+final evaluation at a max_steps that ends no round scores θ_L plus rank 0's local steps since). The
+reference evaluates the GPS's θ_G (utnslab/halos `exec_halos.py`, `HalosSimulator.on_val_interval`:
+`eval_val_loss(self._gps.model)`), and rank 0, which hosts the GPS's thread, could copy θ_G under
+`ServerHost.lock`; but the trainer evaluates the module it trains and hands the mode no moment at an
+evaluation to put another model in, and giving it one changes the trainer and the shared
+`IndependentLearners` protocol that sync=quorum_diloco implements too. What rank 0 evaluates holds
+region 0's updates up to its last answer and the other regions' up to the last θ_G LPS 0 merged
+(weight α every K updates): with a straggling region, the model the fast region trains on. No
+average over the workers and no replica distance are recorded (collectives).
+
+The stop (compbench.sync.halos_wire's module has the messages): rank 0's training over, the trainer
+calls `stop_learners`; rank 0's server thread stops LPS 0 and sends STOP to every other LPS that
+has not left; from then on each LPS answers every delivery at once with the stop flag instead of
+applying it, and the worker ends its training there (`stop_requested`, read by the trainer each
+step) and leaves. A worker that reaches max_steps first leaves as before.
 
 Records (results.json `scheduler.halos`): per region, the LPS's updates applied, pushes to the
-GPS, global models merged and the staleness of the updates it applied (the LPS updates between
-sending a worker θ_L and applying its g); the GPS's updates per region. Nothing is discarded: every
-g enters its LPS (goodput's `discarded_compute_s` = 0); the change an LPS accumulated after its
-last push when training ends stays in its workers' models and never reaches θ_G.
+GPS, global models merged, the staleness of the updates it applied (the LPS updates between
+sending a worker θ_L and applying its g), and the deliveries after the stop (`after_stop`, with
+their compute seconds `discarded_compute_s`); the GPS's updates per region. Goodput: a g applied
+by its LPS counts as compute that entered the model; a round delivered after the stop is not
+applied (rank 0 evaluated its last model already: nothing applied later could reach an evaluated
+model) and its compute counts as discarded (the summary's `discarded_compute_s`, the regions'
+sum). The change an LPS accumulated after its last push when training ends stays in its workers'
+models and never reaches θ_G (counted as entered: it is in θ_L). Rank 0's wait at the end for the
+others' next delivery (the servers' shutdown, halos_wire) is inside its training loop's time: idle.
 
-Bytes: a delivery books g's bytes (+ the 64-byte header) as sent; every step books the 4n dense
+Bytes: a delivery books g's bytes (+ the 80-byte header) as sent; every step books the 4n dense
 bytes a per-step exchange would send, as sync=diloco does; the wait for the answer is exposed
 communication. The servers' own traffic (u and θ_G between regions) is booked by no worker.
 
@@ -61,6 +85,7 @@ from compbench.sync.halos_wire import (
     Groups,
     Layout,
     ServerHost,
+    Stop,
     WorkerDelta,
     WorkerLeave,
     receive_theta,
@@ -113,7 +138,8 @@ class Halos:
     sync_traits: ClassVar[SyncTraits] = SyncTraits(pipeline=False, per_step=False, period_key="inner_steps",
                                                    engines=("torch",), pattern="ps", recipe=RECIPE,
                                                    replicas_diverge=True, elastic=False,
-                                                   divides_workers=("regions",), checkpoints=False)
+                                                   divides_workers=("regions",), checkpoints=False,
+                                                   learners_independent=True)
     check_options = staticmethod(check_options)
     check_model = staticmethod(fits_any_model)
     pipeline = None
@@ -143,6 +169,7 @@ class Halos:
         self.compute_s = 0.0  # compute seconds of the current round
         self.in_step = False
         self.closed = False
+        self.stopped = False  # rank 0's stop came with the last answer: the trainer ends here
         self.host: ServerHost | None = None
 
     def setup(self, model: nn.Module) -> nn.Module:
@@ -205,11 +232,11 @@ class Halos:
         with self.stats.time("comm", exposed=True):
             if self.host is not None:
                 self.host.submit(WorkerDelta(self.engine.rank, self.version, self.compute_s, g))
-                version, theta = self.host.wait_reply()
+                version, self.stopped, theta = self.host.wait_reply()
             else:
                 send_delta(self.groups, self.lps, self.version, self.compute_s, g)
-                version, theta = receive_theta(self.groups, self.lps, self.numel, self.dtype)
-        self.adopt(version, theta.to(self.params[0].device))
+                version, self.stopped, theta = receive_theta(self.groups, self.lps, self.numel, self.dtype)
+        self.adopt(version, theta.to(self.params[0].device))  # after the stop: θ_L unchanged by this g
         self.compute_s = 0.0
 
     def adopt(self, version: int, theta: Tensor) -> None:
@@ -220,6 +247,16 @@ class Halos:
             s.copy_(piece)
             begin += p.numel()
         self.version = version
+
+    def stop_requested(self) -> bool:
+        """compbench.sync.IndependentLearners: rank 0's stop came with this worker's last answer."""
+        return self.stopped
+
+    def stop_learners(self) -> None:
+        """compbench.sync.IndependentLearners (rank 0, its training over): every LPS answers each
+        later delivery with the stop, and applies none of them."""
+        assert self.host is not None and self.host.gps is not None, "only rank 0 stops the workers"
+        self.host.submit(Stop())
 
     def drain(self) -> None:
         """Inside a step (a dropped one): nothing is in flight. Outside (the end of training): leave."""
@@ -247,6 +284,8 @@ class Halos:
                 regions = dict(host.regions_left)
                 if host.region not in regions:  # summary before the end: LPS 0's counts so far
                     regions[host.region] = host.lps.counts.record()
+                out["discarded_compute_s"] = round(sum(float(r["discarded_compute_s"])
+                                                       for r in regions.values()), 3)
                 out["halos"] = {"regions": {str(r): regions[r] for r in sorted(regions)},
                                 "global_updates": host.gps.counts.updates,
                                 "global_per_region": {str(r): n for r, n in

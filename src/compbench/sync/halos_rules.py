@@ -38,6 +38,11 @@ Local parameter server (`LocalServer`; halos `src/halos/simulation/exec_halos.py
   here, weights the global model by α).
 - staleness of a worker's update: the updates the LPS applied between sending the worker its θ
   and receiving the worker's g (0: nobody else updated the LPS meanwhile).
+- the stop (compbench's, not the reference's, whose simulator ends when the GPS has counted its
+  total steps: `HalosSimulator.training_done`): once the LPS has learnt that rank 0's training ended
+  (`stop`), it applies no further g: each later delivery is counted (`after_stop`, its compute
+  seconds in `discarded_s`) and answered with the stop. Rank 0 has evaluated its last model by
+  then, so no update applied after the stop could reach an evaluated model.
 
 Global parameter server (`GlobalServer`; halos `exec_halos.py`, `HalosSimulator.on_new_lps_updates`):
 an LPS's u is one delayed Nesterov step of θ_G (η_g, β_g, N_g); the GPS answers that LPS with the
@@ -125,11 +130,14 @@ class LocalCounts:
     staleness_sum: int = 0
     staleness_max: int = 0
     compute_s: float = 0.0  # the workers' compute seconds behind the updates applied
+    after_stop: int = 0  # deliveries after the stop: not applied, answered with the stop
+    discarded_s: float = 0.0  # their compute seconds
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = asdict(self)
         out["staleness_mean"] = round(self.staleness_sum / self.updates, 3) if self.updates else 0.0
         out["compute_s"] = round(self.compute_s, 3)
+        out["discarded_compute_s"] = round(out.pop("discarded_s"), 3)
         return out
 
 
@@ -145,10 +153,15 @@ class LocalServer:
         self.version = 0  # v: worker updates applied
         self.merged_version = 0
         self.in_flight = False  # a push awaits the GPS's answer
+        self.stopping = False  # rank 0's training ended: no g is applied any more
         self.counts = LocalCounts()
 
     def update(self, g: Tensor, base: int, compute_s: float = 0.0) -> bool:
-        """A worker's g, computed from θ_L at version `base`."""
+        """A worker's g, computed from θ_L at version `base`; after the stop, counted and not applied."""
+        if self.stopping:
+            self.counts.after_stop += 1
+            self.counts.discarded_s += compute_s
+            return False
         self.optim.step(self.theta, g)
         staleness = self.version - base
         self.version += 1
@@ -158,6 +171,10 @@ class LocalServer:
         c.staleness_max = max(c.staleness_max, staleness)
         c.compute_s += compute_s
         return self.version == self.merged_version + self.accumulation
+
+    def stop(self) -> None:
+        """Rank 0's training ended: every later delivery is answered with the stop, not applied."""
+        self.stopping = True
 
     def push(self) -> Tensor:
         """u = θ_merged − θ_L, the change since the last merge, to send to the GPS."""

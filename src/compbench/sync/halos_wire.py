@@ -12,23 +12,40 @@ one thread per process (gloo's groups must not be shared between threads):
 - `up`: workers → their LPS (a worker's training thread sends; the LPS rank's receiver takes them
   from any source). Header then, for a delivery, the flat model difference g.
 - `down`: LPS → its workers (the server thread sends; the worker's training thread receives):
-  int64[1] (θ_L's version), then θ_L flat.
+  int64[2] (θ_L's version, the stop: 1 once the LPS knows rank 0's training ended), then θ_L flat.
 - `to_global`: LPS → GPS (a remote LPS's server thread sends; rank 0's receiver takes them from
   any source): a push (header, then u flat) or the LPS's leave (header with its counts).
 - `to_local`: GPS → a remote LPS (rank 0's server thread sends; the LPS rank's receiver takes
-  them): θ_G (header, then θ_G flat), or BYE once that LPS has left.
+  them): θ_G (header, then θ_G flat), STOP (header only) once rank 0's training ended, or BYE once
+  that LPS has left.
 A worker on the LPS's own rank, and LPS 0 with the GPS, talk through in-process queues (a process
 cannot send to itself).
 
 Headers are int64[HEADER] = (kind, a, b, c, d, e, f, g), the fields' meaning per kind below. Gloo
 keeps the order of one sender's messages of one tag.
 
+The stop (the workers are independent learners: compbench.sync.SyncTraits.learners_independent):
+rank 0's worker, its training over (target, budget or max_steps) and its last evaluation done,
+submits `Stop` (compbench.sync.halos's `stop_learners`) before its LEAVE. Rank 0's server thread
+marks LPS 0 stopping and sends STOP to every remote LPS that has not left the GPS yet (one that
+has is past its last worker already); a remote LPS's receiver queues it for its server thread,
+which marks its LPS stopping. A stopping LPS applies no g: it answers every later delivery at once
+with the stop flag (compbench.sync.halos_rules: counted as `after_stop`), and the worker ends its
+training there and sends LEAVE. No worker waits on anything but its own LPS, which answers each
+delivery as it applies it, before and after the stop: a worker waiting for an answer gets one.
+Deliveries that reach the LPS before its STOP are applied and answered as usual (that worker stops
+one round later). A worker that reaches max_steps first leaves as before; a STOP then still reaches
+its LPS if it has not left the GPS, and is moot.
+
 End: a worker's `drain` sends LEAVE. An LPS whose workers have all left waits for the answer to
 its push in flight (if any), merges it, then sends its leave (with its counts) to the GPS; the GPS
 answers a remote LPS's leave with BYE (its receiver then stops). A host's server thread stops
-when its LPS has left and, on rank 0, when every LPS has left the GPS. A failure in a thread is
-kept and raised in the hosting rank's training thread at its next exchange; remote workers then
-see their receive time out (engine.timeout_s).
+when its LPS has left and, on rank 0, when every LPS has left the GPS. The stop changes none of
+this order: the GPS still answers a push in flight after the stop (the LPS waits for that answer
+before it leaves), and a STOP, sent only to an LPS that has not left, comes before that LPS's BYE
+on the same group and tag, so its receiver sees it first. A failure in a thread is kept and raised
+in the hosting rank's training thread at its next exchange; remote workers then see their receive
+time out (engine.timeout_s).
 """
 
 from __future__ import annotations
@@ -45,14 +62,15 @@ from torch import Tensor
 from compbench.sync.halos_rules import GlobalServer, LocalCounts, LocalServer
 
 HOST = "cpu"  # gloo's point to point carries host tensors: every message is built on the host
-HEADER = 8
+HEADER = 10
 # kinds: a worker's DELIVER (a: base version, b: compute microseconds) and LEAVE; an LPS's PUSH (a:
-# region) and LPS_LEAVE (a: region, b..g: its counts); the GPS's GLOBAL (a: region) and BYE.
-DELIVER, LEAVE, PUSH, LPS_LEAVE, GLOBAL, BYE = 1, 2, 3, 4, 5, 6
+# region) and LPS_LEAVE (a: region, then its counts: _COUNT_KEYS, compute and discarded
+# microseconds); the GPS's GLOBAL (a: region), STOP and BYE.
+DELIVER, LEAVE, PUSH, LPS_LEAVE, GLOBAL, BYE, STOP = 1, 2, 3, 4, 5, 6, 7
 _TAG_UP_HEAD, _TAG_UP_BODY, _TAG_REPLY, _TAG_THETA = 31, 32, 33, 34
 _TAG_G_HEAD, _TAG_G_BODY, _TAG_L_HEAD, _TAG_L_BODY = 35, 36, 37, 38
 _POLL_S = 1.0  # how often a hosting rank's training thread looks whether its threads failed
-_COUNT_KEYS = ("updates", "pushes", "merges", "staleness_sum", "staleness_max")
+_COUNT_KEYS = ("updates", "pushes", "merges", "staleness_sum", "staleness_max", "after_stop")
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,11 @@ class WorkerLeave:
 
 
 @dataclass
+class Stop:
+    """Rank 0's training ended: the LPS applies no further g and answers with the stop."""
+
+
+@dataclass
 class LpsPush:
     region: int
     u: Tensor
@@ -120,7 +143,7 @@ class GlobalModel:
     theta: Tensor
 
 
-Event = WorkerDelta | WorkerLeave | LpsPush | LpsLeave | GlobalModel
+Event = WorkerDelta | WorkerLeave | Stop | LpsPush | LpsLeave | GlobalModel
 
 
 def header(kind: int, *fields: int) -> Tensor:
@@ -138,7 +161,8 @@ class ServerHost:
         self.lps, self.gps = lps, gps
         self.numel, self.dtype = lps.theta.numel(), lps.theta.dtype
         self.events: queue.Queue[Event] = queue.Queue()
-        self.mine: queue.Queue[tuple[int, Tensor]] = queue.Queue()  # replies to this rank's worker
+        # replies to this rank's worker: (θ_L's version, the stop, θ_L)
+        self.mine: queue.Queue[tuple[int, bool, Tensor]] = queue.Queue()
         self.lock = threading.Lock()
         self.error: BaseException | None = None
         self.workers_left: set[int] = set()
@@ -164,11 +188,11 @@ class ServerHost:
 
     # -- this rank's worker -------------------------------------------------------------------
 
-    def submit(self, event: WorkerDelta | WorkerLeave) -> None:
+    def submit(self, event: WorkerDelta | WorkerLeave | Stop) -> None:
         self.raise_failure()
         self.events.put(event)
 
-    def wait_reply(self) -> tuple[int, Tensor]:
+    def wait_reply(self) -> tuple[int, bool, Tensor]:
         while True:
             self.raise_failure()
             try:
@@ -219,8 +243,9 @@ class ServerHost:
             kind, region, *counts = (int(v) for v in head.tolist())
             if kind == LPS_LEAVE:
                 ints = dict(zip(_COUNT_KEYS, counts, strict=False))
-                seconds = counts[len(_COUNT_KEYS)] / 1e6
-                self.events.put(LpsLeave(region, LocalCounts(**ints, compute_s=seconds).record()))
+                compute_us, discarded_us = counts[len(_COUNT_KEYS) : len(_COUNT_KEYS) + 2]
+                leave = LocalCounts(**ints, compute_s=compute_us / 1e6, discarded_s=discarded_us / 1e6)
+                self.events.put(LpsLeave(region, leave.record()))
                 remaining -= 1
                 continue
             u = torch.empty(self.numel, dtype=self.dtype, device=HOST)
@@ -228,12 +253,15 @@ class ServerHost:
             self.events.put(LpsPush(region, u))
 
     def _receive_global(self) -> None:
-        """A remote LPS's rank: the GPS's answers, until its BYE."""
+        """A remote LPS's rank: the GPS's answers and its STOP, until its BYE."""
         while True:
             head = torch.empty(HEADER, dtype=torch.int64, device=HOST)
             dist.recv(head, group=self.groups.to_local, group_src=0, tag=_TAG_L_HEAD)
             if int(head[0]) == BYE:
                 return
+            if int(head[0]) == STOP:
+                self.events.put(Stop())
+                continue
             theta = torch.empty(self.numel, dtype=self.dtype, device=HOST)
             dist.recv(theta, group=self.groups.to_local, group_src=0, tag=_TAG_L_BODY)
             self.events.put(GlobalModel(self.region, theta))
@@ -258,6 +286,8 @@ class ServerHost:
         elif isinstance(event, WorkerLeave):
             self.workers_left.add(event.rank)
             self._maybe_leave()
+        elif isinstance(event, Stop):
+            self._stop()
         elif isinstance(event, GlobalModel):
             self.lps.merge(event.theta.to(device))
             self._maybe_leave()
@@ -271,13 +301,24 @@ class ServerHost:
                 dist.send(header(BYE), group=self.groups.to_local,
                           group_dst=self.layout.lps_rank(event.region), tag=_TAG_L_HEAD)
 
-    def _reply(self, rank: int) -> None:
-        """θ_L (and its version) to the worker that delivered."""
-        if rank == self.rank:
-            self.mine.put((self.lps.version, self.lps.theta.clone()))
+    def _stop(self) -> None:
+        """This host's LPS stops; on rank 0 (the GPS's host, where the stop starts) every remote LPS
+        that has not left is told (STOP), in the GPS's order of messages to it."""
+        self.lps.stop()
+        if self.gps is None:
             return
-        dist.send(torch.tensor([self.lps.version], dtype=torch.int64, device=HOST), group=self.groups.down,
-                  group_dst=rank, tag=_TAG_REPLY)
+        for region in range(self.layout.regions):
+            if region != self.region and region not in self.regions_left:
+                dist.send(header(STOP), group=self.groups.to_local, group_dst=self.layout.lps_rank(region),
+                          tag=_TAG_L_HEAD)
+
+    def _reply(self, rank: int) -> None:
+        """θ_L (its version, and whether the LPS stopped) to the worker that delivered."""
+        if rank == self.rank:
+            self.mine.put((self.lps.version, self.lps.stopping, self.lps.theta.clone()))
+            return
+        head = torch.tensor([self.lps.version, int(self.lps.stopping)], dtype=torch.int64, device=HOST)
+        dist.send(head, group=self.groups.down, group_dst=rank, tag=_TAG_REPLY)
         dist.send(self.lps.theta.to(HOST), group=self.groups.down, group_dst=rank, tag=_TAG_THETA)
 
     def _to_gps(self, push: LpsPush) -> None:
@@ -304,7 +345,9 @@ class ServerHost:
         if self.gps is not None:
             self.events.put(LpsLeave(self.region, record))
             return
-        fields = [int(record[k]) for k in _COUNT_KEYS] + [round(self.lps.counts.compute_s * 1e6)]
+        counts = self.lps.counts
+        fields = [int(record[k]) for k in _COUNT_KEYS] + [round(counts.compute_s * 1e6),
+                                                          round(counts.discarded_s * 1e6)]
         dist.send(header(LPS_LEAVE, self.region, *fields), group=self.groups.to_global, group_dst=0,
                   tag=_TAG_G_HEAD)
 
@@ -319,10 +362,11 @@ def send_leave(groups: Groups, lps: int) -> None:
     dist.send(header(LEAVE), group=groups.up, group_dst=lps, tag=_TAG_UP_HEAD)
 
 
-def receive_theta(groups: Groups, lps: int, numel: int, dtype: torch.dtype) -> tuple[int, Tensor]:
-    """A remote worker's answer from its LPS: (θ_L's version, θ_L flat on the host)."""
-    version = torch.empty(1, dtype=torch.int64, device=HOST)
-    dist.recv(version, group=groups.down, group_src=lps, tag=_TAG_REPLY)
+def receive_theta(groups: Groups, lps: int, numel: int, dtype: torch.dtype) -> tuple[int, bool, Tensor]:
+    """A remote worker's answer from its LPS: (θ_L's version, whether to stop, θ_L flat on the host)."""
+    head = torch.empty(2, dtype=torch.int64, device=HOST)
+    dist.recv(head, group=groups.down, group_src=lps, tag=_TAG_REPLY)
     theta = torch.empty(numel, dtype=dtype, device=HOST)
     dist.recv(theta, group=groups.down, group_src=lps, tag=_TAG_THETA)
-    return int(version.item()), theta
+    version, stop = (int(v) for v in head.tolist())
+    return version, bool(stop), theta
