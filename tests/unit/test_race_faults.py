@@ -27,13 +27,17 @@ WIRE_ONLY = Fit(ms_per_waited=0.0, ms_per_queued=0.0, ms_per_round=0.0, link_fac
 H = 30
 
 
-def _profile(hidden: int = 0, quorum: dict | None = None) -> Profile:
+def _profile(hidden: int = 0, quorum: dict | None = None, sync: str | None = None,
+             per_worker: str | list[int] | None = None) -> Profile:
     """A step of 100 ms without communication (60 of compute, 10 of optimizer), 1 MB exchanged every
-    30 steps between 2 workers; a quorum mode's settings where given."""
+    30 steps between 2 workers; a quorum mode's settings where given, or another mode's."""
     results = _results(110.0, 10.0, 1e6 / H, every=H, hidden=hidden, compute_ms=60.0, optimizer_ms=10.0)
     if quorum is not None:
         results["config"]["choices"]["sync"] = "quorum_diloco"
         results["config"]["sync"] = {"window_factor": 0.1, "max_staleness": 4, **quorum}
+    if sync is not None:
+        results["config"]["choices"]["sync"] = sync
+        results["config"]["sync"] = {"inner_steps_per_worker": per_worker}
     return Profile.of(results)
 
 
@@ -82,6 +86,36 @@ def test_a_quorum_round_ends_with_the_quorums_slowest_plus_the_window():
     assert lost.goodput == pytest.approx(30 * 70 / round_ms / 2)
     assert lost.discarded_share == pytest.approx(30 * 190 / 6680 / 2)
     assert lost.idle_share == pytest.approx(1 - lost.goodput - lost.discarded_share)
+
+
+def test_per_worker_steps_train_the_straggler_fewer_steps_and_wait_for_nobody():
+    """adaptive, s = 3: the straggler trains round(30 / 3) = 10 steps of 220 ms = 2200 ms against the fast
+    worker's 30 x 100 = 3000: the round is the fast one's, 100 + 80 / 30 a step (no k). Goodput:
+    (30 x 70 + 10 x 190) / (2 x 30 x step). A list [30, 5]: the straggler's 5. [30, 20]: 20 x 220 = 4400
+    ms, longer than 3000: the round waits for it."""
+    adaptive = under_straggler(_profile(sync="diloco", per_worker="adaptive"), WIRE_ONLY, 0.1, 3.0)
+    step = 100 + 80 / 30
+    assert adaptive.step_ms == pytest.approx(step) and not adaptive.lock_step
+    assert adaptive.goodput == pytest.approx((30 * 70 + 10 * 190) / (2 * 30 * step))
+    assert adaptive.discarded_share == 0.0
+    listed = under_straggler(_profile(sync="diloco", per_worker=[30, 5]), WIRE_ONLY, 0.1, 3.0)
+    assert listed.goodput == pytest.approx((30 * 70 + 5 * 190) / (2 * 30 * step))
+    waits = under_straggler(_profile(sync="diloco", per_worker=[30, 20]), WIRE_ONLY, 0.1, 3.0)
+    assert waits.step_ms == pytest.approx(4400 / 30 + 80 / 30) and waits.lock_step
+    # no straggler: the plain model's step
+    plain = _profile(sync="diloco", per_worker="adaptive")
+    assert under_straggler(plain, WIRE_ONLY, 0.1, 1.0).step_ms == pytest.approx(plain.step_ms(WIRE_ONLY, 0.1))
+
+
+def test_halos_workers_wait_only_for_their_servers_answer():
+    """s = 3: rank 0's step 100 + 80 / 30, the straggler's 220 + 80 / 30; goodput (70 / step + 190 /
+    step_s) / 2, nothing discarded, nobody waits for the straggler."""
+    halos = under_straggler(_profile(sync="halos"), WIRE_ONLY, 0.1, 3.0)
+    step, step_s = 100 + 80 / 30, 220 + 80 / 30
+    assert halos.step_ms == pytest.approx(step) and not halos.lock_step
+    assert halos.goodput == pytest.approx((70 / step + 190 / step_s) / 2) and halos.discarded_share == 0.0
+    plain = _profile(sync="halos")
+    assert under_straggler(plain, WIRE_ONLY, 0.1, 1.0).step_ms == pytest.approx(plain.step_ms(WIRE_ONLY, 0.1))
 
 
 def test_a_scenarios_runs_get_its_overrides_and_folder():
@@ -146,8 +180,8 @@ def test_every_method_a_scenario_applies_to_composes_and_the_others_are_listed(t
                       "--out", str(tmp_path / "race")]) == 0
     names = sorted(d.name for d, _ in seen["jobs"])
     # not elastic (the delayed exchanges in flight, the synchronizer on rank 0, 1-bit Adam's recipe's
-    # comm=ps with its per-rank server shards, the steps per worker of the workers that started, HALoS's servers' threads), and one
-    # worker
+    # comm=ps with its per-rank server shards, the steps per worker of the workers that started, HALoS's
+    # servers' threads), and one worker
     not_elastic = {"diloco-delayed", "diloco-quorum", "onebit-adam", "diloco-1worker", "diloco-perworker",
                    "halos"}
     assert names == sorted([*(f"{m}-100mbps-straggler3x-s0" for m in TEXT.methods if m != "diloco-1worker"),

@@ -135,7 +135,8 @@ def _prediction_lines(race: Race, runs: Sequence[Run], table: Mapping[tuple[str,
         return []
     return ["Under a straggler, measured and predicted (compbench.race.under_fault): rank 0's step (step "
             "clock) and the steps' goodput (step_goodput: evaluations left out, as the prediction leaves "
-            "them); a lock-step round waits for the straggler, a quorum's need not.", "",
+            "them); a lock-step round waits for the straggler; a quorum's, a round whose straggler trains "
+            "fewer steps (inner_steps_per_worker) and HALoS's workers need not.", "",
             tabulate(rows, headers=("method", "link", "fault scenario", "step ms", "step ms predicted",
                                     "step goodput", "goodput predicted", "discarded", "discarded predicted",
                                     "waits for the straggler (predicted)", "predicted from its run on"),

@@ -191,6 +191,19 @@ class Quorum:
                    float(sync.get("window_factor", 0.1)), int(sync.get("max_staleness", 4)))
 
 
+HALOS_MODE = "halos"  # the mode whose workers never wait for each other (compbench.race.under_fault)
+
+
+def steps_per_worker(results: dict) -> str | tuple[int, ...] | None:
+    """sync=diloco's `inner_steps_per_worker` as its run recorded it: "adaptive", each worker's H_r,
+    or None (every worker H)."""
+    config = results.get("config") or {}
+    if (config.get("choices") or {}).get("sync") != "diloco":
+        return None
+    setting = (config.get("sync") or {}).get("inner_steps_per_worker")
+    return setting if setting is None or isinstance(setting, str) else tuple(int(h) for h in setting)
+
+
 @dataclass(frozen=True)
 class Profile:
     """What the model needs of one run (per worker, per step unless said otherwise)."""
@@ -207,6 +220,8 @@ class Profile:
     memory: Memory | None = None     # None: the run recorded no memory split
     optimizer_ms: float = 0.0        # the optimizer's phase: with compute_ms, the work goodput counts
     quorum: Quorum | None = None     # a quorum mode's settings (compbench.race.under_fault)
+    per_worker: str | tuple[int, ...] | None = None  # sync=diloco's inner_steps_per_worker (under_fault)
+    independent: bool = False        # sync=halos: no worker waits for another (under_fault)
 
     @classmethod
     def of(cls, results: dict) -> Profile:
@@ -235,7 +250,9 @@ class Profile:
                                       and sharded is None),
                    workers=int(results["environment"]["world_size"]),
                    warmup_steps=int(plan.get("warmup_steps", 0)), sharded=sharded, memory=memory,
-                   optimizer_ms=float(s.get("optimizer_ms") or 0.0), quorum=Quorum.of(results))
+                   optimizer_ms=float(s.get("optimizer_ms") or 0.0), quorum=Quorum.of(results),
+                   per_worker=steps_per_worker(results),
+                   independent=(results["config"]["choices"].get("sync") == HALOS_MODE))
 
     def _shape(self, gbps: float, workers: int | None, per_node: int) -> Shape:
         n = workers or self.workers

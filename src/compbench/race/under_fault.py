@@ -37,6 +37,23 @@ not counted), or None (every learner on the current θ: the straggler).
     goodput  = ((W - 1) H u / T + H u_s / T_s [not discarded]) / W
     discarded = H u_s / T_s / W [discarded],   idle = 1 - goodput - discarded
 
+DiLoCo with per-worker steps (sync=diloco's inner_steps_per_worker; torchft's per-replica sync
+intervals): a round stays H loop steps; the straggler trains H_s of them and idles the rest (an idle
+step costs nothing here), H_s = max(1, round(H / s)) for `adaptive` (its rule: H x the fastest
+compute per trained step over its own, whose compute holds the straggler's sleep: s c against c),
+the smallest entry of a list (the straggler's, as the run gave it). The round's compute is the
+longer of the fast workers' and the straggler's; the exchange as DiLoCo's, hidden behind the fast pace:
+
+    step     = max(H f, H_s f_s) / H + max(0, comm - k f) / H
+    goodput  = ((W - 1) H u + H_s u_s) / (W H step)        nothing discarded
+
+HALoS (sync=halos, Kim et al. 2025): no worker waits for another; each waits for its local server's
+answer to every update (every H steps, the pattern "ps": nothing hidden). Rank 0's step and the
+straggler's:
+
+    step = f + comm / H,   step_s = f_s + comm / H
+    goodput  = ((W - 1) u / step + u_s / step_s) / W        nothing discarded
+
 The quorum's exchange is priced as its run's communicator prices its booked bytes (Profile.comm_ms:
 an allreduce): with 2 workers that is the bytes of a delivery and its answer each way; with more, a
 single synchronizer's link carries W - 1 of them each way, which this does not count.
@@ -94,6 +111,14 @@ def under_straggler(p: Profile, fit: Fit, gbps: float, slow_factor: float, worke
             straggler = every * useful_s / slow / n
             return UnderFault(round_ms / every, (n - 1) * every * useful / round_ms / n
                               + (0.0 if discarded else straggler), straggler if discarded else 0.0, False)
+    if p.independent:
+        step, step_s = f + comm / every, f_s + comm / every
+        return UnderFault(step, ((n - 1) * useful / step + useful_s / step_s) / n, 0.0, False)
+    if p.per_worker is not None:
+        slow = (max(1, round(every / s)) if isinstance(p.per_worker, str) else min(p.per_worker))
+        step = max(every * f, slow * f_s) / every + max(0.0, comm - p.hidden_steps * f) / every
+        return UnderFault(step, ((n - 1) * every * useful + slow * useful_s) / (n * every * step), 0.0,
+                          slow * f_s > every * f)
     hidden = p.hidden_steps * f_s + (BACKWARD_SHARE * c + (s - 1) * c if p.overlaps_backward else 0.0)
     # a sharded run's own collectives, exposed every step (Profile.step_ms)
     step = f_s + p.fsdp_ms(fit, gbps, n, latency_ms, per_node) + max(0.0, comm - hidden) / every
