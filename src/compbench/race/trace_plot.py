@@ -58,10 +58,9 @@ def draw_trace(path: Path, trace: Trace, label: str, rates: Rates, units: str, c
     delay_ax.set_ylabel("one-way delay between\ntwo workers (ms, dashed)", color="C3")
     delay_ax.set_ylim(bottom=0)
     if trace.duration_s < end:
-        top.axvline(trace.duration_s, color="0.5", ls=":", lw=1)
-        top.annotate("trace ends: its last\nsettings hold", (trace.duration_s, 0.5),
-                     xycoords=("data", "axes fraction"), xytext=(4, 0), textcoords="offset points",
-                     fontsize=7, va="center", color="0.3", backgroundcolor="white")
+        # named in the legend: a label beside the line would cross the curves or the delay axis's label
+        top.axvline(trace.duration_s, color="0.5", ls=":", lw=1,
+                    label="the trace ends (its last settings hold)")
     top.legend(fontsize=7, loc="lower left")
     top.set_title(title, fontsize=9)
     handles: list[Any] = []
