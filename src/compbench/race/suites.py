@@ -173,6 +173,10 @@ TEXT = Race(
         "ddp-fp16": ("optim=adamw", "compressor=fp16", "comm=allreduce", "scheduler=bucket",
                      "scheduler.bucket_mb=1"),
         "diloco": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.eager=true"),
+        # DiLoCo's own update (no eager step): the exchange exposed once a round, the replicas equal after
+        # it; the lock-step reference of the modes that do not wait (quorum, per-worker steps, HALoS:
+        # none has the eager step). On this workload the eager step costs tokens (docs' results page)
+        "diloco-plain": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}"),
         # DiLoCo's outer step one round late (sync=delayed_diloco, PCCL's asynchronous DiLoCo): each
         # round's exchange travels behind the next round's inner steps; every worker's θ stays the same.
         # PCCL's example's outer SGD (lr 0.7, no momentum): on this workload's 240 steps it ended at 2.82
@@ -183,8 +187,9 @@ TEXT = Race(
         # one learner of the two and waits the adaptive window for the other (no fault: both are in)
         "diloco-quorum": ("optim=adamw", "sync=quorum_diloco", f"sync.inner_steps={H}", "sync.quorum=1"),
         # DiLoCo with per-worker sync intervals (torchft's per-replica sync_every): each round's H_r from
-        # the last round's measured compute (a 3x straggler trains about H/3 steps), token-weighted average
-        "diloco-perworker": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}", "sync.eager=true",
+        # the last round's measured compute (a 3x straggler trains about H/3 steps), token-weighted
+        # average; DiLoCo's own update, as diloco-plain
+        "diloco-perworker": ("optim=adamw", "sync=diloco", f"sync.inner_steps={H}",
                              "sync.inner_steps_per_worker=adaptive"),
         # HALoS (sync=halos): a local parameter server per region (here each worker its own region) and a
         # global one, neither waiting for a worker; the paper's K=32 pushes would never come in a run this
