@@ -28,6 +28,15 @@ def test_the_curve_and_the_target(tmp_path):
     assert 0 < res["summary"]["utilization"] <= 1
 
 
+def test_a_target_reached_at_an_epochs_end_ends_the_run_there(tmp_path):
+    """The evaluation at an epoch's last step (8 of 16) reaches the target: no second epoch is trained."""
+    run, proc = train(tmp_path, *COMMON[:-1], "eval_every_steps=8", "target_acc1=1", "stop_at_target=true")
+    res = results(run)
+    assert res["summary"]["target"]["step"] == res["summary"]["steps"] == 8
+    assert "reached at step 8" in proc.stdout
+    assert [p["step"] for p in res["curve"]] == [8]
+
+
 def test_tensorboard_time_is_training_time(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -161,19 +161,29 @@ class Trainer:
             batch = self.train_epoch(epoch, batch, max_steps)
             if batch < len(self.train_loader):  # stopped inside the epoch (max_steps, or the target)
                 self.evaluate_once(epoch + batch / len(self.train_loader))  # the last step is evaluated
-                if self.learners is not None and self.rank0:
-                    self.learners.stop_learners()  # before the checkpoint's collective, which they join
+                self.stop_learners()
                 self.checkpoint(epoch, batch)
                 break
-            self.evaluate_once(epoch + 1.0)
+            # True: the target reached (or the budget spent) at the epoch's last step: the run ends there
+            stop = self.evaluate_once(epoch + 1.0)
             epoch, batch = epoch + 1, 0
+            if stop or epoch >= self.epochs or self.step >= max_steps:
+                self.stop_learners()
             self.checkpoint(epoch, batch)
+            if stop:
+                break
         self.sync.drain()  # an exchange still in flight (diloco's overlap) ends before the engine does
         self.record_waits_for_last_rank()
         self.memory_per_rank = self.footprint.gather(self.engine)  # a collective: every worker's figures
         self.goodput_per_rank = self.goodput.gather(self.engine)  # a collective too
         self.others = machine.Others(None, None) if watch is None else watch.finish(self.engine)
         return self.finish(self.final, time.perf_counter() - self.t_start)
+
+    def stop_learners(self) -> None:
+        """Independent learners: rank 0's training ended, so the others stop at their next delivery (before
+        the checkpoint's collective, which they join); nothing for other modes."""
+        if self.learners is not None and self.rank0:
+            self.learners.stop_learners()
 
     def told_to_stop(self) -> bool:
         """Independent learners only: the mode carried rank 0's stop to this worker."""
