@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from compbench.race.stacked_bars import finish
+from compbench.race.stacked_bars import finish, group_ticks
 
 # (method, link label) -> (each costed seed's (devices, egress) USD, the seeds that ran)
 Bars = Mapping[tuple[str, str], tuple[Sequence[tuple[float, float]], int]]
@@ -53,7 +53,7 @@ def draw_cost(path: Path, bars: Bars, methods: Sequence[str], links: Sequence[st
     if top == 0.0:
         ax.text(0.5, 0.5, "no method reached the target at a known cost", transform=ax.transAxes,
                 ha="center", va="center")
-    ax.set_xticks([i * (len(methods) + 1) + (len(methods) - 1) / 2 for i in range(len(links))], list(links))
+    group_ticks(ax, list(links), len(methods))
     ax.set_xlabel("link (rate each way, one-way delay; or a trace)")
     ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
     ax.set_ylabel("cost to the target (USD)\ndevices' time + egress")

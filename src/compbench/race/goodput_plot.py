@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from compbench.race.stacked_bars import finish
+from compbench.race.stacked_bars import finish, group_ticks
 
 # (method, condition label) -> each finished seed's (goodput, discarded share); empty: none recorded
 Bars = Mapping[tuple[str, str], Sequence[tuple[float, float]]]
@@ -46,8 +46,7 @@ def draw_goodput(path: Path, bars: Bars, methods: Sequence[str], conditions: Seq
             ax.plot([x] * len(seeds), [g for g, _ in seeds], marker="o", ms=3, color="0.15", ls="")
             ax.annotate(f"{good:.2f}", (x, good + lost), textcoords="offset points", xytext=(0, 3),
                         ha="center", fontsize=7, color=colors[m])
-    ax.set_xticks([i * (len(methods) + 1) + (len(methods) - 1) / 2 for i in range(len(conditions))],
-                  list(conditions), fontsize=7)
+    group_ticks(ax, list(conditions), len(methods), fontsize=7)
     ax.set_xlabel("link and fault scenario")
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("goodput: the workers' useful compute\nover their time (0 to 1)")

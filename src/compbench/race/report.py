@@ -62,6 +62,7 @@ from compbench.race.model import (
     fit_model,
 )
 from compbench.race.on_trace import load_link_trace, mean_delay_ms, mean_mbps, stretches, time_on_trace_ms
+from compbench.race.stacked_bars import group_ticks
 from compbench.race.suites import Link, Race
 from compbench.race.to_target import (
     MIN_MEASURED_STEPS,
@@ -1393,8 +1394,7 @@ def _time_to_target_plot(plt: Any, folder: Path, race: Race, runs: list[Run], ta
     if not any(c.decomposed for c in table.values()):
         ax.text(0.5, 0.5, "no method reached the target within the budget", transform=ax.transAxes,
                 ha="center", va="center")
-    ax.set_xticks([i * (len(methods) + 1) + (len(methods) - 1) / 2 for i in range(len(links))],
-                  [x.label for x in links])
+    group_ticks(ax, [x.label for x in links], len(methods))
     ax.set_xlabel("link (rate each way, one-way delay)")
     ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
     ax.set_ylabel(f"seconds to the target (s)\n{race.units} to it x the step time")
