@@ -19,7 +19,7 @@ from compbench.cli.completion import candidates, script
     (["train", "compressor=dgc", "compressor.rat"], ["compressor.ratio="]),
     (["train", "compressor.rat"], []),  # the default compressor (none) has no ratio
     (["train", "sync.inner"], []),
-    (["train", "sync=diloco", "sync.inner"], ["sync.inner_steps="]),
+    (["train", "sync=diloco", "sync.inner"], ["sync.inner_steps=", "sync.inner_steps_per_worker="]),
     (["train", "max_st"], ["max_steps="]),
     (["train", "target_"], ["target_loss=", "target_acc1="]),
     (["race", "--li"], ["--links"]),
