@@ -75,7 +75,6 @@ from torch import Tensor, nn
 from compbench.base.values import is_int, is_number
 from compbench.engines.base import Engine
 from compbench.engines.torch_dist import TorchEngine
-from compbench.optim.optimizers import optimizer_over
 from compbench.records.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.sync.diloco import RECIPE as DILOCO_RECIPE
@@ -92,6 +91,7 @@ from compbench.sync.halos_wire import (
     send_delta,
     send_leave,
 )
+from compbench.sync.round_learner import RoundLearner
 
 # DiLoCo's clipping (the reference's workers clip at 1.0 too: src/halos/worker.py, `_grad_clip`), and
 # no checkpoint (see the module): a run writes none unless the user asks, and then it is refused.
@@ -131,7 +131,7 @@ def check_workers(workers: int, regions: int) -> None:
                          f"{workers} (e.g. sync.regions=1)")
 
 
-class Halos:
+class Halos(RoundLearner):
     """HALoS's workers around their LPSs and the GPS (see the module)."""
 
     name = "halos"
@@ -163,13 +163,7 @@ class Halos:
         self.merge_weight, self.accumulation = float(merge_weight), int(accumulation)
         self.region = self.layout.region_of(engine.rank)
         self.lps = self.layout.lps_rank(self.region)
-        self.inner = 0  # steps taken in the current round
-        self.rounds = 0  # updates delivered
-        self.version = 0  # the LPS version this worker's θ_start came from
-        self.compute_s = 0.0  # compute seconds of the current round
-        self.in_step = False
-        self.closed = False
-        self.stopped = False  # rank 0's stop came with the last answer: the trainer ends here
+        self.start_rounds()  # `version`: the LPS version this worker's θ_start came from
         self.host: ServerHost | None = None
 
     def setup(self, model: nn.Module) -> nn.Module:
@@ -197,32 +191,6 @@ class Halos:
     def flat_params(self) -> Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.params])
 
-    def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
-        trainable = [p for p in model.parameters() if p.requires_grad]  # setup's `params`, in its order
-        self.inner_optimizer = optimizer_over(model, trainable, optim)
-        return self.inner_optimizer
-
-    def begin_step(self, step: int, epoch: float) -> None:
-        self.in_step = True
-
-    def before_backward(self) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass  # local steps: each worker steps on its own gradients
-
-    def after_step(self) -> None:
-        assert not self.closed, "sync=halos trained a step after its worker left"
-        self.in_step = False
-        ms = self.stats.ms  # this step's phases so far: compute and optimizer are over
-        self.compute_s += (ms["compute"] + ms["optimizer"]) / 1e3
-        self.inner += 1
-        self.stats.bytes_dense += 4 * self.numel  # what a per-step exchange would have sent
-        if self.inner == self.inner_steps:
-            self.deliver()
-            self.inner = 0
-            self.rounds += 1
-
     @torch.no_grad()
     def deliver(self) -> None:
         """Send g = θ_start − θ_end to the LPS; continue from the θ_L it answers."""
@@ -248,24 +216,14 @@ class Halos:
             begin += p.numel()
         self.version = version
 
-    def stop_requested(self) -> bool:
-        """compbench.sync.IndependentLearners: rank 0's stop came with this worker's last answer."""
-        return self.stopped
-
     def stop_learners(self) -> None:
         """compbench.sync.IndependentLearners (rank 0, its training over): every LPS answers each
         later delivery with the stop, and applies none of them."""
         assert self.host is not None and self.host.gps is not None, "only rank 0 stops the workers"
         self.host.submit(Stop())
 
-    def drain(self) -> None:
-        """Inside a step (a dropped one): nothing is in flight. Outside (the end of training): leave."""
-        if self.in_step:
-            self.in_step = False
-            return
-        if self.closed:
-            return
-        self.closed = True
+    def leave(self) -> None:
+        """The end of training (RoundLearner.drain)."""
         if self.host is not None:
             self.host.submit(WorkerLeave(self.engine.rank))
             self.host.join()

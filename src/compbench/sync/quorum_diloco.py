@@ -82,7 +82,6 @@ from torch import Tensor, nn
 from compbench.base.values import is_int, is_number
 from compbench.engines.base import Engine
 from compbench.engines.torch_dist import TorchEngine
-from compbench.optim.optimizers import optimizer_over
 from compbench.records.stats import StepStats
 from compbench.sync import ExchangePlan, SyncTraits, fits_any_model
 from compbench.sync.diloco import RECIPE
@@ -97,6 +96,7 @@ from compbench.sync.quorum_server import (
     send_delivery,
     send_leave,
 )
+from compbench.sync.round_learner import RoundLearner
 
 
 def check_options(inner_steps: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
@@ -141,7 +141,7 @@ def batch_units(x: Tensor) -> int:
     return int(x.shape[0]) if x.dim() else 1
 
 
-class QuorumDiLoCo:
+class QuorumDiLoCo(RoundLearner):
     """DiLoCo's learners around a quorum synchronizer on rank 0 (see the module)."""
 
     name = "quorum_diloco"
@@ -165,15 +165,8 @@ class QuorumDiLoCo:
         self.inner_steps = int(inner_steps)
         self.settings = QuorumSettings(quorum, window_s, float(window_factor), weighting, int(max_staleness),
                                        float(outer_lr), float(outer_momentum), bool(nesterov))
-        self.inner = 0  # steps taken in the current round
-        self.rounds = 0  # rounds delivered
-        self.taken = 0  # steps taken
-        self.version = 0  # the θ version this learner trains on
+        self.start_rounds()  # `version`: the θ version this learner trains on
         self.tokens = 0  # tokens of the current round
-        self.compute_s = 0.0  # compute seconds of the current round
-        self.in_step = False
-        self.closed = False
-        self.stopped = False  # rank 0's stop came with the last answer: the trainer ends here
         self.server: QuorumServer | None = None
 
     def setup(self, model: nn.Module) -> nn.Module:
@@ -204,33 +197,6 @@ class QuorumDiLoCo:
         if module.training and self.in_step and args and isinstance(args[0], Tensor):
             self.tokens += batch_units(args[0])
 
-    def make_optimizer(self, model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
-        trainable = [p for p in model.parameters() if p.requires_grad]  # setup's `params`, in its order
-        self.inner_optimizer = optimizer_over(model, trainable, optim)
-        return self.inner_optimizer
-
-    def begin_step(self, step: int, epoch: float) -> None:
-        self.in_step = True
-
-    def before_backward(self) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass  # inner steps: each learner steps on its own gradients
-
-    def after_step(self) -> None:
-        assert not self.closed, "sync=quorum_diloco trained a step after its learner left"
-        self.in_step = False
-        ms = self.stats.ms  # this step's phases so far: compute and optimizer are over
-        self.compute_s += (ms["compute"] + ms["optimizer"]) / 1e3
-        self.inner += 1
-        self.taken += 1
-        self.stats.bytes_dense += 4 * self.numel  # what a per-step exchange would have sent
-        if self.inner == self.inner_steps:
-            self.deliver()
-            self.inner = 0
-            self.rounds += 1
-
     @torch.no_grad()
     def deliver(self) -> None:
         """Send Δ = θ_base − θ_local with its worth; continue from the θ the synchronizer answers."""
@@ -257,24 +223,14 @@ class QuorumDiLoCo:
             start += p.numel()
         self.version = version
 
-    def stop_requested(self) -> bool:
-        """compbench.sync.IndependentLearners: rank 0's stop came with this learner's last answer."""
-        return self.stopped
-
     def stop_learners(self) -> None:
         """compbench.sync.IndependentLearners (rank 0, its training over): the synchronizer answers
         every later delivery with the stop."""
         assert self.server is not None, "only rank 0 stops the learners"
         self.server.submit(Stop())
 
-    def drain(self) -> None:
-        """Inside a step (a dropped one): nothing is in flight. Outside (the end of training): leave."""
-        if self.in_step:
-            self.in_step = False
-            return
-        if self.closed:
-            return
-        self.closed = True
+    def leave(self) -> None:
+        """The end of training (RoundLearner.drain)."""
         if self.server is not None:
             self.server.submit(Leave(0))
             self.server.join()
