@@ -31,6 +31,14 @@ OWNER_FILE = "owner.pid"
 _guarded: set[int] = set()  # the pids that have a reaper (a forked child is a process of its own)
 
 
+class _Reaper(subprocess.Popen):
+    """The reaper's process, which outlives this one by design: no "still running" ResourceWarning when
+    the object goes (a Popen's __del__ warns; a documented command's config check failed on it)."""
+
+    def __del__(self) -> None:
+        pass
+
+
 def guard() -> None:
     """Start this process's reaper, once."""
     pid = os.getpid()
@@ -39,9 +47,9 @@ def guard() -> None:
     _guarded.add(pid)
     # Its own session, no terminal, no pipes of ours: a caller reading this process's output to its
     # end must not wait for the reaper as well.
-    subprocess.Popen([sys.executable, "-m", "compbench.base.reaper", str(pid)], cwd="/",
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    _Reaper([sys.executable, "-m", "compbench.base.reaper", str(pid)], cwd="/",
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
 
 
 def pid_alive(pid: int) -> bool:
