@@ -50,8 +50,6 @@ time out (engine.timeout_s).
 
 from __future__ import annotations
 
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +58,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from compbench.sync.halos_rules import GlobalServer, LocalCounts, LocalServer
+from compbench.sync.server_threads import ServerThreads
 
 HOST = "cpu"  # gloo's point to point carries host tensors: every message is built on the host
 HEADER = 10
@@ -69,7 +68,6 @@ HEADER = 10
 DELIVER, LEAVE, PUSH, LPS_LEAVE, GLOBAL, BYE, STOP = 1, 2, 3, 4, 5, 6, 7
 _TAG_UP_HEAD, _TAG_UP_BODY, _TAG_REPLY, _TAG_THETA = 31, 32, 33, 34
 _TAG_G_HEAD, _TAG_G_BODY, _TAG_L_HEAD, _TAG_L_BODY = 35, 36, 37, 38
-_POLL_S = 1.0  # how often a hosting rank's training thread looks whether its threads failed
 _COUNT_KEYS = ("updates", "pushes", "merges", "staleness_sum", "staleness_max", "after_stop")
 
 
@@ -151,7 +149,7 @@ def header(kind: int, *fields: int) -> Tensor:
     return torch.tensor(values, dtype=torch.int64, device=HOST)
 
 
-class ServerHost:
+class ServerHost(ServerThreads[Event, tuple[int, bool, Tensor]]):
     """The servers one rank hosts: LPS `region`'s (every host) and the GPS (rank 0's, `gps` given)."""
 
     def __init__(self, rank: int, layout: Layout, groups: Groups, lps: LocalServer,
@@ -160,11 +158,6 @@ class ServerHost:
         self.region = layout.region_of(rank)
         self.lps, self.gps = lps, gps
         self.numel, self.dtype = lps.theta.numel(), lps.theta.dtype
-        self.events: queue.Queue[Event] = queue.Queue()
-        # replies to this rank's worker: (θ_L's version, the stop, θ_L)
-        self.mine: queue.Queue[tuple[int, bool, Tensor]] = queue.Queue()
-        self.lock = threading.Lock()
-        self.error: BaseException | None = None
         self.workers_left: set[int] = set()
         self.lps_left = False
         self.regions_left: dict[int, dict[str, Any]] = {}  # the GPS's record of each LPS's counts
@@ -175,40 +168,11 @@ class ServerHost:
             loops.append(("halos-to-global", self._receive_lps))
         if gps is None:
             loops.append(("halos-to-local", self._receive_global))
-        self.threads = [threading.Thread(target=self._guard, args=(loop,), name=name, daemon=True)
-                        for name, loop in loops]
-        for t in self.threads:
-            t.start()
-
-    def _guard(self, loop: Any) -> None:
-        try:
-            loop()
-        except BaseException as e:  # kept for the training thread (a thread's error is lost otherwise)
-            self.error = e
+        # replies to this rank's worker (`mine`): (θ_L's version, the stop, θ_L)
+        super().__init__("a HALoS server", loops)  # the threads start: the servers are ready
 
     # -- this rank's worker -------------------------------------------------------------------
 
-    def submit(self, event: WorkerDelta | WorkerLeave | Stop) -> None:
-        self.raise_failure()
-        self.events.put(event)
-
-    def wait_reply(self) -> tuple[int, bool, Tensor]:
-        while True:
-            self.raise_failure()
-            try:
-                return self.mine.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
-
-    def raise_failure(self) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"a HALoS server failed: {self.error!r}") from self.error
-
-    def join(self) -> None:
-        for t in self.threads:
-            while t.is_alive():
-                t.join(timeout=_POLL_S)
-                self.raise_failure()
         self.raise_failure()
 
     # -- receivers: queue what arrives ----------------------------------------------------------

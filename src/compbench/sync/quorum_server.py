@@ -33,7 +33,6 @@ see their receive time out (engine.timeout_s).
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -43,13 +42,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from compbench.sync.quorum_merge import Contribution, QuorumState
+from compbench.sync.server_threads import ServerThreads
 
 DELIVER, LEAVE = 1, 2
 HEADER = 5
 HOST = "cpu"  # gloo's point to point carries host tensors: every message is built on the host
 _TAG_HEAD, _TAG_BODY, _TAG_REPLY, _TAG_THETA = 21, 22, 23, 24
-# How often rank 0's learner looks whether the synchronizer thread failed while it waits.
-_POLL_S = 1.0
 
 
 @dataclass
@@ -66,57 +64,20 @@ def header(kind: int, base: int, steps: int, tokens: int, compute_s: float) -> T
     return torch.tensor([kind, base, steps, tokens, round(compute_s * 1e6)], dtype=torch.int64, device=HOST)
 
 
-class QuorumServer:
+class QuorumServer(ServerThreads[Contribution | Leave | Stop, tuple[int, Tensor]]):
     """Rank 0's synchronizer: `submit` (rank 0's learner) and the receiver thread feed one queue of
-    events; the synchronizer thread owns `state` (under `lock` for checkpoints) and replies."""
+    events; the synchronizer thread owns `state` (under `lock` for checkpoints) and replies to rank
+    0's learner through `mine` (compbench.sync.server_threads)."""
 
     def __init__(self, state: QuorumState, learners: int, numel: int, dtype: torch.dtype,
                  deliveries: Any, replies: Any) -> None:
         self.state, self.learners, self.numel, self.dtype = state, learners, numel, dtype
         self.deliveries, self.replies = deliveries, replies
-        self.events: queue.Queue[Contribution | Leave | Stop] = queue.Queue()
-        self.mine: queue.Queue[tuple[int, Tensor]] = queue.Queue()  # replies to rank 0's learner
-        self.lock = threading.Lock()
-        self.error: BaseException | None = None
         now = time.monotonic()
         for rank in range(learners):  # every learner starts on θ version 0 now: its first round's clock
             state.answered(rank, now)
-        self.threads = [threading.Thread(target=self._guard, args=(self._serve,), name="quorum-sync",
-                                         daemon=True)]
-        if learners > 1:
-            self.threads.append(threading.Thread(target=self._guard, args=(self._receive,),
-                                                 name="quorum-recv", daemon=True))
-        for t in self.threads:
-            t.start()
-
-    def _guard(self, loop: Any) -> None:
-        try:
-            loop()
-        except BaseException as e:  # kept for rank 0's training thread (a thread's error is lost otherwise)
-            self.error = e
-
-    # -- rank 0's learner ---------------------------------------------------------------------
-
-    def submit(self, event: Contribution | Leave | Stop) -> None:
-        self.raise_failure()
-        self.events.put(event)
-
-    def wait_reply(self) -> tuple[int, Tensor]:
-        while True:
-            self.raise_failure()
-            try:
-                return self.mine.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
-
-    def raise_failure(self) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"the quorum synchronizer failed: {self.error!r}") from self.error
-
-    def join(self) -> None:
-        for t in self.threads:
-            t.join()
-        self.raise_failure()
+        loops = [("quorum-sync", self._serve)] + ([("quorum-recv", self._receive)] if learners > 1 else [])
+        super().__init__("the quorum synchronizer", loops)  # the threads start: the state is ready
 
     # -- the threads --------------------------------------------------------------------------
 
