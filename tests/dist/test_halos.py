@@ -57,6 +57,8 @@ def test_two_regions_of_one_worker_train_and_count_their_servers(tmp_path):
     assert all(lps["staleness_max"] == 0 for lps in record["regions"].values()), record
 
 
+@pytest.mark.slow  # the default tier's time: the trainer's path for independent learners is quorum_diloco's
+# straggler test's (default tier), the LPS after the stop tests/unit/test_halos_rules.py's
 def test_rank_0_trains_its_steps_alone_and_its_stop_ends_the_straggling_region(tmp_path):
     """Rank 1 computes 3x slower, each worker its own region: rank 0 never waits for it (no collective
     while they train: rank 0 alone evaluates), trains its max_steps, and its stop, sent by the GPS to
